@@ -1,0 +1,125 @@
+"""Runs on every rank of a real launch (mpiexec or torchrun) and records what
+the test then checks: topology, DDP, FSDP2 (fp32, bf16), TP, FSDP2 x TP.
+
+usage: core_suite.py OUT_DIR SCENARIO[,SCENARIO...]
+"""
+
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import parsl_torch as pt
+from parsl_torch.models import MLP, FeedForward, Transformer
+
+out_dir, scenarios = sys.argv[1], sys.argv[2].split(",")
+rank = pt.setup_torch(seed=0)
+world = pt.get_world_size()
+result: dict = {"rank": rank, "world_size": world}
+
+
+def global_batch(step: int, n: int = 16):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(n, 8, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def train_mlp(model, steps, shard: bool, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        x, y = global_batch(step)
+        if shard:
+            x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def full_loss(model):
+    x, y = global_batch(10_000)
+    with torch.no_grad():
+        return torch.nn.functional.mse_loss(model(x).float(), y).item()
+
+
+def param_checksum(model):
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+if "topology" in scenarios:
+    t = pt.get_topology()
+    result["topology"] = {k: getattr(t, k) for k in
+                          ("rank", "local_rank", "world_size", "local_world_size", "num_nodes",
+                           "launcher", "master_addr", "master_port")}
+    result["dist_rank"] = dist.get_rank()
+    result["backend"] = dist.get_backend()
+
+if "ddp" in scenarios:
+    torch.manual_seed(0)
+    model = pt.wrap_model(MLP(in_dim=8, dim=16), strategy="ddp")
+    # each rank sees different data; DDP must keep the replicas identical
+    train_mlp(model, 3, shard=True)
+    result["ddp_checksum"] = param_checksum(model)
+
+for name, dtype in (("fsdp", None), ("fsdp_bf16", "bf16")):
+    if name in scenarios:
+        torch.manual_seed(0)
+        base = MLP(in_dim=8, dim=16)
+        reference = copy.deepcopy(base)
+        model = pt.wrap_model(base, strategy="fsdp", dtype=dtype)
+        losses = train_mlp(model, 20, shard=True)
+        result[name] = {"losses": losses, "eval": full_loss(model),
+                        "sharded": type(model).__name__}
+        ref_losses = train_mlp(reference, 20, shard=False)
+        result[name]["ref_eval"] = full_loss(reference)
+        result[name]["ref_losses"] = ref_losses
+
+if "tp" in scenarios:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    layer = FeedForward(8, 32)
+    plain = copy.deepcopy(layer)
+    mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(layer, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    result["tp_max_abs_diff"] = (layer(x) - plain(x)).abs().max().item()
+    result["tp_local_fc1_rows"] = layer.fc1.weight.to_local().shape[0]
+
+if "fsdp_tp" in scenarios:
+    tp = 2
+    torch.manual_seed(0)
+    base = Transformer(vocab_size=64, dim=32, n_heads=4, n_layers=2, max_seq_len=16)
+    reference = copy.deepcopy(base)
+    model = pt.wrap_model(base, strategy="fsdp+tp", tp_size=tp)
+    dp_rank, dp_size = pt.data_parallel_coords(tp)
+
+    def lm_losses(m, shard):
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+        losses = []
+        for step in range(15):
+            g = torch.Generator().manual_seed(step % 3)
+            tokens = torch.randint(0, 64, (8, 16), generator=g)
+            if shard:
+                tokens = tokens.chunk(dp_size)[dp_rank]
+            logits = m(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64).float(), tokens[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    result["fsdp_tp"] = {"losses": lm_losses(model, True), "ref_losses": lm_losses(reference, False),
+                         "dp": [dp_rank, dp_size]}
+
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+pt.cleanup()
