@@ -1,0 +1,214 @@
+"""History: recording, HDF5 files (h5py and xarray), crash safety, sinks, CLI."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import parsl_torch as pt
+from parsl_torch.cli import main as cli
+from parsl_torch.errors import ConfigError
+from parsl_torch.history_io import partial_path
+
+from .conftest import RANKS_DIR, clean_env, launch
+
+
+def test_update_returns_summary_and_accepts_scalars(tmp_path):
+    h = pt.History("t", path=tmp_path / "h.h5")
+    line = h.update({"loss": torch.tensor(0.5), "acc": np.float32(0.25), "n": 3, "ok": True})
+    assert line == "step=0 loss=0.5 acc=0.25 n=3 ok=1"
+    assert h.update({"loss": 0.25, "step": 10}).startswith("step=10 loss=0.25")
+    assert h.update({"loss": float("nan")}).startswith("step=11 loss=nan")  # NaN is recorded
+    h.update({"loss": math.inf, "new": 1.0})
+    path = h.finalize(plot=False)
+    data = pt.read_history(path)
+    assert list(data.steps) == [0, 10, 11, 12]
+    assert np.isnan(data.metrics["loss"][2]) and data.metrics["loss"][3] == math.inf
+    assert np.isnan(data.metrics["acc"][1:]).all()  # keys may vanish: NaN
+    assert np.isnan(data.metrics["new"][:3]).all() and data.metrics["new"][3] == 1.0
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("fast", "metric 'loss' is 'fast', not a number"),
+    (torch.ones(3), r"metric 'loss' is a tensor/array of shape \(3,\), not a number"),
+    (None, "metric 'loss' is None"),
+])
+def test_non_numeric_metric_names_the_key(value, needle):
+    with pytest.raises(ConfigError, match=needle):
+        pt.History("t").update({"loss": value})
+
+
+def test_file_layout_attributes_and_xarray(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = pt.History("train", sync_every=7, config={"lr": 0.1, "globus_client_secret": "s3cr3t"},
+                   units={"loss": "nats"}, descriptions={"loss": "cross-entropy"})
+    for i in range(20):
+        h.update({"loss": 1.0 / (i + 1), "train/acc": i / 20})
+    path = h.finalize(plot=False)
+    assert path == tmp_path / "outputs" / "train" / "history.h5"  # the default location
+    with h5py.File(path) as f:
+        attrs = dict(f.attrs)
+        assert attrs["schema"] == "parsl-torch/history" and attrs["schema_version"] == 1
+        assert attrs["status"] == "complete" and attrs["stage"] == "train" and attrs["steps"] == 20
+        for key in ("start_time", "end_time", "world_size", "nodes", "hostname", "device",
+                    "backend", "versions", "git_commit", "config"):
+            assert key in attrs, key
+        assert "s3cr3t" not in attrs["config"] and '"lr": 0.1' in attrs["config"]
+        loss = f["loss"]
+        assert loss.dtype == np.float64 and loss.compression == "gzip" and loss.chunks
+        assert loss.attrs["units"] == "nats" and loss.attrs["description"] == "cross-entropy"
+        assert f["train.acc"].attrs["long_name"] == "train/acc"
+    ds = pt.load_history(path)
+    assert list(ds["step"].values) == list(range(20))
+    assert ds["loss"].dims == ("step",)
+    assert ds["loss"].sel(step=3).item() == pytest.approx(0.25)
+
+
+def test_finalize_twice_replaces(tmp_path):
+    target = tmp_path / "h.h5"
+    for n in (5, 3):  # a rerun of a stage into the same file
+        h = pt.History("t")
+        for i in range(n):
+            h.update({"x": i})
+        h.finalize(target, plot=False)
+        assert len(pt.read_history(target).steps) == n
+    assert not partial_path(target).exists()
+
+
+def test_bad_finalize_paths_keep_the_history(tmp_path):
+    h = pt.History("t", path=tmp_path / "keep" / "h.h5")
+    (tmp_path / "keep").mkdir()
+    h.update({"x": 1.0})
+    with pytest.raises(ConfigError, match="directory .*missing for h.h5 does not exist.*kept in .*keep"):
+        h.finalize(tmp_path / "missing" / "h.h5", plot=False)
+    with pytest.raises(ConfigError, match="cannot write the history file /proc/h.h5"):
+        h.finalize("/proc/h.h5", plot=False)
+    assert pt.read_history(h.finalize(tmp_path / "h.h5", plot=False)).metrics["x"][0] == 1.0
+
+
+def test_killed_run_leaves_partial_readable_and_no_final_file(tmp_path):
+    final = tmp_path / "train.h5"
+    out = subprocess.run([sys.executable, str(RANKS_DIR / "killed_midrun.py"), str(final)],
+                         env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == -9, out.stderr
+    assert not final.exists()
+    data = pt.read_history(partial_path(final))
+    assert data.attrs["status"] == "running"
+    assert list(data.steps) == list(range(30))  # up to the last flush (every 10 steps)
+
+
+def test_failure_inside_context_manager_marks_file_failed(tmp_path):
+    final = tmp_path / "h.h5"
+    with pytest.raises(RuntimeError):
+        with pt.History("t", path=final) as h:
+            h.update({"x": 1.0})
+            raise RuntimeError("boom")
+    data = pt.read_history(partial_path(final))
+    assert data.attrs["status"] == "failed" and list(data.metrics["x"]) == [1.0]
+    assert not final.exists()
+
+
+def test_ezpz_style_loop(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    logger = pt.get_logger("train")
+    history = pt.History()
+    for step in range(3):
+        logger.info(history.update({"loss": 1.0 / (step + 1), "dt": 0.01}))
+    path = history.finalize()
+    assert "step=2 loss=0.333333 dt=0.01" in capfd.readouterr().err
+    assert path.exists() and (path.parent / "history-plots" / "loss.png").exists()
+
+
+def test_csv_sink_appends_one_row_per_step(tmp_path):
+    h = pt.History("t", path=tmp_path / "h.h5", sinks=["csv"], sync_every=4)
+    for i in range(10):
+        h.update({"loss": i * 0.5, "lr": 0.1})
+    h.finalize(plot=False)
+    rows = (tmp_path / "h.csv").read_text().splitlines()
+    assert rows[0] == "step,loss,lr" and len(rows) == 1 + 10
+    assert rows[3] == "2,1.0,0.1"
+
+
+def test_failing_sink_warns_once_and_training_goes_on(tmp_path, capfd):
+    class Broken:
+        def log(self, step, metrics):
+            raise OSError("disk full")
+
+        def flush(self): ...
+        def close(self): ...
+
+    h = pt.History("t", path=tmp_path / "h.h5", sinks=[Broken()])
+    for i in range(5):
+        h.update({"x": i})
+    assert capfd.readouterr().err.count(
+        "Broken.log failed (OSError: disk full); this sink is switched off for the rest of the run") == 1
+    assert len(pt.read_history(h.finalize(plot=False)).steps) == 5
+
+
+def test_wandb_offline_writes_its_run_directory(tmp_path):
+    code = ("import parsl_torch as pt\n"
+            "h = pt.History('train', path='h.h5', sinks=['wandb'], config={'lr': 0.1})\n"
+            "for i in range(5): h.update({'loss': 1.0 / (i + 1)})\n"
+            "h.finalize(plot=False)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=180, env=clean_env(WANDB_MODE="offline", WANDB_DIR=str(tmp_path),
+                                                    WANDB_SILENT="true"))
+    assert out.returncode == 0, out.stderr
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_cli_show_and_plot(tmp_path, capsys):
+    h = pt.History("train", path=tmp_path / "h.h5")
+    for i in range(4):
+        h.update({"loss": 4.0 - i})
+    h.finalize(plot=False)
+    assert cli(["history", "show", str(tmp_path / "h.h5")]) == 0
+    out = capsys.readouterr().out
+    assert "status complete, 4 steps" in out
+    assert out.splitlines()[-1].split() == ["loss", "1", "1", "4", "2.5", "rank", "0"]
+    assert cli(["history", "plot", str(tmp_path / "h.h5"), "--out", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p" / "loss.png").stat().st_size > 1000
+
+
+def test_foreign_or_corrupt_files_are_named(tmp_path, capsys):
+    (tmp_path / "junk.h5").write_bytes(os.urandom(256))
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = [1, 2]
+    assert cli(["history", "show", str(tmp_path / "junk.h5")]) == 2
+    assert f"{tmp_path / 'junk.h5'} is not an HDF5 file" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="other.h5 is an HDF5 file but not a parsl-torch history"):
+        pt.load_history(tmp_path / "other.h5")
+    with pytest.raises(ConfigError, match="does not exist"):
+        pt.read_history(tmp_path / "nope.h5")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_cross_rank_statistics_are_exact(tmp_path, launcher):
+    out = launch(launcher, 2, [str(RANKS_DIR / "history_suite.py"), str(tmp_path / "h.h5"), "23", "5"])
+    assert out.returncode == 0, out.stderr
+    data = pt.read_history(tmp_path / "h.h5")
+    steps = np.arange(23)
+    assert list(data.steps) == list(steps) and data.attrs["world_size"] == 2
+    s = data.stats["loss"]  # rank r logged step + r
+    np.testing.assert_array_equal(s["mean"], steps + 0.5)
+    np.testing.assert_array_equal(s["min"], steps)
+    np.testing.assert_array_equal(s["max"], steps + 1)
+    np.testing.assert_array_equal(s["std"], np.full(23, 0.5))
+    np.testing.assert_array_equal(data.metrics["loss"], steps)  # rank 0's own values
+    # a metric only rank 1 records: statistics over the one rank that has it
+    np.testing.assert_array_equal(data.stats["only1"]["mean"], 2.0 * steps)
+    np.testing.assert_array_equal(data.stats["only1"]["std"], np.zeros(23))
+    assert np.isnan(data.metrics["only1"]).all()
+    assert data.attrs["config"] == {"lr": 0.1, "wandb_api_key": "***"}
+    ds = pt.load_history(tmp_path / "h.h5")
+    assert float(ds["loss_mean"].sel(step=4)) == 4.5
+    assert (tmp_path / "h-plots" / "loss.png").exists()
