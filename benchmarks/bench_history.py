@@ -67,13 +67,28 @@ def loop_throughput(steps: int, tmp: Path, with_history: bool) -> float:
     return steps / elapsed
 
 
+def realistic_metrics(steps: int) -> dict[str, list[float]]:
+    """Eight training-like series: float32 values (what loss.item() gives), noisy."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    t = np.arange(steps)
+    noise = lambda scale: rng.normal(0, scale, steps)  # noqa: E731
+    series = {
+        "loss": 4 * np.exp(-t / 2e5) + 0.1 + noise(0.05), "acc": 1 - np.exp(-t / 2e5) + noise(0.01),
+        "lr": 3e-4 * 0.5 * (1 + np.cos(np.pi * t / steps)), "grad_norm": np.abs(1 + noise(0.3)),
+        "dt": 0.03 + np.abs(noise(0.002)), "tokens_per_s": 1e5 + noise(2e3),
+        "mem_gb": 20 + noise(0.01), "eval_loss": 4 * np.exp(-t / 2e5) + 0.2 + noise(0.02),
+    }
+    return {k: v.astype(np.float32).astype(float).tolist() for k, v in series.items()}
+
+
 def write_million(tmp: Path, steps: int = 1_000_000) -> tuple[float, float]:
-    h = pt.History("big", path=tmp / "big.h5", sync_every=0)
-    metrics = {k: 0.0 for k in KEYS}
+    h = pt.History("big", path=tmp / "big.h5", flush_every=1e9)  # one write, at finalize
+    series = realistic_metrics(steps)
+    keys = list(series)
     for i in range(steps):
-        metrics["m0"] = float(i)
-        metrics["m1"] = 1.0 / (i + 1)
-        h.update(metrics)
+        h.update({k: series[k][i] for k in keys})
     t0 = time.perf_counter()
     path = h.finalize(plot=False)
     return time.perf_counter() - t0, path.stat().st_size / 2**20

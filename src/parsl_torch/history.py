@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class History:
         self._cols: dict[str, list[float]] = {}
         self._next_step = 0
         self._writer: Any = None
-        self._blocks: list[tuple[np.ndarray, dict, dict]] = []  # synced, not yet on disk
+        self._blocks: list[_Block] = []  # synced, not yet on disk
         self._last_flush = time.monotonic()
         self._finalized: Path | None = None
         self._sinks = self._make_sinks(sinks) if self._rank == 0 else None
@@ -133,33 +134,37 @@ class History:
         """
         from .stats import cross_rank_stats, distributed_world, union_keys
 
-        keys, rows = list(self._cols), len(self._steps)
-        block = np.array([self._cols[k] for k in keys], dtype=np.float64).T.reshape(rows, len(keys))
-        stats: dict[str, dict[str, np.ndarray]] = {}
+        block = self._take_pending()
         if distributed_world() > 1:
-            union, max_rows = union_keys(keys, rows)
-            full = np.full((max_rows, len(union)), np.nan)
-            full[:rows, [union.index(k) for k in keys]] = block
+            rows = len(block.steps)
+            union, max_rows = union_keys(block.keys, rows)
+            full = np.full((len(union), max_rows), np.nan)
+            full[[union.index(k) for k in block.keys], :rows] = block.values
             result = cross_rank_stats(full)
-            stats = {k: {s: result[s][:rows, j] for s in STATS} for j, k in enumerate(union)}
-            keys, block = union, full[:rows]
+            block = _Block(block.steps, tuple(union), full[:, :rows], {s: result[s][:, :rows] for s in STATS})
             if self._rank == 0 and rows < max_rows:
                 get_logger("parsl_torch.history").warning(
                     "history %r: other ranks recorded %d more step(s) than rank 0 since the last "
                     "sync; the file keeps rank 0's steps", self.name, max_rows - rows)
         if self._rank == 0:
-            self._blocks.append((np.array(self._steps, dtype=np.int64),
-                                 {k: block[:, j] for j, k in enumerate(keys)}, stats))
+            self._blocks.append(block)
             if time.monotonic() - self._last_flush >= self.flush_every:
                 self.flush()
+
+    def _take_pending(self) -> _Block:
+        """The rows recorded since the last sync as one block; starts a new one."""
+        keys, rows = tuple(self._cols), len(self._steps)
+        values = np.array([self._cols[k] for k in keys], dtype=np.float64).reshape(len(keys), rows)
+        block = _Block(np.array(self._steps, dtype=np.int64), keys, values, {})
         self._steps, self._cols = [], {}
+        return block
 
     def flush(self) -> None:
         """Rank 0: write the synced blocks to the partial file (no collectives)."""
         if self._rank != 0:
             return
         if self._blocks or self._writer is None:
-            self._write(*_merge(self._blocks))
+            self._write(*_Block.merge(self._blocks))
             self._blocks = []
         if self._sinks is not None:
             self._sinks.flush()
@@ -239,9 +244,7 @@ class History:
         if self._rank != 0:
             return
         if self._steps:
-            self._blocks.append((np.array(self._steps, dtype=np.int64),
-                                 {k: np.array(v) for k, v in self._cols.items()}, {}))
-            self._steps, self._cols = [], {}
+            self._blocks.append(self._take_pending())
         if self._blocks:
             self.flush()
         if self._writer is not None:
@@ -278,21 +281,42 @@ class History:
         return SafeSinks(made)
 
 
-def _merge(blocks: list[tuple[np.ndarray, dict, dict]]) -> tuple[np.ndarray, dict, dict]:
-    """One block from several: metrics missing from a block are NaN there."""
+@dataclass
+class _Block:
+    """Rows of several steps: ``values`` and each ``stats`` matrix are keys x steps
+    (one contiguous row per metric: what the file's datasets want)."""
 
-    def column(pick) -> np.ndarray:
-        parts = [pick(b) for b in blocks]
-        return np.concatenate([p if p is not None else np.full(len(b[0]), np.nan)
-                               for p, b in zip(parts, blocks)])
+    steps: np.ndarray
+    keys: tuple[str, ...]
+    values: np.ndarray
+    stats: dict[str, np.ndarray]
 
-    steps = np.concatenate([b[0] for b in blocks]) if blocks else np.empty(0, np.int64)
-    keys = dict.fromkeys(k for b in blocks for k in b[1])
-    values = {k: column(lambda b, k=k: b[1].get(k)) for k in keys}
-    stat_keys = dict.fromkeys(k for b in blocks for k in b[2])
-    stats = {k: {s: column(lambda b, k=k, s=s: b[2].get(k, {}).get(s)) for s in STATS}
-             for k in stat_keys}
-    return steps, values, stats
+    def widen(self, keys: tuple[str, ...]) -> _Block:
+        """The same rows over ``keys`` (a superset), NaN in the new columns."""
+        if keys == self.keys:
+            return self
+        idx = [keys.index(k) for k in self.keys]
+
+        def spread(m: np.ndarray) -> np.ndarray:
+            out = np.full((len(keys), len(self.steps)), np.nan)
+            out[idx] = m
+            return out
+
+        return _Block(self.steps, keys, spread(self.values), {s: spread(m) for s, m in self.stats.items()})
+
+    @staticmethod
+    def merge(blocks: list[_Block]) -> tuple[np.ndarray, dict, dict]:
+        """(steps, {metric: values}, {metric: {stat: values}}) of all blocks in order."""
+        keys = tuple(dict.fromkeys(k for b in blocks for k in b.keys))
+        wide = [b.widen(keys) for b in blocks]
+        steps = np.concatenate([b.steps for b in wide]) if wide else np.empty(0, np.int64)
+        values = np.concatenate([b.values for b in wide], axis=1) if wide else np.empty((0, 0))
+        with_stats = [b for b in wide if b.stats]
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        if with_stats and len(with_stats) == len(wide):  # else one process, or a failure flush
+            per_stat = {s: np.concatenate([b.stats[s] for b in wide], axis=1) for s in STATS}
+            stats = {k: {s: per_stat[s][j] for s in STATS} for j, k in enumerate(keys)}
+        return steps, dict(zip(keys, values)), stats
 
 
 def _check_dir(path: Path, where: str, partial: Path | None = None) -> None:

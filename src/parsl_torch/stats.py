@@ -1,6 +1,6 @@
 """Cross-rank statistics of a block of metric rows, in a few batched collectives.
 
-A block is ``n`` rows (steps) x ``k`` metrics, NaN where a rank did not record
+A block is ``k`` metrics x ``n`` steps, NaN where a rank did not record
 a metric. Every rank contributes its block; every rank gets back mean, min,
 max and (population) std per row and metric over the ranks that recorded it.
 Cost: one gather of the key lists (ranks may differ), then three reductions,
@@ -85,7 +85,7 @@ def union_keys(keys: Sequence[str], rows: int) -> tuple[list[str], int]:
 
 
 def cross_rank_stats(block: np.ndarray) -> dict[str, np.ndarray]:
-    """mean/min/max/std over ranks of ``block`` (n x k, NaN = not recorded).
+    """mean/min/max/std over ranks of ``block`` (k x n, NaN = not recorded).
 
     Collective: every rank calls it with the same shape (see ``union_keys``).
     """
