@@ -31,6 +31,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(RUN) $(BIN)/python benchmarks/bench_core.py
 	$(RUN) $(BIN)/python benchmarks/bench_history.py
+	$(RUN) $(BIN)/python benchmarks/bench_launch.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -64,6 +64,46 @@ def _history_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    """Start the ranks with the right launcher for this scheduler and machine."""
+    import shlex
+
+    from .launch import LaunchRequest, plan_launch
+    from .scheduler import detect_scheduler
+
+    command = list(args.command)
+    if args.module:
+        command = [sys.executable, "-m", args.module, *command]
+    request = LaunchRequest(tuple(command), args.n, args.ppn, args.nodes, args.launcher)
+    detection = detect_scheduler()
+    plan = plan_launch(request, detection)
+    shown = " ".join([*(f"{k}={v}" for k, v in plan.env.items()), shlex.join(plan.argv)])
+    if args.dry_run:
+        print(shown)
+        return 0
+    print(f"parsl-torch: {plan.num_ranks} rank(s) on {plan.num_nodes} node(s) via {plan.launcher} "
+          f"({detection.reason}): {shown}", file=sys.stderr, flush=True)
+    from .supervise import supervise
+
+    return supervise(plan, timeout=args.timeout)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Environment checks with remedies; exit 1 if any is an error."""
+    from .doctor import as_json, run_checks
+
+    results = run_checks(smoke=not args.no_smoke)
+    if args.json:
+        print(json.dumps(as_json(results), indent=2))
+    else:
+        width = max(len(r.name) for r in results)
+        for r in results:
+            print(f"[{r.status.upper():>5}] {r.name:<{width}}  {r.detail}")
+            if r.remedy and r.status in ("warn", "error"):
+                print(f"{'':>8} {'':<{width}}  -> {r.remedy}")
+    return 1 if any(r.status == "error" for r in results) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -73,6 +113,25 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show this rank's topology, device and backend")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_info)
+
+    launch = sub.add_parser(
+        "launch", help="run a command on every rank with this machine's launcher",
+        usage="parsl-torch launch [-n N] [--ppn P] [--nodes K] [--timeout S] [--dry-run] "
+              "[-m MODULE] -- COMMAND [ARGS...]")
+    launch.add_argument("-n", type=int, help="total ranks (default: nodes x ranks per node)")
+    launch.add_argument("--ppn", type=int, help="ranks per node (default: accelerators per node, else 1)")
+    launch.add_argument("--nodes", type=int, help="nodes to use (default: all of the job's)")
+    launch.add_argument("--launcher", choices=("mpiexec", "torchrun", "srun"),
+                        help="without a scheduler: mpiexec (default when found) or torchrun")
+    launch.add_argument("--timeout", type=float, help="seconds before every rank is stopped (exit 124)")
+    launch.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    launch.add_argument("-m", dest="module", help="run python -m MODULE; what follows -- are its arguments")
+    launch.set_defaults(func=_launch, command=())
+
+    doctor = sub.add_parser("doctor", help="check this environment; exit 1 on errors")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--no-smoke", action="store_true", help="skip the live 2-rank all_reduce")
+    doctor.set_defaults(func=_doctor)
 
     history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
     show = history.add_parser("show", help="summary table of a history file")
@@ -86,7 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # everything after the first "--" is the command to launch, untouched
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = build_parser().parse_args(argv)
+    if command:
+        args.command = command
     try:
         return args.func(args)
     except ParslTorchError as exc:

@@ -272,15 +272,16 @@ def _broadcast_master(topo: Topology) -> tuple[str, int] | None:
     return comm.bcast(mine, root=0)
 
 
-def resolve_master(topo: Topology, env: Mapping[str, str] | None = None) -> Topology:
-    """Fill in master_addr/port. Collective under MPI launchers: call on every rank."""
+def resolve_master(topo: Topology, env: Mapping[str, str] | None = None, use_mpi: bool = True) -> Topology:
+    """Fill in master_addr/port. Collective under MPI launchers (unless
+    ``use_mpi=False``, for processes that must not initialise MPI): call on every rank."""
     env = os.environ if env is None else env
     if topo.master_addr and topo.master_port:
         return topo
     if topo.world_size == 1:
         return replace(topo, master_addr=topo.master_addr or "127.0.0.1",
                        master_port=topo.master_port or _free_port())
-    found = _broadcast_master(topo) if topo.launcher in _MPI_LAUNCHERS else None
+    found = _broadcast_master(topo) if use_mpi and topo.launcher in _MPI_LAUNCHERS else None
     if found is not None:
         addr, port = found
     elif topo.nodes and (len(topo.nodes) > 1 or topo.num_nodes == 1):

@@ -1,0 +1,267 @@
+"""Scheduler detection, launch commands (golden argv) and real launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from parsl_torch.cli import main as cli
+from parsl_torch.errors import ConfigError
+from parsl_torch.launch import AURORA_CPU_BIND, LaunchRequest, plan_launch
+from parsl_torch.scheduler import detect_scheduler
+
+from .conftest import BIN, RANKS_DIR, clean_env
+
+PY = "/venv/bin/python"
+SHIM = [PY, "-m", "parsl_torch.shim", "--", "python", "train.py"]
+CMD = ("python", "train.py")
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch):
+    """Stand-ins for the system's mpiexec and srun, so golden plans can be built
+    here; they are never run."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("mpiexec", "srun"):
+        (bindir / name).write_text("#!/bin/sh\nexit 99\n")
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return bindir
+
+
+def nodefile(tmp_path, *lines, name="nodefile"):
+    path = tmp_path / name
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return str(path)
+
+
+def plan(env, hostname="x4000c0s0b0n0", n=None, ppn=None, nodes=None, launcher=None):
+    d = detect_scheduler(env, hostname)
+    return plan_launch(LaunchRequest(CMD, n, ppn, nodes, launcher), d, env, python=PY)
+
+
+# -- detection -------------------------------------------------------------
+@pytest.mark.parametrize("env, hostname, expected", [
+    ({}, "laptop", ("local", None, True)),
+    ({"PBS_JOBID": "1.aurora"}, "x4102c5s2b0n0", ("pbs", "aurora", True)),
+    ({}, "aurora-uan-0010", ("pbs", "aurora", False)),  # a login node: no job yet
+    ({}, "polaris-login-02", ("pbs", "polaris", False)),
+    ({"PBS_JOBID": "9.polaris"}, "x3004c0s7b0n0", ("pbs", "polaris", True)),
+    ({"SLURM_JOB_ID": "7"}, "frontier00123", ("slurm", "frontier", True)),
+    ({"LMOD_SYSTEM_NAME": "frontier"}, "login03", ("slurm", "frontier", False)),
+    ({"SLURM_JOB_ID": "7", "NERSC_HOST": "perlmutter"}, "nid001234", ("slurm", "perlmutter", True)),
+    ({"SLURM_JOB_ID": "7"}, "vm", ("slurm", None, True)),
+    ({"PARSL_TORCH_SCHEDULER": "local", "PBS_JOBID": "1"}, "x4102c5s2b0n0", ("local", "aurora", True)),
+])
+def test_detection(env, hostname, expected):
+    d = detect_scheduler(env, hostname)
+    assert (d.scheduler, d.machine, d.in_job) == expected
+
+
+def test_installed_binaries_are_no_evidence(fake_bin):
+    # srun and mpiexec on PATH, but no job variables: still local
+    assert detect_scheduler({"PATH": os.environ["PATH"]}, "laptop").scheduler == "local"
+
+
+def test_bad_overrides():
+    with pytest.raises(ConfigError, match="PARSL_TORCH_SCHEDULER='lsf' is unknown"):
+        detect_scheduler({"PARSL_TORCH_SCHEDULER": "lsf"}, "x")
+    with pytest.raises(ConfigError, match="PARSL_TORCH_MACHINE='summit' is unknown"):
+        detect_scheduler({"PARSL_TORCH_MACHINE": "summit"}, "x")
+
+
+# -- golden launch commands ---------------------------------------------------
+def test_aurora_two_nodes(tmp_path, fake_bin):
+    nf = nodefile(tmp_path, "x4000c0s0b0n0.hostmgmt", "x4000c0s1b0n0.hostmgmt")
+    p = plan({"PBS_JOBID": "1.aurora", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]})
+    assert list(p.argv) == [str(fake_bin / "mpiexec"), "--envall", "--np", "24", "--ppn", "12",
+                            "--hostfile", nf, "--line-buffer", "--cpu-bind", AURORA_CPU_BIND, *SHIM]
+    assert (p.num_nodes, p.ranks_per_node, p.num_ranks, p.launcher) == (2, 12, 24, "mpiexec")
+    assert p.env["MASTER_ADDR"] == "x4000c0s0b0n0.hostmgmt"
+    assert 0 < int(p.env["MASTER_PORT"]) < 65536
+
+
+def test_aurora_duplicated_nodefile_and_fewer_ranks(tmp_path, fake_bin):
+    nf = nodefile(tmp_path, "a", "a", "b", "b")  # one line per rank slot: deduplicated
+    p = plan({"PBS_JOBID": "1", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]}, nodes=1, ppn=6)
+    hostfile = p.argv[p.argv.index("--hostfile") + 1]
+    assert hostfile != nf and Path(hostfile).read_text().split() == ["a"]
+    assert list(p.argv[1:6]) == ["--envall", "--np", "6", "--ppn", "6"]
+    assert list(p.argv[8:13]) == ["--line-buffer", "--depth", "17", "--cpu-bind", "depth"]
+
+
+def test_polaris_depth_binding(tmp_path, fake_bin):
+    nf = nodefile(tmp_path, "x3004c0s7b0n0", "x3004c0s7b1n0")
+    p = plan({"PBS_JOBID": "9", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]}, hostname="x3004c0s7b0n0")
+    assert list(p.argv) == [str(fake_bin / "mpiexec"), "--envall", "--np", "8", "--ppn", "4", "--hostfile",
+                            nf, "--line-buffer", "--depth", "8", "--cpu-bind", "depth", *SHIM]
+
+
+def test_frontier_srun(fake_bin):
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "frontier[00010-00011]", "PATH": os.environ["PATH"]}
+    p = plan(env, hostname="frontier00010")
+    assert list(p.argv) == ["srun", "--nodes", "2", "--ntasks", "16", "--ntasks-per-node", "8",
+                            "--kill-on-bad-exit=1", "--cpus-per-task", "7", "--gpus-per-task", "1",
+                            "--gpu-bind", "closest", *SHIM]
+    assert "MASTER_ADDR" not in p.env  # the shim takes the step's first node
+    assert plan(env, hostname="frontier00010", n=12).ranks_per_node == 6
+
+
+def test_local_mpiexec_and_torchrun():
+    env = {"PATH": os.environ["PATH"]}
+    p = plan(env, hostname="laptop", n=2)
+    assert list(p.argv) == [str(BIN / "mpiexec"), "-n", "2", *SHIM]
+    assert p.env["MASTER_ADDR"] == "127.0.0.1"
+    p = plan(env, hostname="laptop", n=4, launcher="torchrun")
+    assert list(p.argv) == [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=4", "--no-python", *SHIM]
+
+
+def test_user_rendezvous_is_kept():
+    p = plan({"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "1234"}, hostname="laptop", n=2)
+    assert p.env == {}
+
+
+@pytest.mark.parametrize("env, request_, needle", [
+    ({"PBS_JOBID": "1"}, {}, "PBS_NODEFILE is not set"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "EMPTY"}, {}, "is empty: the job has no nodes"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "/nonexistent"}, {}, "cannot be read"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "TWO"}, {"n": 30, "ppn": 12}, "-n 30 does not fit 3 node"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "TWO"}, {"nodes": 3}, "--nodes 3: the job has only 2 node"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "TWO"}, {"n": 4, "ppn": 4, "nodes": 2}, "leaves nodes of the 2 empty"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "TWO"}, {"n": 0}, "-n 0: must be at least 1"),
+    ({"PBS_JOBID": "1", "PBS_NODEFILE": "TWO", "PARSL_TORCH_MPIEXEC": "/nonexistent/mpiexec"}, {},
+     "launcher '/nonexistent/mpiexec' does not exist"),
+    ({}, {"launcher": "srun"}, "--launcher srun: under local use mpiexec or torchrun"),
+])
+def test_bad_launch_requests(tmp_path, fake_bin, env, request_, needle):
+    files = {"EMPTY": nodefile(tmp_path, name="empty"), "TWO": nodefile(tmp_path, "a", "b", name="two")}
+    env = {k: files.get(v, v) for k, v in env.items()}
+    env["PATH"] = os.environ["PATH"]
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        plan(env, hostname="laptop", **request_)
+
+
+def test_cli_errors_exit_2_and_start_nothing(capsys, monkeypatch):
+    monkeypatch.setenv("PARSL_TORCH_SCHEDULER", "pbs")
+    monkeypatch.setenv("PBS_JOBID", "1")
+    monkeypatch.delenv("PBS_NODEFILE", raising=False)
+    assert cli(["launch", "--", "python", "x.py"]) == 2
+    assert capsys.readouterr().err.startswith("parsl-torch: error: PBS_NODEFILE is not set")
+    monkeypatch.setenv("PARSL_TORCH_SCHEDULER", "local")
+    assert cli(["launch", "-n", "2"]) == 2
+    assert "no command to launch" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_command(capsys, monkeypatch):
+    monkeypatch.setenv("PARSL_TORCH_SCHEDULER", "local")
+    assert cli(["launch", "-n", "2", "--dry-run", "-m", "mypkg.train", "--", "--lr", "3e-4"]) == 0
+    out = capsys.readouterr().out
+    assert f"mpiexec -n 2 {sys.executable} -m parsl_torch.shim -- {sys.executable} -m mypkg.train --lr 3e-4" in out
+
+
+# -- real launches ------------------------------------------------------------
+def parsl_torch(*args, timeout=120, env=None):
+    return subprocess.run([str(BIN / "parsl-torch"), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or clean_env())
+
+
+def ranks_reported(stdout: str) -> list[str]:
+    # two ranks share one pipe: their lines may interleave
+    return sorted(re.findall(r"rank \d of \d local \d sum \d", stdout))
+
+
+def leftovers(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_unmodified_torchrun_script_runs(launcher):
+    out = parsl_torch("launch", "-n", "2", "--launcher", launcher, "--",
+                      sys.executable, str(RANKS_DIR / "torchrun_style.py"))
+    assert out.returncode == 0, out.stderr
+    assert ranks_reported(out.stdout) == ["rank 0 of 2 local 0 sum 1", "rank 1 of 2 local 1 sum 1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_failing_rank_stops_the_launch_with_its_code(tmp_path, launcher):
+    marker = f"exit3-{launcher}-{os.getpid()}"
+    t0 = time.monotonic()
+    out = parsl_torch("launch", "-n", "2", "--launcher", launcher, "--",
+                      sys.executable, str(RANKS_DIR / "misbehave.py"), "exit3", marker)
+    assert out.returncode == 3, out.stderr
+    assert time.monotonic() - t0 < 30  # the other rank would sleep 600 s
+    assert "rank 1 on" in out.stderr and "exited with code 3" in out.stderr
+    time.sleep(0.5)
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_timeout_stops_hanging_ranks():
+    marker = f"hang-{os.getpid()}"
+    t0 = time.monotonic()
+    out = parsl_torch("launch", "-n", "2", "--timeout", "5", "--",
+                      sys.executable, str(RANKS_DIR / "misbehave.py"), "hang", marker)
+    assert out.returncode == 124 and "timed out after 5 s" in out.stderr
+    assert time.monotonic() - t0 < 30
+    time.sleep(0.5)
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_sigterm_tears_everything_down():
+    marker = f"sigterm-{os.getpid()}"
+    proc = subprocess.Popen([str(BIN / "parsl-torch"), "launch", "-n", "2", "--",
+                             sys.executable, str(RANKS_DIR / "misbehave.py"), "hang", marker],
+                            env=clean_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(leftovers(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 128 + 15
+    time.sleep(0.5)
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_srun_launch_in_a_slurm_job(slurm):
+    out = subprocess.run(["salloc", "-n", "2", "--time=5", str(BIN / "parsl-torch"), "launch", "-n", "2", "--",
+                          sys.executable, str(RANKS_DIR / "torchrun_style.py")],
+                         capture_output=True, text=True, timeout=180, env=clean_env())
+    assert out.returncode == 0, out.stderr
+    assert "via srun" in out.stderr
+    assert ranks_reported(out.stdout) == ["rank 0 of 2 local 0 sum 1", "rank 1 of 2 local 1 sum 1"]
+    failing = subprocess.run(["salloc", "-n", "2", "--time=5", str(BIN / "parsl-torch"), "launch", "-n", "2",
+                              "--", sys.executable, str(RANKS_DIR / "misbehave.py"), "exit3", "srun-x"],
+                             capture_output=True, text=True, timeout=180, env=clean_env())
+    assert failing.returncode == 3, failing.stderr
+
+
+@pytest.mark.slow
+def test_doctor_passes_here_and_names_a_broken_setting():
+    ok = parsl_torch("doctor", "--json", timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    results = {r["name"]: r for r in json.loads(ok.stdout)}
+    assert results["2-rank all_reduce"]["status"] == "ok"
+    assert results["torch"]["status"] == "ok"
+    bad = parsl_torch("doctor", "--no-smoke", env=clean_env(TORCH_BACKEND="bogus"))
+    assert bad.returncode == 1
+    assert "[ERROR] device/backend" in bad.stdout and "TORCH_BACKEND='bogus'" in bad.stdout
+    assert "-> fix or unset TORCH_DEVICE / TORCH_BACKEND" in bad.stdout
