@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[mpi,test]"
+	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -104,6 +104,39 @@ def _doctor(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "error" for r in results) else 0
 
 
+def _load_site(args: argparse.Namespace):
+    from . import sites
+
+    return sites.load(args.site, account=args.account, queue=args.queue, walltime=args.walltime,
+                      nodes=args.nodes)
+
+
+def _sites_list(args: argparse.Namespace) -> int:
+    from . import sites
+
+    chosen = sites.detect()
+    for name, path in sites.available().items():
+        spec = sites.read_spec(path)
+        mark = "*" if name == chosen.name else " "
+        print(f"{mark} {name:<12} {spec.scheduler:<6} {spec.description}  ({path})")
+    print(f"\n* auto picks {chosen.name!r}: {chosen.reason}")
+    return 0
+
+
+def _sites_show(args: argparse.Namespace) -> int:
+    import yaml
+
+    site = _load_site(args)
+    print(f"# {site.path}")
+    print(yaml.safe_dump(json.loads(json.dumps(site.settings())), sort_keys=False), end="")
+    return 0
+
+
+def _sites_render(args: argparse.Namespace) -> int:
+    print(_load_site(args).render(args.executor), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -132,6 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--no-smoke", action="store_true", help="skip the live 2-rank all_reduce")
     doctor.set_defaults(func=_doctor)
+
+    site_cmds = sub.add_parser("sites", help="machines this package knows").add_subparsers(
+        dest="action", required=True)
+    site_cmds.add_parser("list", help="known sites and which one auto picks here").set_defaults(func=_sites_list)
+    for action, func, what in (("show", _sites_show, "the resolved settings of a site"),
+                               ("render", _sites_render, "the batch script Parsl would submit (not submitted)")):
+        cmd = site_cmds.add_parser(action, help=what)
+        cmd.add_argument("site", nargs="?", default="auto", help="site name (default: auto)")
+        cmd.add_argument("--account")
+        cmd.add_argument("--queue", help="PBS queue or Slurm partition")
+        cmd.add_argument("--walltime", help="HH:MM:SS")
+        cmd.add_argument("--nodes", type=int, help="nodes per block")
+        if action == "render":
+            cmd.add_argument("--executor", choices=("mpi", "htex"), default="mpi")
+        cmd.set_defaults(func=func)
 
     history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
     show = history.add_parser("show", help="summary table of a history file")

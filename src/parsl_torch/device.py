@@ -30,6 +30,7 @@ def get_torch_device_type() -> str:
         return kind
     import torch
 
+    _fix_rocm_visibility(torch)
     if torch.cuda.is_available():
         return "cuda"
     if hasattr(torch, "xpu") and torch.xpu.is_available():
@@ -37,6 +38,15 @@ def get_torch_device_type() -> str:
     if torch.backends.mps.is_available():
         return "mps"
     return "cpu"
+
+
+def _fix_rocm_visibility(torch) -> None:
+    """Parsl pins a worker to a GPU by setting ROCR_VISIBLE_DEVICES and
+    CUDA_VISIBLE_DEVICES to the same id. Under ROCm the second indexes the list
+    the first already narrowed, so torch sees no GPU (Frontier): drop it."""
+    rocr, cuda = os.environ.get("ROCR_VISIBLE_DEVICES"), os.environ.get("CUDA_VISIBLE_DEVICES")
+    if getattr(torch.version, "hip", None) and rocr and rocr == cuda:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
 
 
 def get_torch_device(local_rank: int | None = None):

@@ -1,0 +1,147 @@
+"""Sites: one YAML file per machine in ``site_configs/``, turned into a
+``parsl.Config`` on demand.
+
+Search path: the directories in ``PARSL_TORCH_SITE_PATH`` (``:``-separated),
+then the files shipped with the package; the first file named ``<site>.yaml``
+wins, so a user file overrides a shipped one. Selection (``load("auto")``):
+``PARSL_TORCH_SITE``, then the files' ``hostnames`` patterns, then ``local``.
+Overrides of account, queue, walltime and nodes: arguments, then
+``PARSL_TORCH_ACCOUNT`` / ``_QUEUE`` / ``_WALLTIME`` / ``_NODES``, then the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SiteError
+from .schema import SiteSpec, parse_site
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "site_configs"
+_OVERRIDES = {"account": "PARSL_TORCH_ACCOUNT", "queue": "PARSL_TORCH_QUEUE",
+              "walltime": "PARSL_TORCH_WALLTIME", "nodes": "PARSL_TORCH_NODES"}
+
+
+def search_path(env: Mapping[str, str] | None = None) -> list[Path]:
+    env = os.environ if env is None else env
+    user = [Path(p).expanduser() for p in env.get("PARSL_TORCH_SITE_PATH", "").split(os.pathsep) if p]
+    return [*user, BUILTIN_DIR]
+
+
+def available(env: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Site name -> file, first on the search path wins."""
+    found: dict[str, Path] = {}
+    for directory in search_path(env):
+        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
+            found.setdefault(path.stem, path)
+    return found
+
+
+def read_spec(path: Path) -> SiteSpec:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SiteError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise SiteError(f"{path}: cannot be read: {exc.strerror}") from None
+    spec = parse_site(data, str(path))
+    if spec.name != path.stem:
+        raise SiteError(f"{path}: name: {spec.name!r} differs from the file name; use name: {path.stem}")
+    return spec
+
+
+@dataclass(frozen=True)
+class SiteChoice:
+    name: str
+    reason: str
+
+
+def detect(hostname: str | None = None, env: Mapping[str, str] | None = None) -> SiteChoice:
+    """Which site ``load("auto")`` picks here, and why."""
+    env = os.environ if env is None else env
+    forced = env.get("PARSL_TORCH_SITE")
+    if forced:
+        return SiteChoice(forced, f"PARSL_TORCH_SITE={forced}")
+    hostname = hostname or socket.gethostname()
+    for name, path in available(env).items():
+        for pattern in read_spec(path).hostnames:
+            if re.search(pattern, hostname):
+                return SiteChoice(name, f"hostname {hostname} matches {pattern!r} in {path}")
+    return SiteChoice("local", f"hostname {hostname} matches no site's hostnames")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A loaded site: its settings (``spec``) and the file they came from."""
+
+    spec: SiteSpec
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def parsl_config(self, run_dir: str | os.PathLike = "runinfo", **config_kwargs: Any):
+        """A new ``parsl.Config`` (built now, not at load); extra keywords go to Config."""
+        from .build import parsl_config
+
+        return parsl_config(self.spec, run_dir, **config_kwargs)
+
+    def render(self, executor: str = "mpi") -> str:
+        """The batch script Parsl would submit for one block; nothing is submitted."""
+        from .build import render
+
+        return render(self.spec, executor)
+
+    def settings(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.spec)
+
+
+def load(name: str = "auto", *, account: str | None = None, queue: str | None = None,
+         walltime: str | None = None, nodes: int | None = None,
+         env: Mapping[str, str] | None = None) -> Site:
+    """The site called ``name`` ("auto": see ``detect``), with overrides applied."""
+    env = os.environ if env is None else env
+    if name == "auto":
+        name = detect(env=env).name
+    files = available(env)
+    if name not in files:
+        raise SiteError(f"unknown site {name!r}: known sites are {', '.join(sorted(files))} "
+                        f"(add yours as <name>.yaml in a directory on PARSL_TORCH_SITE_PATH)")
+    spec = read_spec(files[name])
+    given = {"account": account, "queue": queue, "walltime": walltime, "nodes": nodes}
+    changes: dict[str, Any] = {}
+    for key, var in _OVERRIDES.items():
+        value = given[key] if given[key] is not None else env.get(var)
+        if value is None or value == "":
+            continue
+        if key == "nodes":
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                raise SiteError(f"nodes: {value!r} (from {var} or nodes=) is not a whole number") from None
+            if value < 1:
+                raise SiteError(f"nodes: must be at least 1, got {value}")
+            changes["nodes_per_block"] = value
+        else:
+            changes[key] = str(value)
+    if changes:
+        provider = dataclasses.replace(spec.provider, **changes)
+        spec = parse_site({**_plain(spec), "provider": _plain(provider)}, f"{files[name]} (with overrides)")
+    return Site(spec, files[name])
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A dataclass as the plain data a site file would hold (for re-validation)."""
+    return dataclasses.asdict(obj, dict_factory=lambda kv: {k: list(v) if isinstance(v, tuple) else v
+                                                            for k, v in kv})

@@ -1,0 +1,192 @@
+"""What a site file may say, and the checks that make a bad one fail clearly.
+
+Every error names the file, the field (dotted path) and the fix; unknown
+keys get a did-you-mean. Only plain data is accepted (YAML is read with the
+safe loader), so no input produces anything but a ``SiteSpec`` or a
+``SiteError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SiteError
+
+SCHEDULERS = ("pbs", "slurm", "local")
+MPI_LAUNCHERS = ("mpiexec", "srun", "aprun")
+_WALLTIME = re.compile(r"^\d+:[0-5]\d:[0-5]\d$")
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """The batch job a block runs in (Parsl's PBSProProvider / SlurmProvider)."""
+
+    account: str | None = None  # required to render or submit
+    queue: str | None = None  # PBS queue, Slurm partition
+    walltime: str = "01:00:00"
+    nodes_per_block: int = 1
+    init_blocks: int = 1
+    min_blocks: int = 0
+    max_blocks: int = 1
+    cpus_per_node: int | None = None  # PBS ncpus
+    select_options: str = ""  # PBS: appended to -l select
+    scheduler_options: str = ""  # extra #PBS / #SBATCH lines
+    worker_init: str = ""  # shell lines run before the workers (activate the environment)
+    qos: str | None = None  # Slurm
+    constraint: str | None = None  # Slurm
+    exclusive: bool = True  # Slurm: MPI executors need whole nodes
+
+
+@dataclass(frozen=True)
+class MPISpec:
+    """Parsl's MPIExecutor: one worker per block runs multi-rank stages."""
+
+    max_workers_per_block: int = 1  # multi-rank stages that may run at once in a block
+    launcher: str = "mpiexec"  # Parsl's mpi_launcher: mpiexec | srun | aprun
+
+
+@dataclass(frozen=True)
+class HTEXSpec:
+    """Parsl's HighThroughputExecutor for single-process work (one worker per accelerator)."""
+
+    enabled: bool = True
+    max_workers_per_node: int | None = None
+    accelerators: tuple[str, ...] = ()  # one worker pinned to each (CUDA_VISIBLE_DEVICES, ZE_AFFINITY_MASK...)
+    cpu_affinity: str = "none"
+    launcher_overrides: str = ""  # extra flags for the block's launcher (MpiExecLauncher / SrunLauncher)
+    nodes_per_block: int = 1
+    max_blocks: int = 1
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Launch defaults for multi-rank stages (see parsl_torch.launch)."""
+
+    ranks_per_node: int | None = None  # default: the machine's accelerators per node
+    extra_args: tuple[str, ...] | None = None  # launcher flags; default: the machine's CPU binding
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    name: str
+    scheduler: str
+    description: str = ""
+    hostnames: tuple[str, ...] = ()  # regular expressions against the hostname
+    machine: str | None = None  # parsl_torch.scheduler.MACHINES entry: launch defaults
+    address_interface: str | None = None  # network interface workers connect back on
+    environment: Mapping[str, str] = field(default_factory=dict)  # exported before the workers start
+    strategy_period: float = 5.0  # seconds between Parsl's scaling decisions
+    local_slots: int = 2  # local site: multi-rank stages that may run at once
+    provider: ProviderSpec = field(default_factory=ProviderSpec)
+    mpi: MPISpec = field(default_factory=MPISpec)
+    htex: HTEXSpec = field(default_factory=HTEXSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as type ``tp`` (no coercion between kinds), or a SiteError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _convert(value, option, where)
+            except SiteError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise SiteError(f"{where}: expected a mapping of settings, got {type(value).__name__}")
+        return _build(tp, value, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SiteError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        item = typing.get_args(tp)[0]
+        return tuple(_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict) or tp is Mapping:
+        if not isinstance(value, Mapping):
+            raise SiteError(f"{where}: expected a mapping, got {type(value).__name__}")
+        bad = [k for k, v in value.items() if not isinstance(k, str) or not isinstance(v, (str, int, float))]
+        if bad:
+            raise SiteError(f"{where}.{bad[0]}: environment values must be strings or numbers")
+        return {k: str(v) for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is typing.Any or (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
+        return value
+    hint = " (quote it)" if tp is str and value is not None else ""
+    raise SiteError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}")
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(names)}"
+            raise SiteError(f"{path}: unknown setting{hint}")
+        values[key] = _convert(value, hints[key], path)
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               and f.name not in values]
+    if missing:
+        raise SiteError(f"{where + '.' if where else ''}{missing[0]}: required setting is missing")
+    return cls(**values)
+
+
+def parse_site(data: Any, source: str) -> SiteSpec:
+    """A validated SiteSpec from parsed YAML; errors say ``source: field: problem``."""
+    try:
+        if not isinstance(data, Mapping):
+            raise SiteError(f"expected a mapping of settings at the top, got {type(data).__name__}")
+        spec = _build(SiteSpec, data, "")
+        _check(spec)
+        return spec
+    except SiteError as exc:
+        raise SiteError(f"{source}: {exc}") from None
+
+
+def _check(spec: SiteSpec) -> None:
+    if spec.scheduler not in SCHEDULERS:
+        raise SiteError(f"scheduler: {spec.scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+    if spec.mpi.launcher not in MPI_LAUNCHERS:
+        raise SiteError(f"mpi.launcher: {spec.mpi.launcher!r} is not one of {', '.join(MPI_LAUNCHERS)}")
+    if not _WALLTIME.match(spec.provider.walltime):
+        raise SiteError(f"provider.walltime: {spec.provider.walltime!r} is not HH:MM:SS")
+    for path, value in (("provider.nodes_per_block", spec.provider.nodes_per_block),
+                        ("provider.max_blocks", spec.provider.max_blocks),
+                        ("mpi.max_workers_per_block", spec.mpi.max_workers_per_block),
+                        ("htex.nodes_per_block", spec.htex.nodes_per_block),
+                        ("local_slots", spec.local_slots)):
+        if value < 1:
+            raise SiteError(f"{path}: must be at least 1, got {value}")
+    for path, value in (("provider.init_blocks", spec.provider.init_blocks),
+                        ("provider.min_blocks", spec.provider.min_blocks)):
+        if value < 0:
+            raise SiteError(f"{path}: must be 0 or more, got {value}")
+    if spec.launch.ranks_per_node is not None and spec.launch.ranks_per_node < 1:
+        raise SiteError(f"launch.ranks_per_node: must be at least 1, got {spec.launch.ranks_per_node}")
+    if spec.strategy_period <= 0:
+        raise SiteError(f"strategy_period: must be > 0 seconds, got {spec.strategy_period}")
+    for i, pattern in enumerate(spec.hostnames):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise SiteError(f"hostnames[{i}]: {pattern!r} is not a regular expression ({exc})") from None

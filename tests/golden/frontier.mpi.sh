@@ -1,0 +1,22 @@
+# Parsl would submit this with: sbatch <script_dir>/parsl.mpi.block-0.<time>
+#!/bin/bash
+
+#SBATCH --job-name=parsl.mpi.block-0.<time>
+#SBATCH --output=<script_dir>/parsl.mpi.block-0.<time>.stdout
+#SBATCH --error=<script_dir>/parsl.mpi.block-0.<time>.stderr
+#SBATCH --nodes=2
+#SBATCH --time=60
+#SBATCH --ntasks-per-node=1
+
+#SBATCH --exclusive
+#SBATCH --partition=batch
+#SBATCH --account=MyProj
+
+
+module load PrgEnv-gnu rocm; source <python_env>/bin/activate
+export MIOPEN_USER_DB_PATH=/tmp/miopen
+
+
+export JOBNAME="parsl.mpi.block-0.<time>"
+
+process_worker_pool.py ...  # filled in by Parsl when it submits

@@ -1,0 +1,278 @@
+"""Sites: YAML files -> real parsl.Config objects, rendered batch scripts,
+real execution on the local site, a real Slurm and a FAKE PBS."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parsl_torch import sites
+from parsl_torch.cli import main as cli
+from parsl_torch.errors import SiteError
+from parsl_torch.sites.schema import parse_site
+
+HERE = Path(__file__).parent
+TEST_SITES = HERE / "sites"
+GOLDEN = HERE / "golden"
+FAKE_PBS = HERE / "fakes" / "pbs"
+
+
+def build(name, **overrides):
+    """The parsl.Config of a shipped site, without the network interface this
+    machine lacks (hsn0, bond0)."""
+    site = sites.load(name, account="MyProj", **overrides)
+    spec = dataclasses.replace(site.spec, address_interface=None)
+    return sites.Site(spec, site.path).parsl_config(run_dir="runinfo")
+
+
+def executors(config):
+    return {e.label: e for e in config.executors}
+
+
+def test_shipped_sites_load_and_auto_picks_local_here():
+    assert set(sites.available()) >= {"aurora", "polaris", "frontier", "local"}
+    choice = sites.detect(hostname="vm", env={})
+    assert choice.name == "local" and "matches no site" in choice.reason
+    assert sites.detect(hostname="x4102c5s2b0n0", env={}).name == "aurora"
+    assert sites.detect(hostname="x3004c0s7b0n0", env={}).name == "polaris"
+    assert sites.detect(hostname="frontier04242", env={}).name == "frontier"
+    assert sites.detect(hostname="x", env={"PARSL_TORCH_SITE": "polaris"}).reason == "PARSL_TORCH_SITE=polaris"
+
+
+def test_aurora_matches_alcf_recipe():
+    from parsl.executors import HighThroughputExecutor, MPIExecutor
+    from parsl.launchers import MpiExecLauncher, SimpleLauncher
+    from parsl.providers import PBSProProvider
+
+    config = build("aurora")
+    assert config.usage_tracking == 0
+    mpi, htex = executors(config)["mpi"], executors(config)["htex"]
+    assert isinstance(mpi, MPIExecutor) and isinstance(mpi.provider.launcher, SimpleLauncher)
+    assert isinstance(htex, HighThroughputExecutor)
+    assert htex.available_accelerators == [f"{g}.{t}" for g in range(6) for t in range(2)]
+    assert htex.cpu_affinity.startswith("list:1-8,105-112:9-16,113-120")
+    p = htex.provider
+    assert isinstance(p, PBSProProvider) and isinstance(p.launcher, MpiExecLauncher)
+    assert (p.launcher.bind_cmd, p.launcher.overrides) == ("--cpu-bind", "--ppn 1")
+    assert p.cpus_per_node == 208 and p.scheduler_options == "#PBS -l filesystems=home:flare"
+    assert "export TMPDIR=/tmp" in p.worker_init
+    assert f"source {sys.prefix}/bin/activate" in p.worker_init  # {python_env}
+    assert (mpi.provider.account, mpi.provider.queue, mpi.provider.nodes_per_block) == ("MyProj", "debug", 2)
+
+
+def test_polaris_matches_parsl_polaris_py():
+    htex = executors(build("polaris"))["htex"]
+    p = htex.provider
+    assert htex.available_accelerators == ["0", "1", "2", "3"] and htex.cpu_affinity == "alternating"
+    assert (p.launcher.bind_cmd, p.launcher.overrides) == ("--cpu-bind", "--depth=64 --ppn 1")
+    assert (p.cpus_per_node, p.select_options) == (64, ":ngpus=4") or p.select_options == "ngpus=4"
+    assert p.scheduler_options == "#PBS -l filesystems=home:eagle"
+
+
+def test_frontier_slurm_provider():
+    from parsl.launchers import SrunLauncher
+    from parsl.providers import SlurmProvider
+
+    config = build("frontier", queue="extended", walltime="02:00:00", nodes=8)
+    mpi, htex = executors(config)["mpi"], executors(config)["htex"]
+    assert isinstance(mpi.provider, SlurmProvider) and mpi.mpi_launcher == "srun"
+    assert (mpi.provider.partition, mpi.provider.walltime, mpi.provider.nodes_per_block) == ("extended", "02:00:00", 8)
+    assert mpi.provider.exclusive and isinstance(htex.provider.launcher, SrunLauncher)
+    assert htex.available_accelerators == [str(i) for i in range(8)]
+
+
+def test_sites_address_interface_is_checked(monkeypatch):
+    with pytest.raises(SiteError, match="network interface 'hsn0' .* does not exist on this host"):
+        sites.load("aurora", account="X").parsl_config()
+
+
+def test_loading_runs_no_scheduler_command(tmp_path, monkeypatch):
+    # SlurmProvider runs sacct when constructed: load must not construct it
+    marker = tmp_path / "sacct-ran"
+    (tmp_path / "sacct").write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    (tmp_path / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    site = sites.load("frontier", account="X")
+    assert not marker.exists()
+    sites.Site(dataclasses.replace(site.spec, address_interface=None), site.path).parsl_config()
+    assert marker.exists()
+
+
+def test_overrides_from_arguments_env_and_cli(monkeypatch, capsys):
+    monkeypatch.setenv("PARSL_TORCH_ACCOUNT", "FromEnv")
+    monkeypatch.setenv("PARSL_TORCH_NODES", "3")
+    site = sites.load("aurora", queue="prod")
+    assert (site.spec.provider.account, site.spec.provider.queue, site.spec.provider.nodes_per_block) == (
+        "FromEnv", "prod", 3)
+    assert sites.load("aurora", account="FromArg").spec.provider.account == "FromArg"
+    assert cli(["sites", "show", "aurora", "--walltime", "00:30:00"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["provider"]["walltime"] == "00:30:00" and shown["provider"]["account"] == "FromEnv"
+
+
+def normalized(script: str) -> str:
+    script = re.sub(r"parsl\.(mpi|htex)\.block-0\.\d+(\.\d+)?", r"parsl.\1.block-0.<time>", script)
+    return script.replace(sys.prefix, "<python_env>")
+
+
+@pytest.mark.parametrize("name", ["aurora", "polaris", "frontier"])
+def test_rendered_batch_scripts_match_golden_files(name, capsys):
+    assert cli(["sites", "render", name, "--account", "MyProj"]) == 0
+    golden = GOLDEN / f"{name}.mpi.sh"
+    rendered = normalized(capsys.readouterr().out)
+    if os.environ.get("PARSL_TORCH_UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert rendered == golden.read_text()
+
+
+def test_aurora_render_shows_account_queue_and_filesystems():
+    script = sites.load("aurora", account="MyProj").render()
+    assert script.startswith("# Parsl would submit this with: qsub  -q debug -A MyProj <script_dir>/")
+    assert "#PBS -l select=2:ncpus=208" in script and "#PBS -l filesystems=home:flare" in script
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sites", "render", "aurora"], "provider.account is required to render a batch script"),
+    (["sites", "show", "nope"], "unknown site 'nope': known sites are aurora, frontier, local, polaris"),
+    (["sites", "render", "local"], "runs without a scheduler"),
+    (["sites", "show", "aurora", "--walltime", "1h"], "provider.walltime: '1h' is not HH:MM:SS"),
+    (["sites", "show", "aurora", "--nodes", "0"], "nodes: must be at least 1"),
+])
+def test_cli_site_errors_are_one_line_exit_2(args, needle, capsys):
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: mine\nscheduler: pbs\nprovider:\n  acount: X\n", "provider.acount: unknown setting; did you mean 'account'?"),
+    ("name: mine\nscheduler: pbs\nprovider:\n  nodes_per_block: two\n",
+     "provider.nodes_per_block: expected int, got str 'two'"),
+    ("name: mine\nscheduler: lsf\n", "scheduler: 'lsf' is not one of pbs, slurm, local"),
+    ("name: mine\n", "scheduler: required setting is missing"),
+    ("name: mine\nscheduler: pbs\nhtex: [1, 2]\n", "htex: expected a mapping of settings, got list"),
+    ("name: mine\nscheduler: pbs\nprovider:\n  walltime: 3600\n", "provider.walltime: expected str, got int 3600 (quote it)"),
+    ("name: mine\nscheduler: pbs\nhostnames: ['x[']\n", "hostnames[0]: 'x[' is not a regular expression"),
+    ("name: other\nscheduler: pbs\n", "name: 'other' differs from the file name; use name: mine"),
+    ("name: mine\nscheduler: pbs\n  bad: indent\n", "is not valid YAML"),
+    ("- just\n- a list\n", "expected a mapping of settings at the top, got list"),
+])
+def test_bad_site_files_name_file_and_field(tmp_path, monkeypatch, text, needle):
+    (tmp_path / "mine.yaml").write_text(text)
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    with pytest.raises(SiteError) as err:
+        sites.load("mine", account="X")
+    assert str(err.value).startswith(str(tmp_path / "mine.yaml"))
+    assert needle in str(err.value)
+
+
+def test_user_site_directory_adds_and_overrides(tmp_path, monkeypatch):
+    (tmp_path / "local.yaml").write_text("name: local\nscheduler: local\nlocal_slots: 5\n")
+    (tmp_path / "mycluster.yaml").write_text(
+        "name: mycluster\nscheduler: slurm\nhostnames: ['^mc-login']\nprovider:\n  account: A\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    assert sites.load("local").spec.local_slots == 5  # the user's file wins over the shipped one
+    assert sites.detect(hostname="mc-login1").name == "mycluster"
+    assert sites.load("auto", env={**os.environ, "PARSL_TORCH_SITE": "mycluster"}).name == "mycluster"
+
+
+VALID = yaml.safe_load((HERE.parent / "site_configs" / "aurora.yaml").read_text())
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 300), st.floats(allow_nan=True),
+                    st.text(max_size=12))
+data = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                     st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+                    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(data, st.builds(lambda section, key, value: {**VALID, section: {**(VALID.get(section) or {}),
+                                                                              key: value}}
+                                 if isinstance(VALID.get(section), dict) else {**VALID, section: value},
+                                 st.sampled_from(list(VALID)), st.text(max_size=16), data)))
+def test_fuzzed_site_data_gives_a_site_or_a_site_error(value):
+    try:
+        parse_site(value, "fuzz.yaml")
+    except SiteError as exc:
+        assert str(exc).startswith("fuzz.yaml: ")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_fuzzed_yaml_text_gives_a_site_or_a_site_error(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "fuzzed.yaml"
+    path.write_text(text)
+    try:
+        sites.read_spec(path)
+    except SiteError:
+        pass
+
+
+# -- real execution -------------------------------------------------------------
+def run_on_site(site_name, tmp_path):
+    """A python app on htex (if the site has it) and a 2-rank MPI bash app.
+
+    Parsl ships these apps by reference to this module: the callers put the
+    repository on the workers' PYTHONPATH so they can import it."""
+    import platform
+
+    import parsl
+    from parsl import bash_app, python_app
+
+    hostname = python_app(platform.node, executors=["htex"])
+
+    @bash_app(executors=["mpi"])
+    def two_ranks(parsl_resource_specification=None, stdout=None, stderr=None):
+        return ('$PARSL_MPI_PREFIX python -c "import os; '
+                'print(\'rank\', os.environ.get(\'PMI_RANK\', os.environ.get(\'SLURM_PROCID\')))"')
+
+    config = sites.load(site_name).parsl_config(run_dir=str(tmp_path / "runinfo"))
+    spec = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
+    out = tmp_path / "mpi.out"
+    with parsl.load(config):
+        host = hostname().result(timeout=120) if "htex" in executors(config) else None
+        assert two_ranks(parsl_resource_specification=spec, stdout=str(out),
+                         stderr=str(tmp_path / "mpi.err")).result(timeout=240) == 0
+    return host, sorted(re.findall(r"rank \d", out.read_text()))
+
+
+@pytest.fixture
+def workers_import_tests(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.slow
+def test_local_site_runs_python_and_two_rank_mpi_apps(tmp_path, workers_import_tests):
+    import socket
+
+    host, ranks = run_on_site("local", tmp_path)
+    assert host == socket.gethostname()
+    assert ranks == ["rank 0", "rank 1"]
+
+
+@pytest.mark.slow
+def test_slurm_site_runs_a_real_batch_job(tmp_path, monkeypatch, slurm, workers_import_tests):
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(TEST_SITES))
+    _, ranks = run_on_site("slurmlab", tmp_path)
+    assert ranks == ["rank 0", "rank 1"]
+
+
+@pytest.mark.slow
+def test_pbs_site_end_to_end_against_fake_qsub(tmp_path, monkeypatch, workers_import_tests):
+    # FAKE: no PBS server can be installed here; tests/fakes/pbs/qsub runs the
+    # job script locally and qstat/qdel answer for it. Everything on Parsl's
+    # side (PBSProProvider, MPIExecutor, the submit script) is real.
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(TEST_SITES))
+    monkeypatch.setenv("PATH", f"{FAKE_PBS}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_PBS_DIR", str(tmp_path / "pbs"))
+    _, ranks = run_on_site("pbslab", tmp_path)
+    assert ranks == ["rank 0", "rank 1"]
+    submitted = next((tmp_path / "pbs").glob("*.args")).read_text()
+    assert submitted.startswith("-q debug -A lab ")
