@@ -34,6 +34,10 @@ _LAZY = {
     "setup_wandb": "tracking",
     "CSVSink": "tracking",
     "WandbSink": "tracking",
+    "distributed_app": "apps",
+    "script_app": "apps",
+    "StageFuture": "apps",
+    "workflow": "workflow",
     "get_logger": "log",
     "timeitlogit": "log",
     "ParslTorchError": "errors",
@@ -42,7 +46,7 @@ _LAZY = {
     "SiteError": "errors",
     "StageError": "errors",
 }
-_SUBMODULES = {"models"}
+_SUBMODULES = {"models", "sites", "stages"}
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 

@@ -239,6 +239,30 @@ class History:
         except Exception as exc:  # noqa: BLE001 - plots are a convenience
             get_logger("parsl_torch.history").warning("plotting %s failed: %s", path, exc)
 
+    def resume(self, before_step: int) -> None:
+        """Start from an earlier attempt's file: keep its rows with step < ``before_step``.
+
+        For a run resumed from a checkpoint taken at ``before_step``: reads
+        ``<path>.partial`` (else ``<path>``) on rank 0; later steps are
+        recorded anew, so none is lost or duplicated. No collectives.
+        """
+        if self._rank != 0:
+            return
+        from .history_io import partial_path, read_history
+
+        target = self._target(None)
+        source = next((p for p in (partial_path(target), target) if p.exists()), None)
+        if source is None:
+            return
+        data = read_history(source)
+        keep = data.steps < before_step
+        keys = tuple(data.metrics)
+        values = np.array([data.metrics[k][keep] for k in keys]).reshape(len(keys), int(keep.sum()))
+        stats = {}
+        if data.stats and all(k in data.stats for k in keys):
+            stats = {s: np.array([data.stats[k][s][keep] for k in keys]).reshape(values.shape) for s in STATS}
+        self._blocks.insert(0, _Block(data.steps[keep], keys, values, stats))
+
     def mark_failed(self) -> None:
         """Keep what this rank has as a partial file with status "failed" (no collectives)."""
         if self._rank != 0:

@@ -140,7 +140,7 @@ def find_local_tool(name: str) -> str | None:
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which(name)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -167,7 +167,7 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
     command = [python, *SHIM, *request.command]
     extra: dict[str, str] = {}
     if "MASTER_PORT" not in env:
-        extra["MASTER_PORT"] = str(_free_port())
+        extra["MASTER_PORT"] = str(free_port())
 
     if detection.scheduler == "pbs":
         mpiexec = env.get("PARSL_TORCH_MPIEXEC") or shutil.which("mpiexec")

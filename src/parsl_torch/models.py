@@ -53,6 +53,24 @@ class MLP(nn.Module):
         return self.out(x)
 
 
+class TokenMLP(nn.Module):
+    """Next-token prediction from each token alone: embedding, residual MLP blocks, head."""
+
+    tp_plan = MLP.tp_plan
+
+    def __init__(self, vocab_size: int = 256, dim: int = 64, n_layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(ResidualMLPBlock(dim, 4 * dim) for _ in range(n_layers))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, n_heads: int) -> None:
         super().__init__()

@@ -147,3 +147,37 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
         listener.close()
         for sig, old in handlers.items():
             signal.signal(sig, old)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m parsl_torch.supervise [--timeout S] [--ranks N] -- LAUNCHER ARGV...``
+
+    Supervises an already built launch command (a Parsl MPI task's
+    ``$PARSL_MPI_PREFIX ...``): rendezvous on the first host of
+    ``PARSL_MPI_NODELIST``, fail fast, time out, leave nothing behind.
+    """
+    import argparse
+
+    from .launch import free_port
+
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m parsl_torch.supervise")
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--ranks", type=int, default=0, help="for messages only")
+    opts = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if not command:
+        parser.error("no command after --")
+    env: dict[str, str] = {}
+    if "MASTER_ADDR" not in os.environ:
+        hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
+        env["MASTER_ADDR"] = hosts[0] if hosts[0] else "127.0.0.1"
+    if "MASTER_PORT" not in os.environ:
+        env["MASTER_PORT"] = str(free_port())
+    plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0, (), env)
+    return supervise(plan, timeout=opts.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,15 +8,12 @@ safe loader), so no input produces anything but a ``SiteSpec`` or a
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dataschema import build_dataclass
 from ..errors import SiteError
 
 SCHEDULERS = ("pbs", "slurm", "local")
@@ -90,73 +87,12 @@ class SiteSpec:
     launch: LaunchSpec = field(default_factory=LaunchSpec)
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
-
-
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    """``value`` as type ``tp`` (no coercion between kinds), or a SiteError."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in (o for o in options if o is not type(None)):
-            try:
-                return _convert(value, option, where)
-            except SiteError as exc:
-                errors.append(exc)
-        raise errors[0]
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise SiteError(f"{where}: expected a mapping of settings, got {type(value).__name__}")
-        return _build(tp, value, where)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SiteError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
-        item = typing.get_args(tp)[0]
-        return tuple(_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin in (Mapping, dict) or tp is Mapping:
-        if not isinstance(value, Mapping):
-            raise SiteError(f"{where}: expected a mapping, got {type(value).__name__}")
-        bad = [k for k, v in value.items() if not isinstance(k, str) or not isinstance(v, (str, int, float))]
-        if bad:
-            raise SiteError(f"{where}.{bad[0]}: environment values must be strings or numbers")
-        return {k: str(v) for k, v in value.items()}
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is typing.Any or (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
-        return value
-    hint = " (quote it)" if tp is str and value is not None else ""
-    raise SiteError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}")
-
-
-def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(names)}"
-            raise SiteError(f"{path}: unknown setting{hint}")
-        values[key] = _convert(value, hints[key], path)
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-               and f.name not in values]
-    if missing:
-        raise SiteError(f"{where + '.' if where else ''}{missing[0]}: required setting is missing")
-    return cls(**values)
-
-
 def parse_site(data: Any, source: str) -> SiteSpec:
     """A validated SiteSpec from parsed YAML; errors say ``source: field: problem``."""
     try:
         if not isinstance(data, Mapping):
             raise SiteError(f"expected a mapping of settings at the top, got {type(data).__name__}")
-        spec = _build(SiteSpec, data, "")
+        spec = build_dataclass(SiteSpec, data, "", SiteError)
         _check(spec)
         return spec
     except SiteError as exc:

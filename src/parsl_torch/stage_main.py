@@ -1,0 +1,42 @@
+"""``python -m parsl_torch.stage_main PAYLOAD RESULT``: one rank of a distributed app.
+
+Sets up torch (device, process group), loads the call the app shipped
+(``dill``: a function from the workflow script travels by value), runs it,
+and rank 0 writes the return value to RESULT (atomically). An exception
+prints its traceback and exits 1, without collectives that could hang on
+ranks that are already gone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    payload, result = sys.argv[1:3] if argv is None else argv
+    import dill
+
+    import parsl_torch as pt
+
+    rank = pt.setup_torch()
+    try:
+        with open(payload, "rb") as f:
+            fn, args, kwargs = dill.load(f)
+        value = fn(*args, **kwargs)
+    except BaseException:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    if rank == 0:
+        tmp = f"{result}.tmp"
+        with open(tmp, "wb") as f:
+            dill.dump(value, f)
+        os.replace(tmp, result)
+    pt.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

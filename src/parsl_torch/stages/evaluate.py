@@ -1,0 +1,99 @@
+"""The built-in evaluate stage: loads a train stage's checkpoint, measures
+loss and next-token accuracy on held-out batches, writes its own history.
+
+As an app: ``pt.stages.evaluate.evaluate(config, inputs=[train_future.outputs[1]],
+outputs=[File("eval.h5")])``. As a program on every rank:
+``python -m parsl_torch.stages.evaluate --config configs/eval.yaml --checkpoint model.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..apps import distributed_app
+from ..errors import ConfigError
+from .config import EvalConfig, as_dict, load_config
+from .train import build_model, check_checkpoint_model
+
+STAGE = "evaluate"
+
+
+def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage: str = STAGE) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import parsl_torch as pt
+
+    from . import checkpoint as ckpt
+    from .data import batch
+
+    try:
+        state = ckpt.read(checkpoint_path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"stage {stage!r}: checkpoint {checkpoint_path} cannot be used: {exc}") from None
+    check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
+    device = pt.get_torch_device()
+    model = pt.wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy)
+    ckpt.restore(state, model)
+    model.eval()
+    history = pt.History(stage, path=history_path, config=as_dict(cfg))
+    dp_rank, dp_size = pt.data_parallel_coords()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, tokens
+    with torch.no_grad():
+        for b in range(cfg.batches):
+            tokens = batch(cfg.data, cfg.model, b, dp_rank, dp_size).to(device)
+            logits = model(tokens[:, :-1]).float()
+            target = tokens[:, 1:]
+            loss = F.cross_entropy(logits.reshape(-1, cfg.model.vocab_size), target.reshape(-1), reduction="sum")
+            correct = (logits.argmax(-1) == target).sum()
+            n = target.numel()
+            totals += torch.stack([loss.double(), correct.double(), torch.tensor(n, dtype=torch.float64, device=device)])
+            history.update({"eval_loss": loss.item() / max(n, 1), "eval_acc": correct.item() / max(n, 1)}, step=b)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    path = history.finalize(history_path)
+    return {"stage": stage, "eval_loss": float(totals[0] / totals[2]), "eval_acc": float(totals[1] / totals[2]),
+            "trained_steps": state["step"], "history": str(path), "world_size": pt.get_world_size()}
+
+
+def _evaluate_on_ranks(config: dict[str, Any], inputs=(), outputs=()) -> dict[str, Any]:
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ConfigError("stage 'evaluate' needs inputs=[checkpoint] and outputs=[history .h5]")
+    return run_evaluate(load_config(config, EvalConfig, STAGE), inputs[0], outputs[0])
+
+
+_evaluate = distributed_app(_evaluate_on_ranks, name=STAGE)
+
+
+def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
+    """Submit the evaluate stage; ``config`` is checked here, before anything is submitted."""
+    cfg = load_config(config, EvalConfig, call.get("stage", STAGE))
+    if len(inputs) != 1:
+        raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
+                          f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
+    return _evaluate(as_dict(cfg), inputs=list(inputs), outputs=list(outputs), **call)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    import parsl_torch as pt
+
+    p = argparse.ArgumentParser(prog="python -m parsl_torch.stages.evaluate", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="YAML file (configs/eval.yaml)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--history", default="eval.h5")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, EvalConfig, STAGE)
+    pt.setup_torch()
+    summary = run_evaluate(cfg, args.checkpoint, args.history)
+    if pt.get_rank() == 0:
+        print(json.dumps(summary))
+    pt.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

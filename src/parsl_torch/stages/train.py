@@ -1,0 +1,161 @@
+"""The built-in train stage.
+
+As an app: ``pt.stages.train.train(config, outputs=[File("train.h5"),
+File("model.pt")])`` inside ``pt.workflow``. As a program on every rank:
+``python -m parsl_torch.stages.train --config configs/train.yaml
+--history train.h5 --checkpoint model.pt`` (mpiexec, srun, Globus Compute).
+
+Checkpoints (full model and optimizer state) are written every
+``checkpoint_every`` steps; a rerun (Parsl retry) finds the checkpoint,
+resumes from its step, and keeps the history of the steps before it, so the
+history has no lost or duplicated steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from ..apps import distributed_app
+from ..errors import ConfigError
+from .config import ModelConfig, TrainConfig, as_dict, load_config
+
+STAGE = "train"
+
+
+def build_model(cfg: ModelConfig):
+    from ..models import TokenMLP, Transformer
+
+    if cfg.kind == "mlp":
+        return TokenMLP(vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers)
+    return Transformer(vocab_size=cfg.vocab_size, dim=cfg.dim, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                       max_seq_len=cfg.seq_len)
+
+
+def check_checkpoint_model(ckpt: dict[str, Any], model: ModelConfig, path: Any, stage: str) -> None:
+    """A checkpoint of another model is refused before it is loaded into this one."""
+    theirs, ours = ckpt.get("model_config", {}), as_dict(model)
+    for key, value in ours.items():
+        if theirs.get(key) != value:
+            raise ConfigError(f"stage {stage!r}: model.{key}={value!r} but checkpoint {path} holds a model with "
+                              f"model.{key}={theirs.get(key)!r}: use the model settings it was trained with")
+
+
+def _maybe_fault(rank: int, step: int) -> None:
+    """Fault injection for resilience tests: PARSL_TORCH_FAULT=kill|hang@RANK:STEP[:ONCE_FILE]."""
+    spec = os.environ.get("PARSL_TORCH_FAULT")
+    if not spec:
+        return
+    kind, _, where = spec.partition("@")
+    fault_rank, fault_step, *once = where.split(":", 2)
+    if (rank, step) != (int(fault_rank), int(fault_step)):
+        return
+    if once:
+        marker = Path(once[0])
+        if marker.exists():
+            return
+        marker.touch()
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while kind == "hang":
+        time.sleep(3600)
+
+
+def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: str = STAGE) -> dict[str, Any]:
+    """Train on every rank (after setup_torch); returns a summary (rank 0's is the app's result)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import parsl_torch as pt
+
+    from . import checkpoint as ckpt
+    from .data import batch
+
+    rank, logger = pt.get_rank(), pt.get_logger("parsl_torch.stages.train")
+    torch.manual_seed(cfg.seed)
+    device = pt.get_torch_device()
+    tp = cfg.tp_size if cfg.strategy.startswith("fsdp") and cfg.tp_size else 1
+    model = pt.wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy,
+                          tp_size=cfg.tp_size if tp > 1 or "tp" in cfg.strategy else None, dtype=cfg.dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    history = pt.History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
+                         descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
+    start = 0
+    if Path(checkpoint_path).exists():
+        state = ckpt.read(checkpoint_path)
+        check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
+        ckpt.restore(state, model, opt)
+        start = state["step"]
+        history.resume(before_step=start)
+        logger.info("[%s] resumed from the checkpoint of step %d (%s)", stage, start, checkpoint_path)
+    dp_rank, dp_size = pt.data_parallel_coords(tp)
+    loss = torch.tensor(float("nan"))
+    for step in range(start, cfg.steps):
+        _maybe_fault(rank, step)
+        t0 = time.perf_counter()
+        tokens = batch(cfg.data, cfg.model, step, dp_rank, dp_size).to(device)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, cfg.model.vocab_size).float(), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        line = history.update({"loss": loss.item(), "lr": cfg.lr, "dt": time.perf_counter() - t0}, step=step)
+        if step % cfg.log_every == 0:
+            logger.info("[%s] %s", stage, line)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            history.sync()  # the history on disk covers every step the checkpoint does
+            history.flush()
+            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model))
+    final = loss.detach().float().reshape(1).to(device)
+    if dist.is_initialized():
+        dist.all_reduce(final)
+        final /= dist.get_world_size()
+    path = history.finalize(history_path)
+    return {"stage": stage, "final_loss": float(final.item()), "steps": cfg.steps, "resumed_from": start,
+            "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
+            "world_size": pt.get_world_size()}
+
+
+def _train_on_ranks(config: dict[str, Any], outputs=()) -> dict[str, Any]:
+    if len(outputs) != 2:
+        raise ConfigError("stage 'train' needs outputs=[history .h5, checkpoint .pt]")
+    return run_train(load_config(config, TrainConfig, STAGE), outputs[0], outputs[1])
+
+
+# the plain function keeps its own name, so workers import it by reference
+_train = distributed_app(_train_on_ranks, name=STAGE)
+
+
+def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
+    """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
+    checked here, before anything is submitted. Returns a StageFuture."""
+    cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
+    return _train(as_dict(cfg), outputs=list(outputs), **call)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    import parsl_torch as pt
+
+    p = argparse.ArgumentParser(prog="python -m parsl_torch.stages.train", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="YAML file (configs/train.yaml)")
+    p.add_argument("--history", default="train.h5")
+    p.add_argument("--checkpoint", default="model.pt")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, TrainConfig, STAGE)
+    pt.setup_torch()
+    summary = run_train(cfg, args.history, args.checkpoint)
+    if pt.get_rank() == 0:
+        print(json.dumps(summary))
+    pt.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
