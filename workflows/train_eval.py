@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 
 import parsl_torch as pt
-from parsl_torch.report import table, write_report
+from parsl_torch.report import summaries, table, write_report
+from parsl_torch.stages.config import EvalConfig, TrainConfig, load_config
 from parsl_torch.stages.evaluate import evaluate
 from parsl_torch.stages.train import train
 
@@ -35,14 +36,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--account", help="batch sites: the allocation to charge")
     args = p.parse_args(argv)
 
+    # checked before anything starts: a bad field fails here, naming the file and field
+    train_cfg = load_config(args.train_config, TrainConfig, "train")
+    eval_cfg = load_config(args.eval_config, EvalConfig, "evaluate")
     resources = {"num_nodes": args.nodes, "ranks_per_node": args.ranks_per_node}
     with pt.workflow(site=args.site, run_dir=args.run_dir, fresh=args.fresh, retries=args.retries,
                      account=args.account) as wf:
-        trained = train(args.train_config, outputs=["train.h5", "model.pt"], **resources)
-        evaluated = evaluate(args.eval_config, inputs=[trained.outputs[1]], outputs=["eval.h5"], **resources)
-        summaries = [trained.result(), evaluated.result()]
-    print(table(summaries, wf.run_dir))
-    print(f"\nreport: {write_report(summaries, wf.run_dir, 'train -> evaluate')}")
+        trained = train(train_cfg, outputs=["train.h5", "model.pt"], **resources)
+        evaluated = evaluate(eval_cfg, inputs=[trained.outputs[1]], outputs=["eval.h5"], **resources)
+        done = summaries([trained, evaluated])
+    print(table(done, wf.run_dir))
+    print(f"\nreport: {write_report(done, wf.run_dir, 'train -> evaluate')}")
 
 
 if __name__ == "__main__":

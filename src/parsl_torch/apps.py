@@ -34,6 +34,26 @@ _TAIL_LINES = 25
 
 
 @dataclass(frozen=True)
+class ShippedFunction:
+    """A stage's function, pickled where it was defined, with the globals it
+    uses (a function from the workflow script travels by value)."""
+
+    name: str
+    blob: bytes
+
+    @classmethod
+    def of(cls, fn: Callable) -> ShippedFunction:
+        import dill
+
+        return cls(f"{fn.__module__}.{fn.__qualname__}", dill.dumps(fn, recurse=True))
+
+    def load(self) -> Callable:
+        import dill
+
+        return dill.loads(self.blob)
+
+
+@dataclass(frozen=True)
 class StageOptions:
     """How one call of a stage runs: carried to the worker with the call."""
 
@@ -48,7 +68,7 @@ class StageOptions:
         return self.num_nodes * self.ranks_per_node
 
 
-def _stage_command(stage: str, fn: Callable | None, script: Sequence[str] | None, opts: StageOptions,
+def _stage_command(stage: str, fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
                    *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
                    stderr: str | None = None, parsl_resource_specification: dict | None = None,
                    **kwargs: Any) -> str:
@@ -63,7 +83,7 @@ def _stage_command(stage: str, fn: Callable | None, script: Sequence[str] | None
 
         from parsl_torch.apps import accepted_kwargs
 
-        kwargs.update(accepted_kwargs(fn, inputs=list(inputs), outputs=list(outputs)))
+        kwargs.update(accepted_kwargs(fn.load(), inputs=list(inputs), outputs=list(outputs)))
         payload = os.path.join(opts.stage_dir, "payload.pkl")
         result = os.path.join(opts.stage_dir, "result.pkl")
         if os.path.exists(result):
@@ -172,18 +192,19 @@ class DistributedApp:
         from .workflow import current_workflow
 
         wf = current_workflow(self.name)
+        nodes = num_nodes or self.num_nodes
+        ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
+        wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
+        check_inputs(stage or self.name, inputs)
         stage = wf.stage_name(stage or self.name)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        nodes = num_nodes or self.num_nodes
-        ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
-        wf.check_resources(stage, nodes, ppn)
-        check_inputs(stage, inputs)
         env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **self.env}
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()))
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
-        app_future = _bash_app()(stage, self.fn, self.script, opts, *args, inputs=list(inputs),
+        shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
+        app_future = _bash_app()(stage, shipped, self.script, opts, *args, inputs=list(inputs),
                                  outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
                                  parsl_resource_specification=spec, **kwargs)
         future = StageFuture(stage, app_future, stage_dir, returns_value=self.fn is not None)

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sys
 
-from .errors import ConfigError, ParslTorchError
+from .errors import ConfigError, ParslTorchError, StageError
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -137,6 +137,28 @@ def _sites_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    """Run a workflow script as __main__ with the rest of the arguments."""
+    import os
+    import runpy
+    from pathlib import Path
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise ConfigError(f"workflow script {script} does not exist")
+    # Parsl starts its workers by name: this environment's bin must come first
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    sys.argv = [str(script), *args.script_args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except StageError as exc:  # a stage failed at run time: say which and how, without a traceback
+        print(f"parsl-torch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -160,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     launch.add_argument("-m", dest="module", help="run python -m MODULE; what follows -- are its arguments")
     launch.set_defaults(func=_launch, command=())
+
+    run = sub.add_parser("run", help="run a workflow script (e.g. workflows/train_eval.py)",
+                         usage="parsl-torch run SCRIPT [--site S] [--run-dir D] [--fresh] [SCRIPT ARGS...]")
+    run.add_argument("script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
+    run.set_defaults(func=_run)
 
     doctor = sub.add_parser("doctor", help="check this environment; exit 1 on errors")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

@@ -9,6 +9,11 @@ from typing import Any
 COLUMNS = ("stage", "ranks", "result", "history")
 
 
+def summaries(futures: Sequence[Any]) -> list[dict[str, Any]]:
+    """The results of finished stages, each labelled with its stage's name."""
+    return [{**(f.result() or {}), "stage": f.stage} for f in futures]
+
+
 def _result(summary: dict[str, Any]) -> str:
     keys = ("final_loss", "eval_loss", "eval_acc", "steps", "resumed_from")
     return ", ".join(f"{k}={summary[k]:.4g}" if isinstance(summary[k], float) else f"{k}={summary[k]}"

@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = pt.setup_torch()
     try:
         with open(payload, "rb") as f:
-            fn, args, kwargs = dill.load(f)
-        value = fn(*args, **kwargs)
+            shipped, args, kwargs = dill.load(f)
+        value = shipped.load()(*args, **kwargs)
     except BaseException:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
         traceback.print_exc()
         sys.stderr.flush()

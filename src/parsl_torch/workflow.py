@@ -101,11 +101,15 @@ def _register_memo_ids() -> None:
     from parsl.data_provider.files import File
     from parsl.dataflow.memoization import id_for_memo
 
-    from .apps import StageOptions
+    from .apps import ShippedFunction, StageOptions
 
     @id_for_memo.register(File)
     def _file(obj: File, output_ref: bool = False) -> bytes:
         return pickle.dumps(("File", obj.url))
+
+    @id_for_memo.register(ShippedFunction)
+    def _fn(obj: ShippedFunction, output_ref: bool = False) -> bytes:
+        return pickle.dumps(("ShippedFunction", obj.name))  # like Parsl: by name, not by code
 
     @id_for_memo.register(StageOptions)
     def _opts(obj: StageOptions, output_ref: bool = False) -> bytes:

@@ -1,0 +1,161 @@
+"""Apps and workflows end to end on the local site, with real 2-rank stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import parsl_torch as pt
+from parsl_torch.errors import ConfigError, StageError
+from parsl_torch.stages.evaluate import evaluate
+from parsl_torch.stages.train import train
+
+from .conftest import BIN, clean_env
+from .test_launch import leftovers
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).parent.parent
+SMALL = {"steps": 40, "checkpoint_every": 20, "log_every": 10,
+         "model": {"dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 16}}
+SMALL_EVAL = {"model": SMALL["model"], "batches": 4}
+
+
+def run_script(script, *args, env=None, timeout=400):
+    return subprocess.run([str(BIN / "parsl-torch"), "run", str(script), *args], capture_output=True,
+                          text=True, timeout=timeout, env=env or clean_env(), cwd=REPO)
+
+
+def small_configs(tmp_path, **train_overrides):
+    import yaml
+
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({**SMALL, **train_overrides}))
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(SMALL_EVAL))
+    return ["--train-config", str(tmp_path / "train.yaml"), "--eval-config", str(tmp_path / "eval.yaml")]
+
+
+def test_train_eval_workflow_then_rerun_does_no_training(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--run-dir", str(run_dir), *small_configs(tmp_path)]
+    first = run_script(REPO / "workflows" / "train_eval.py", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[train] done in" in first.stderr and "[evaluate] done in" in first.stderr
+    train_h5, ckpt, eval_h5 = run_dir / "train" / "train.h5", run_dir / "train" / "model.pt", run_dir / "evaluate" / "eval.h5"
+    with h5py.File(train_h5) as f:
+        assert f.attrs["status"] == "complete" and f.attrs["world_size"] == 2
+        assert list(f["step"][:]) == list(range(40)) and "loss_mean" in f
+    with h5py.File(eval_h5) as f:
+        assert f.attrs["stage"] == "evaluate" and "eval_acc" in f
+    assert ckpt.stat().st_size > 0 and (run_dir / "report.md").exists()
+    assert "evaluate" in first.stdout and "eval_acc=" in first.stdout
+
+    mtime = train_h5.stat().st_mtime
+    again = run_script(REPO / "workflows" / "train_eval.py", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[train] skipped: finished in an earlier run" in again.stderr
+    assert "[evaluate] skipped" in again.stderr
+    assert train_h5.stat().st_mtime == mtime  # no training happened
+
+
+def test_sweep_of_three_chains_picks_the_best(tmp_path):
+    out = run_script(REPO / "workflows" / "sweep.py", "--run-dir", str(tmp_path / "sweep"), "--steps", "20")
+    assert out.returncode == 0, out.stderr[-3000:]
+    for lr in ("0.001", "0.003", "0.01"):
+        assert (tmp_path / "sweep" / f"evaluate-lr{lr}" / "eval.h5").exists()
+    assert "best: lr=" in out.stdout
+
+
+def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "workflows" / "custom_app.py"), str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=300, env=clean_env(), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
+    assert "{'sum': 21.0, 'rank': 0}" in line  # (0 + 10) + (1 + 10): rank 0's return value
+    assert line.endswith("rank 0 of 2") or "rank 1 of 2" in line
+    assert (tmp_path / "r" / "rank_sum" / "sum.txt").exists()
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("kill@1:25", r"stage 'train' failed: rank 1 on \S+ was killed by SIGKILL"),
+    ("hang@1:25", r"stage 'train' failed: rank 0 on \S+ exited with code 1"),
+])
+def test_faults_fail_the_stage_fast_and_leave_nothing(tmp_path, fault, expected):
+    import re
+
+    run_dir = tmp_path / "run"
+    env = clean_env(PARSL_TORCH_FAULT=fault, PARSL_TORCH_TIMEOUT="10")
+    t0 = time.monotonic()
+    out = run_script(REPO / "workflows" / "train_eval.py", "--run-dir", str(run_dir), "--retries", "0",
+                     *small_configs(tmp_path), env=env)
+    took = time.monotonic() - t0
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert re.search(expected, out.stderr), out.stderr[-3000:]
+    assert "--- last lines of" in out.stderr
+    assert took < 120
+    time.sleep(1)
+    assert leftovers(str(run_dir)) == []
+    # the history up to the failure is kept
+    partial = run_dir / "train" / "train.h5.partial"
+    assert pt.read_history(partial).steps.max() >= 19
+
+
+def test_retry_resumes_from_the_checkpoint_without_lost_or_duplicated_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    env = clean_env(PARSL_TORCH_FAULT=f"kill@1:30:{tmp_path / 'killed-once'}")
+    out = run_script(REPO / "workflows" / "train_eval.py", "--run-dir", str(run_dir), "--retries", "1",
+                     *small_configs(tmp_path), env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "killed-once").exists()  # the first attempt did die
+    stderr = (run_dir / "train" / "stderr.txt").read_text()
+    assert "resumed from the checkpoint of step 20" in stderr
+    data = pt.read_history(run_dir / "train" / "train.h5")
+    assert list(data.steps) == list(range(40))
+    assert not np.isnan(data.metrics["loss"]).any()
+
+
+@pytest.fixture
+def local_workflow(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    with pt.workflow(site="local", run_dir=tmp_path / "run") as wf:
+        yield wf
+
+
+def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
+    with pytest.raises(ConfigError, match=r"stage 'train': config: model\.dimm: unknown setting; did you mean 'dim'\?"):
+        train({"model": {"dimm": 3}})
+    with pytest.raises(ConfigError, match=r"stage 'evaluate': input file .*missing\.pt does not exist"):
+        from parsl.data_provider.files import File
+
+        evaluate(SMALL_EVAL, inputs=[File(str(tmp_path / "missing.pt"))])
+    with pytest.raises(ConfigError, match=r"stage 'train': num_nodes=2 but site 'local' runs on this machine only"):
+        train(SMALL, num_nodes=2)
+    assert not (local_workflow.run_dir / "train").exists()
+
+
+def test_eval_refuses_a_checkpoint_of_another_model(tmp_path, local_workflow):
+    trained = train(SMALL)
+    other = {**SMALL_EVAL, "model": {**SMALL["model"], "dim": 16}}
+    with pytest.raises(StageError, match=r"model\.dim=16 but checkpoint .*model\.pt holds a model with model\.dim=32"):
+        evaluate(other, inputs=[trained.outputs[1]]).result()
+
+
+def test_stage_outside_a_workflow_is_an_error():
+    with pytest.raises(ConfigError, match="called outside a workflow"):
+        train(SMALL)
+
+
+def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path):
+    (tmp_path / "bad.yaml").write_text("steps: many\n")
+    out = run_script(REPO / "workflows" / "train_eval.py", "--run-dir", str(tmp_path / "run"),
+                     "--train-config", str(tmp_path / "bad.yaml"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"parsl-torch: error: stage 'train': {tmp_path / 'bad.yaml'}: steps: expected int, got str 'many'")
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,29 @@
+"""A workflow whose distributed app lives in the script itself (shipped to the
+ranks by value), plus a script_app running an unmodified torchrun script.
+
+usage: custom_app.py RUN_DIR
+"""
+
+import sys
+from pathlib import Path
+
+import parsl_torch as pt
+
+
+@pt.distributed_app(ranks_per_node=2)
+def rank_sum(offset: float, outputs=()):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(pt.get_rank()) + offset])
+    dist.all_reduce(t)
+    Path(outputs[0]).write_text(f"rank {pt.get_rank()} of {pt.get_world_size()}\n")
+    return {"sum": t.item(), "rank": pt.get_rank()}
+
+
+torchrun_script = pt.script_app(Path(__file__).parent.parent / "ranks" / "torchrun_style.py", ranks_per_node=2)
+
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    f = rank_sum(10.0, outputs=["sum.txt"])
+    s = torchrun_script()
+    print("RESULT", f.result(), s.result(), Path(f.outputs[0].result().filepath).read_text().strip())
