@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
-#   make demo   install into .venv and run the main job
-#   make test   install into .venv (with test extras) and run the tests
+#   make demo   install into .venv and run the main job: train -> evaluate on the local site
+#   make test   install into .venv (with the test extras) and run every test
 # TORCH picks the torch build: the default is the CPU wheel used here; on a GPU
 # machine use e.g. `make demo TORCH=torch` or preinstall your site's torch.
 
@@ -16,22 +16,27 @@ RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "$(TORCH)"
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history]"
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test]"
 	touch $@
 
-demo: $(VENV)/.installed
-	$(RUN) $(BIN)/mpiexec -n 2 $(BIN)/python -m parsl_torch.demo
+demo: $(VENV)/.installed-demo
+	$(RUN) $(BIN)/parsl-torch run workflows/train_eval.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python -m pytest
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_core.py
 	$(RUN) $(BIN)/python benchmarks/bench_history.py
 	$(RUN) $(BIN)/python benchmarks/bench_launch.py
+	$(RUN) $(BIN)/python benchmarks/bench_workflow.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache runs

@@ -17,22 +17,19 @@ usage: python benchmarks/bench_core.py [--reps 7] [--steps 200]
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from common import BIN, bench_env
+
 HERE = Path(__file__).parent / "ranks"
-BIN = Path(sys.executable).parent
 
 
 def launcher_argv(launcher: str, script: list[str]) -> tuple[list[str], dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PALS_", "OMPI_", "SLURM_"))}
-    env.update(OMP_NUM_THREADS="1", PATH=f"{BIN}:{env.get('PATH', '')}")
-    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = bench_env()
     if launcher == "torchrun":
         return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", *script], env
     return [str(BIN / "mpiexec"), "-n", "2", sys.executable, *script], env

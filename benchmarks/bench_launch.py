@@ -10,25 +10,13 @@ usage: python benchmarks/bench_launch.py [--seconds 20] [--reps 3]
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+from common import BIN, bench_env, timed
+
 JOB = str(Path(__file__).parent / "ranks" / "fixed_job.py")
-
-
-def timed(argv: list[str]) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "SLURM_", "PBS_"))}
-    env.update(PATH=f"{BIN}:{env.get('PATH', '')}", OMP_NUM_THREADS="1", PARSL_TORCH_SCHEDULER="local")
-    t0 = time.perf_counter()
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode:
-        raise SystemExit(f"{argv[0]} failed:\n{out.stderr[-2000:]}")
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -37,10 +25,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     job = [sys.executable, JOB, str(args.seconds)]
+    env = bench_env(PARSL_TORCH_SCHEDULER="local")
     runs: dict[str, list[float]] = {"launch": [], "mpiexec": []}
     for _ in range(args.reps):
-        runs["launch"].append(timed([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", *job]))
-        runs["mpiexec"].append(timed([str(BIN / "mpiexec"), "-n", "2", *job]))
+        runs["launch"].append(timed([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", *job], env))
+        runs["mpiexec"].append(timed([str(BIN / "mpiexec"), "-n", "2", *job], env))
     ours, bare = statistics.median(runs["launch"]), statistics.median(runs["mpiexec"])
     print(f"2-rank {args.seconds:g} s job: parsl-torch launch {ours:.2f} s, bare mpiexec {bare:.2f} s -> "
           f"{ours / bare:.3f}x, +{ours - bare:.2f} s (target <= 1.03x)")

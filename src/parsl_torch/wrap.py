@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
-
-STRATEGIES = ("none", "ddp", "fsdp", "fsdp+tp")
+from .strategy import STRATEGIES, normalize_strategy
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 _STYLES = ("colwise", "rowwise")
@@ -61,9 +60,7 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
 def _resolve_strategy(strategy: str | None, use_fsdp: bool | None) -> str:
     if strategy is None:
         return "ddp" if use_fsdp is None or not use_fsdp else "fsdp"
-    name = strategy.strip().lower().replace("_", "+").replace("-", "+")
-    if name not in STRATEGIES:
-        raise ConfigError(f"strategy={strategy!r} is unknown: use one of {', '.join(STRATEGIES)}")
+    name = normalize_strategy(strategy)
     if use_fsdp is not None and use_fsdp != name.startswith("fsdp"):
         raise ConfigError(f"use_fsdp={use_fsdp} contradicts strategy={strategy!r}: pass only one")
     return name

@@ -100,9 +100,9 @@ def mpi_provider(spec: SiteSpec) -> Any:
 
 
 def htex_provider(spec: SiteSpec) -> Any:
-    # batch sites: no job until a single-process task arrives
+    # no block (batch job, or local worker pool) until a single-process task arrives
     return provider(spec, _htex_launcher(spec), nodes_per_block=spec.htex.nodes_per_block,
-                    init_blocks=1 if spec.scheduler == "local" else 0, max_blocks=spec.htex.max_blocks)
+                    init_blocks=0, max_blocks=spec.htex.max_blocks)
 
 
 def mpi_executor(spec: SiteSpec) -> Any:

@@ -57,7 +57,7 @@ class EvalConfig:
 
 
 def _check(cfg: Any, stage: str, source: str) -> None:
-    from ..wrap import STRATEGIES
+    from ..strategy import STRATEGIES
 
     def bad(field_: str, msg: str) -> ConfigError:
         return ConfigError(f"stage {stage!r}: {source}: {field_}: {msg}")

@@ -8,7 +8,6 @@ outputs=[File("eval.h5")])``. As a program on every rank:
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from ..apps import distributed_app
@@ -77,22 +76,12 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
+    from .entry import run_stage
 
-    import parsl_torch as pt
-
-    p = argparse.ArgumentParser(prog="python -m parsl_torch.stages.evaluate", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML file (configs/eval.yaml)")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--history", default="eval.h5")
-    args = p.parse_args(argv)
-    cfg = load_config(args.config, EvalConfig, STAGE)
-    pt.setup_torch()
-    summary = run_evaluate(cfg, args.checkpoint, args.history)
-    if pt.get_rank() == 0:
-        print(json.dumps(summary))
-    pt.cleanup()
-    return 0
+    return run_stage(argv, prog="python -m parsl_torch.stages.evaluate", description=__doc__.splitlines()[0],
+                     kind=EvalConfig, stage=STAGE,
+                     files={"--checkpoint": {"required": True}, "--history": {"default": "eval.h5"}},
+                     run=lambda cfg, args: run_evaluate(cfg, args.checkpoint, args.history))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ history has no lost or duplicated steps.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import time
@@ -139,22 +138,12 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
+    from .entry import run_stage
 
-    import parsl_torch as pt
-
-    p = argparse.ArgumentParser(prog="python -m parsl_torch.stages.train", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML file (configs/train.yaml)")
-    p.add_argument("--history", default="train.h5")
-    p.add_argument("--checkpoint", default="model.pt")
-    args = p.parse_args(argv)
-    cfg = load_config(args.config, TrainConfig, STAGE)
-    pt.setup_torch()
-    summary = run_train(cfg, args.history, args.checkpoint)
-    if pt.get_rank() == 0:
-        print(json.dumps(summary))
-    pt.cleanup()
-    return 0
+    return run_stage(argv, prog="python -m parsl_torch.stages.train", description=__doc__.splitlines()[0],
+                     kind=TrainConfig, stage=STAGE,
+                     files={"--history": {"default": "train.h5"}, "--checkpoint": {"default": "model.pt"}},
+                     run=lambda cfg, args: run_train(cfg, args.history, args.checkpoint))
 
 
 if __name__ == "__main__":
