@@ -114,15 +114,17 @@ def accepted_kwargs(fn: Callable, **candidates: Any) -> dict[str, Any]:
 
 
 class StageFuture(Future):
-    """Rank 0's return value of a stage, or a StageError; ``outputs`` are its DataFutures."""
+    """A stage's result, or a StageError; ``outputs`` are its DataFutures.
 
-    def __init__(self, stage: str, app_future: Any, stage_dir: Path, returns_value: bool) -> None:
+    ``result_file``: where rank 0's return value lands (None: the app's own
+    result is the stage's, as for remote stages)."""
+
+    def __init__(self, stage: str, app_future: Any, stderr: Path | None, result_file: Path | None) -> None:
         super().__init__()
         self.stage = stage
-        self.stage_dir = stage_dir
         self.app_future = app_future
         self.outputs = app_future.outputs
-        self._returns_value = returns_value
+        self._stderr, self._result_file = stderr, result_file
         app_future.add_done_callback(self._finish)
 
     @property
@@ -132,19 +134,21 @@ class StageFuture(Future):
     def _finish(self, fut: Any) -> None:
         exc = fut.exception()
         if exc is not None:
-            self.set_exception(stage_error(self.stage, exc, self.stage_dir / STDERR))
+            self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr))
             return
-        if not self._returns_value:
-            self.set_result(None)
+        if self._result_file is None:
+            self.set_result(fut.result())
             return
         try:
             import dill
 
-            with open(self.stage_dir / RESULT, "rb") as f:
+            with open(self._result_file, "rb") as f:
                 self.set_result(dill.load(f))
+        except FileNotFoundError:
+            self.set_result(None)  # a script stage returns nothing
         except Exception as err:  # noqa: BLE001 - any unreadable result is the stage's failure
             self.set_exception(StageError(f"stage {self.stage!r} finished but its result "
-                                          f"{self.stage_dir / RESULT} cannot be read: {err}"))
+                                          f"{self._result_file} cannot be read: {err}"))
 
 
 def stderr_tail(path: Path, lines: int = _TAIL_LINES) -> str:
@@ -155,14 +159,14 @@ def stderr_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     return "\n".join(text[-lines:])
 
 
-def stage_error(stage: str, exc: BaseException, stderr: Path) -> StageError:
+def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
     """One error that says which stage, which rank, what exit code, and shows stderr's tail."""
     from parsl.app.errors import BashExitFailure
     from parsl.dataflow.errors import DependencyError
 
     if isinstance(exc, DependencyError):
         return StageError(f"stage {stage!r} did not run: a stage it depends on failed ({exc})")
-    tail = stderr_tail(stderr)
+    tail = stderr_tail(stderr) if stderr else ""
     ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
     timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)
     if isinstance(exc, BashExitFailure):
@@ -192,6 +196,11 @@ class DistributedApp:
         from .workflow import current_workflow
 
         wf = current_workflow(self.name)
+        if wf.remote:
+            raise ConfigError(f"stage {stage or self.name!r}: site {wf.site.name!r} runs stages through Globus "
+                              f"Compute, where only the built-in stages run (train, evaluate: module entry "
+                              f"points, no code shipped); run functions from a workflow script on a site "
+                              f"with a shared file system")
         nodes = num_nodes or self.num_nodes
         ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
         wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
@@ -207,7 +216,8 @@ class DistributedApp:
         app_future = _bash_app()(stage, shipped, self.script, opts, *args, inputs=list(inputs),
                                  outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
                                  parsl_resource_specification=spec, **kwargs)
-        future = StageFuture(stage, app_future, stage_dir, returns_value=self.fn is not None)
+        future = StageFuture(stage, app_future, stage_dir / STDERR,
+                             stage_dir / RESULT if self.fn is not None else None)
         wf.track(future, nodes * ppn)
         return future
 
@@ -245,7 +255,7 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     """A stage that runs an existing script (or ``module=True``: ``python -m``) on every rank.
 
     Every rank gets the torchrun variables (an unmodified torchrun-style
-    script works). Its future resolves to None; ``args`` may hold Files.
+    script works). Its future resolves to 0, the exit code; ``args`` may hold Files.
     """
     import sys
 
@@ -255,3 +265,38 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     return DistributedApp(None, script=[*command, *args], name=name, num_nodes=num_nodes,
                           ranks_per_node=ranks_per_node, walltime=walltime, env=env)
 
+
+
+@functools.lru_cache(maxsize=1)
+def _remote_app():
+    from parsl import python_app
+
+    from .remote import run_stage_on_endpoint
+
+    return python_app(run_stage_on_endpoint, executors=["mpi"], cache=True)
+
+
+def submit_builtin(kind: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
+                   input_roles: Sequence[str], output_roles: Sequence[str], app: DistributedApp,
+                   stage: str | None = None, num_nodes: int | None = None, ranks_per_node: int | None = None,
+                   walltime: float | None = None) -> StageFuture:
+    """A built-in stage: a distributed app here, or on a Globus Compute site a
+    module entry point on the endpoint (only its config travels)."""
+    from .workflow import current_workflow
+
+    wf = current_workflow(stage or kind)
+    if not wf.remote:
+        return app(config, inputs=list(inputs), outputs=list(outputs), stage=stage, num_nodes=num_nodes,
+                   ranks_per_node=ranks_per_node, walltime=walltime)
+    nodes, ppn = num_nodes or 1, ranks_per_node or wf.ranks_per_node
+    wf.check_resources(stage or kind, nodes, ppn)
+    name = wf.stage_name(stage or kind)
+    g = wf.site.spec.globus
+    remote_dir = f"{g.remote_run_dir.rstrip('/')}/{wf.run_dir.name}/{name}"
+    outputs = [wf.place(o, Path(remote_dir)) for o in outputs]
+    spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
+    app_future = _remote_app()(kind, config, g.python, walltime, tuple(input_roles), tuple(output_roles),
+                               inputs=list(inputs), outputs=outputs, parsl_resource_specification=spec)
+    future = StageFuture(name, app_future, None, None)
+    wf.track(future, nodes * ppn)
+    return future

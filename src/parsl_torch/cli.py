@@ -30,9 +30,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _history_show(args: argparse.Namespace) -> int:
     """A table of last/min/max/mean per metric, with the file's status and steps."""
-    import numpy as np
-
-    from .history_io import read_history
+    from .history_io import read_history, summarize
 
     data = read_history(args.file)
     a = data.attrs
@@ -41,14 +39,9 @@ def _history_show(args: argparse.Namespace) -> int:
           f"{a.get('end_time') or '-'}")
     width = max([len(m) for m in data.metrics] + [6])
     print(f"{'metric':<{width}} {'last':>12} {'min':>12} {'max':>12} {'mean':>12}  of")
-    for metric, values in data.metrics.items():
-        # with several ranks, summarise the mean over ranks (rank 0 may lack a metric)
-        stats = data.stats.get(metric)
-        values, source = (stats["mean"], "mean over ranks") if stats else (values, "rank 0")
-        finite = values[np.isfinite(values)]
-        last = values[~np.isnan(values)][-1] if (~np.isnan(values)).any() else np.nan
-        row = (last, *(f(finite) if finite.size else np.nan for f in (np.min, np.max, np.mean)))
-        print(f"{metric:<{width}} " + " ".join(f"{v:>12.6g}" for v in row) + f"  {source}")
+    for metric, row in summarize(data).items():
+        print(f"{metric:<{width}} " + " ".join(f"{row[k]:>12.6g}" for k in ("last", "min", "max", "mean"))
+              + f"  {row['of']}")
     return 0
 
 
@@ -159,6 +152,29 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _endpoint_config(args: argparse.Namespace) -> int:
+    from .sites.endpoint import render_endpoint_config
+
+    print(render_endpoint_config(_load_site(args).spec, args.python_env), end="")
+    return 0
+
+
+def _remote_probe(args: argparse.Namespace) -> int:
+    """Versions on the endpoint against these; warnings for the mismatches."""
+    from .remote import make_executor, probe
+
+    executor = make_executor(args.endpoint)
+    try:
+        remote, warnings = probe(executor)
+    finally:
+        executor.shutdown(wait=False)
+    for name, version in sorted(remote.items()):
+        print(f"{name:>20}: {version}")
+    for warning in warnings:
+        print(f"parsl-torch: warning: {warning}", file=sys.stderr)
+    return 1 if warnings else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -198,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True)
     site_cmds.add_parser("list", help="known sites and which one auto picks here").set_defaults(func=_sites_list)
     for action, func, what in (("show", _sites_show, "the resolved settings of a site"),
-                               ("render", _sites_render, "the batch script Parsl would submit (not submitted)")):
+                               ("render", _sites_render, "the batch script Parsl would submit (not submitted)"),
+                               ("endpoint-config", _endpoint_config,
+                                "a Globus Compute endpoint config.yaml for a batch site")):
         cmd = site_cmds.add_parser(action, help=what)
         cmd.add_argument("site", nargs="?", default="auto", help="site name (default: auto)")
         cmd.add_argument("--account")
@@ -207,7 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--nodes", type=int, help="nodes per block")
         if action == "render":
             cmd.add_argument("--executor", choices=("mpi", "htex"), default="mpi")
+        if action == "endpoint-config":
+            cmd.add_argument("--python-env", default="$HOME/parsl-torch-env",
+                             help="the environment on the machine that holds parsl-torch")
         cmd.set_defaults(func=func)
+
+    remote = sub.add_parser("remote", help="Globus Compute endpoints").add_subparsers(dest="action", required=True)
+    probe_cmd = remote.add_parser("probe", help="versions on an endpoint vs here; exit 1 on mismatches")
+    probe_cmd.add_argument("--endpoint", required=True, help="the endpoint's UUID")
+    probe_cmd.set_defaults(func=_remote_probe)
 
     history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
     show = history.add_parser("show", help="summary table of a history file")

@@ -45,6 +45,11 @@ def _convert(value: Any, tp: Any, where: str, error: type[Exception]) -> Any:
     if origin in (Mapping, dict) or tp is Mapping:
         if not isinstance(value, Mapping):
             raise error(f"{where}: expected a mapping, got {type(value).__name__}")
+        if typing.get_args(tp)[1:] == (typing.Any,):  # free-form settings, passed on as they are
+            bad = [k for k in value if not isinstance(k, str)]
+            if bad:
+                raise error(f"{where}: keys must be strings, got {bad[0]!r}")
+            return dict(value)
         bad = [k for k, v in value.items() if not isinstance(k, str) or not isinstance(v, (str, int, float))]
         if bad:
             raise error(f"{where}.{bad[0]}: values must be strings or numbers")

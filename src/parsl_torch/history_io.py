@@ -185,3 +185,20 @@ def load_history(path: str | os.PathLike):
                           "(or use parsl_torch.read_history, which needs h5py only)") from None
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         return ds.load()
+
+
+def summarize(data: HistoryData) -> dict[str, dict[str, Any]]:
+    """Per metric: last, min, max, mean (of the mean over ranks when there are
+    several ranks: rank 0 may lack a metric), and which series that is."""
+    out: dict[str, dict[str, Any]] = {}
+    for metric, values in data.metrics.items():
+        stats = data.stats.get(metric)
+        series, source = (stats["mean"], "mean over ranks") if stats else (values, "rank 0")
+        finite = series[np.isfinite(series)]
+        recorded = series[~np.isnan(series)]
+        nan = float("nan")
+        out[metric] = {"last": float(recorded[-1]) if recorded.size else nan,
+                       "min": float(finite.min()) if finite.size else nan,
+                       "max": float(finite.max()) if finite.size else nan,
+                       "mean": float(finite.mean()) if finite.size else nan, "of": source}
+    return out

@@ -46,6 +46,7 @@ class Workflow:
         self.site = site
         self.run_dir = run_dir
         spec = site.spec
+        self.remote = spec.scheduler == "globus"  # stages run through a Globus Compute endpoint
         machine = MACHINES.get(spec.machine or "")
         self.ranks_per_node = spec.launch.ranks_per_node or (machine.accelerators_per_node if machine else 1)
         self._names: Counter[str] = Counter()
@@ -73,6 +74,8 @@ class Workflow:
         for name, value in (("num_nodes", num_nodes), ("ranks_per_node", ranks_per_node)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"stage {stage!r}: {name}={value!r} must be a positive int")
+        if self.remote:
+            return  # the endpoint's own configuration decides
         limit = 1 if spec.scheduler == "local" else spec.provider.nodes_per_block
         if num_nodes > limit:
             where = "runs on this machine only" if spec.scheduler == "local" else (
@@ -128,12 +131,15 @@ def _prepare(run_dir: Path, fresh: bool) -> None:
 
 @contextlib.contextmanager
 def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
-             retries: int = 0, **site_overrides: Any) -> Iterator[Workflow]:
+             retries: int = 0, gc_executor: Any = None, **site_overrides: Any) -> Iterator[Workflow]:
     """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
 
     ``retries``: times Parsl reruns a failed stage (the built-in train stage
     resumes from its last checkpoint). ``site_overrides``: account, queue,
-    walltime, nodes, as for ``pt.sites.load``.
+    walltime, nodes, as for ``pt.sites.load``. On a Globus Compute site the
+    stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
+    records stay here. ``gc_executor`` replaces the site's Globus Compute
+    Executor (tests).
     """
     import parsl
     from parsl.dataflow.memoization import BasicMemoizer
@@ -146,7 +152,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     _prepare(run_dir, fresh)
     parsl_dir = run_dir / "parsl"
     memoizer = BasicMemoizer(checkpoint_files=get_all_checkpoints(str(parsl_dir)), checkpoint_mode="task_exit")
-    config = loaded.parsl_config(run_dir=str(parsl_dir), memoizer=memoizer, retries=retries)
+    config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
+                                 retries=retries)
     _register_memo_ids()
     wf = Workflow(loaded, run_dir)
     wf.log.info("workflow on site %r, run directory %s", loaded.name, run_dir)

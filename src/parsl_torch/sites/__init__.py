@@ -91,11 +91,15 @@ class Site:
     def name(self) -> str:
         return self.spec.name
 
-    def parsl_config(self, run_dir: str | os.PathLike = "runinfo", **config_kwargs: Any):
-        """A new ``parsl.Config`` (built now, not at load); extra keywords go to Config."""
+    def parsl_config(self, run_dir: str | os.PathLike = "runinfo", gc_executor: Any = None,
+                     **config_kwargs: Any):
+        """A new ``parsl.Config`` (built now, not at load); extra keywords go to Config.
+
+        ``gc_executor``: for a Globus Compute site, the executor to use instead
+        of one built from the site's endpoint (tests inject one here)."""
         from .build import parsl_config
 
-        return parsl_config(self.spec, run_dir, **config_kwargs)
+        return parsl_config(self.spec, run_dir, gc_executor, **config_kwargs)
 
     def render(self, executor: str = "mpi") -> str:
         """The batch script Parsl would submit for one block; nothing is submitted."""

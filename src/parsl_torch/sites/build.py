@@ -127,18 +127,34 @@ def htex_executor(spec: SiteSpec) -> Any:
 
 
 def require_account(spec: SiteSpec, action: str) -> None:
-    if spec.scheduler != "local" and not spec.provider.account:
+    if spec.scheduler in ("pbs", "slurm") and not spec.provider.account:
         raise SiteError(f"site {spec.name!r}: provider.account is required to {action}: pass --account / "
                         f"account=..., set PARSL_TORCH_ACCOUNT, or put it in the site file")
 
 
-def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, **config_kwargs: Any) -> Any:
+def globus_executor(spec: SiteSpec, gc_executor: Any = None) -> Any:
+    """Parsl's GlobusComputeExecutor (label ``mpi``) around a Globus Compute
+    Executor for the site's endpoint (``gc_executor`` replaces it, e.g. in tests)."""
+    from parsl.executors import GlobusComputeExecutor
+
+    from ..remote import make_executor
+
+    g = spec.globus
+    executor = gc_executor or make_executor(g.endpoint_id, user_endpoint_config=dict(g.user_endpoint_config))
+    return GlobusComputeExecutor(executor=executor, label=MPI_LABEL)
+
+
+def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = None,
+                 **config_kwargs: Any) -> Any:
     """A parsl.Config for this site (usage tracking off)."""
     from parsl.config import Config
 
     require_account(spec, "submit jobs")
-    executors = [mpi_executor(spec)]
-    if spec.htex.enabled:
+    if spec.scheduler == "globus":
+        executors = [globus_executor(spec, gc_executor)]
+    else:
+        executors = [mpi_executor(spec)]
+    if spec.htex.enabled and spec.scheduler != "globus":
         executors.append(htex_executor(spec))
     return Config(executors=executors, run_dir=str(run_dir), usage_tracking=0,
                   strategy_period=spec.strategy_period, **config_kwargs)
@@ -147,8 +163,9 @@ def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, **config_kwargs: An
 def render(spec: SiteSpec, executor: str = MPI_LABEL) -> str:
     """The batch script Parsl would submit for one block of ``executor``; nothing is submitted."""
     require_account(spec, "render a batch script")
-    if spec.scheduler == "local":
-        raise SiteError(f"site {spec.name!r} runs without a scheduler: there is no batch script to render")
+    if spec.scheduler in ("local", "globus"):
+        raise SiteError(f"site {spec.name!r} submits no batch script of its own ({spec.scheduler}): "
+                        f"nothing to render")
     if executor not in (MPI_LABEL, HTEX_LABEL):
         raise SiteError(f"executor {executor!r} is unknown: use {MPI_LABEL!r} or {HTEX_LABEL!r}")
     prov = mpi_provider(spec) if executor == MPI_LABEL else htex_provider(spec)

@@ -16,7 +16,7 @@ from typing import Any
 from ..dataschema import build_dataclass
 from ..errors import SiteError
 
-SCHEDULERS = ("pbs", "slurm", "local")
+SCHEDULERS = ("pbs", "slurm", "local", "globus")
 MPI_LAUNCHERS = ("mpiexec", "srun", "aprun")
 _WALLTIME = re.compile(r"^\d+:[0-5]\d:[0-5]\d$")
 
@@ -71,6 +71,17 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class GlobusSpec:
+    """A site reached through a Globus Compute endpoint (scheduler: globus)."""
+
+    endpoint_id: str
+    remote_run_dir: str  # where stages write on the endpoint's file system
+    user_endpoint_config: Mapping[str, Any] = field(default_factory=dict)  # account, queue, walltime...
+    python: str = "python"  # the endpoint's Python with parsl-torch installed
+    max_parallel_stages: int = 4
+
+
+@dataclass(frozen=True)
 class SiteSpec:
     name: str
     scheduler: str
@@ -85,6 +96,7 @@ class SiteSpec:
     mpi: MPISpec = field(default_factory=MPISpec)
     htex: HTEXSpec = field(default_factory=HTEXSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
+    globus: GlobusSpec | None = None
 
 
 def parse_site(data: Any, source: str) -> SiteSpec:
@@ -102,6 +114,9 @@ def parse_site(data: Any, source: str) -> SiteSpec:
 def _check(spec: SiteSpec) -> None:
     if spec.scheduler not in SCHEDULERS:
         raise SiteError(f"scheduler: {spec.scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+    if (spec.scheduler == "globus") != (spec.globus is not None):
+        raise SiteError("globus: a site needs a globus section exactly when scheduler is globus "
+                        "(endpoint_id, remote_run_dir)")
     if spec.mpi.launcher not in MPI_LAUNCHERS:
         raise SiteError(f"mpi.launcher: {spec.mpi.launcher!r} is not one of {', '.join(MPI_LAUNCHERS)}")
     if not _WALLTIME.match(spec.provider.walltime):

@@ -4,6 +4,7 @@ on every rank, under mpiexec, srun, torchrun or a Globus Compute MPIFunction."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,19 +14,26 @@ from .config import load_config
 
 def run_stage(argv: Sequence[str] | None, *, prog: str, description: str, kind: type, stage: str,
               files: dict[str, dict[str, Any]], run: Callable[[Any, argparse.Namespace], dict]) -> int:
-    """Parse ``--config`` and the stage's file options, check the config, set
-    up torch, run; rank 0 prints the summary as one JSON line."""
+    """Parse the config (a YAML file, or base64 JSON as Globus Compute sends it)
+    and the stage's file options, check the config, set up torch, run; rank 0
+    prints the summary, with a summary of the history, as one JSON line."""
     import parsl_torch as pt
 
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--config", required=True, help="the stage's YAML file (see configs/)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="the stage's YAML file (see configs/)")
+    source.add_argument("--config-b64", help="the config as base64-encoded JSON")
     for flag, options in files.items():
         p.add_argument(flag, **options)
     args = p.parse_args(argv)
-    cfg = load_config(args.config, kind, stage)  # before any rank starts talking to the others
+    config = args.config or json.loads(base64.b64decode(args.config_b64))
+    cfg = load_config(config, kind, stage)  # before any rank starts talking to the others
     pt.setup_torch()
     summary = run(cfg, args)
     if pt.get_rank() == 0:
+        from ..history_io import read_history, summarize
+
+        summary["history_summary"] = summarize(read_history(summary["history"]))
         print(json.dumps(summary), flush=True)
     pt.cleanup()
     return 0

@@ -72,7 +72,10 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
     if len(inputs) != 1:
         raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
                           f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
-    return _evaluate(as_dict(cfg), inputs=list(inputs), outputs=list(outputs), **call)
+    from ..apps import submit_builtin
+
+    return submit_builtin(STAGE, as_dict(cfg), inputs=inputs, outputs=outputs, input_roles=("checkpoint",),
+                          output_roles=("history",), app=_evaluate, **call)
 
 
 def main(argv: list[str] | None = None) -> int:

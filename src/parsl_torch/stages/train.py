@@ -133,8 +133,11 @@ _train = distributed_app(_train_on_ranks, name=STAGE)
 def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
     checked here, before anything is submitted. Returns a StageFuture."""
+    from ..apps import submit_builtin
+
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
-    return _train(as_dict(cfg), outputs=list(outputs), **call)
+    return submit_builtin(STAGE, as_dict(cfg), inputs=(), outputs=outputs, input_roles=(),
+                          output_roles=("history", "checkpoint"), app=_train, **call)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,61 @@
+"""Globus Compute endpoint configs made from a batch site's file, so the
+endpoint asks for the same nodes, with the same worker_init, as the site.
+
+Install on the machine (login node)::
+
+    python -m venv ~/parsl-torch-env && . ~/parsl-torch-env/bin/activate
+    pip install parsl-torch[workflow,globus] globus-compute-endpoint   (and your site's torch)
+    globus-compute-endpoint configure parsl-torch
+    parsl-torch sites endpoint-config aurora --account MyProj > ~/.globus_compute/parsl-torch/config.yaml
+    globus-compute-endpoint start parsl-torch
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import SiteError
+from .schema import SiteSpec
+
+_PROVIDERS = {"pbs": "PBSProProvider", "slurm": "SlurmProvider"}
+
+
+def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
+    """The endpoint's config.yaml as data: a GlobusMPIEngine over the site's provider."""
+    if spec.scheduler not in _PROVIDERS:
+        raise SiteError(f"site {spec.name!r} ({spec.scheduler}) has no batch scheduler to put behind an "
+                        f"endpoint: use aurora, polaris, frontier or a site of your own with pbs or slurm")
+    p = spec.provider
+    worker_init = p.worker_init.replace("{python_env}", python_env)
+    worker_init = "; ".join([worker_init, *(f"export {k}={v}" for k, v in spec.environment.items())])
+    provider: dict[str, Any] = {
+        "type": _PROVIDERS[spec.scheduler],
+        "account": p.account or "YOUR_ACCOUNT",
+        "walltime": p.walltime,
+        "nodes_per_block": p.nodes_per_block,
+        "init_blocks": 0,  # no job until a stage arrives
+        "min_blocks": 0,
+        "max_blocks": p.max_blocks,
+        "scheduler_options": p.scheduler_options,
+        "worker_init": worker_init,
+        "launcher": {"type": "SimpleLauncher"},  # the MPI engine launches ranks itself
+    }
+    if spec.scheduler == "pbs":
+        provider.update(queue=p.queue, cpus_per_node=p.cpus_per_node or 1, select_options=p.select_options)
+    else:
+        provider.update(partition=p.queue, exclusive=p.exclusive)
+    engine: dict[str, Any] = {"type": "GlobusMPIEngine", "mpi_launcher": spec.mpi.launcher,
+                              "max_workers_per_block": spec.mpi.max_workers_per_block, "provider": provider}
+    if spec.address_interface:
+        engine["address"] = {"type": "address_by_interface", "ifname": spec.address_interface}
+    return {"display_name": f"parsl-torch-{spec.name}", "engine": engine}
+
+
+def render_endpoint_config(spec: SiteSpec, python_env: str) -> str:
+    import yaml
+
+    header = (f"# Globus Compute endpoint for parsl-torch on {spec.name}, made from its site file.\n"
+              f"# worker_init activates {python_env}: it must hold parsl-torch, parsl, torch and\n"
+              f"# globus-compute-endpoint of the same versions as the submitting side\n"
+              f"# (check with: parsl-torch remote probe --endpoint <id>).\n")
+    return header + yaml.safe_dump(endpoint_config(spec, python_env), sort_keys=False)
