@@ -68,7 +68,6 @@ def test_mpifunction_runs_stages_on_two_real_ranks(tmp_path, monkeypatch):
         evaluated = stages.submit("evaluate", SMALL_EVAL, {"checkpoint": trained["checkpoint"],
                                                            "history": "eval.h5"}, ranks_per_node=2).result(300)
         assert evaluated["trained_steps"] == 20 and 0 <= evaluated["eval_acc"] <= 1
-    assert pool._processes == {} or True
 
 
 @pytest.mark.slow

@@ -142,7 +142,7 @@ def test_aurora_render_shows_account_queue_and_filesystems():
 @pytest.mark.parametrize("args, needle", [
     (["sites", "render", "aurora"], "provider.account is required to render a batch script"),
     (["sites", "show", "nope"], "unknown site 'nope': known sites are aurora, frontier, local, polaris"),
-    (["sites", "render", "local"], "runs without a scheduler"),
+    (["sites", "render", "local"], "submits no batch script of its own (local)"),
     (["sites", "show", "aurora", "--walltime", "1h"], "provider.walltime: '1h' is not HH:MM:SS"),
     (["sites", "show", "aurora", "--nodes", "0"], "nodes: must be at least 1"),
 ])

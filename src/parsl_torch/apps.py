@@ -68,11 +68,14 @@ class StageOptions:
         return self.num_nodes * self.ranks_per_node
 
 
-def _stage_command(stage: str, fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
+def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
                    *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
                    stderr: str | None = None, parsl_resource_specification: dict | None = None,
                    **kwargs: Any) -> str:
-    """Body of the Parsl bash app (runs on the worker): write the payload, return the command."""
+    """Body of the Parsl bash app (runs on the worker): write the payload, return the command.
+
+    ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
+    it reads them from the call (redirection, the MPI task's nodes)."""
     import os
     import shlex
     import sys
@@ -213,7 +216,7 @@ class DistributedApp:
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
-        app_future = _bash_app()(stage, shipped, self.script, opts, *args, inputs=list(inputs),
+        app_future = _bash_app()(shipped, self.script, opts, *args, inputs=list(inputs),
                                  outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
                                  parsl_resource_specification=spec, **kwargs)
         future = StageFuture(stage, app_future, stage_dir / STDERR,
