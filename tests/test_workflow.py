@@ -21,7 +21,6 @@ from parsl_torch.stages.train import train
 from .conftest import BIN, clean_env
 from .test_launch import leftovers
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).parent.parent
 SMALL = {"steps": 40, "checkpoint_every": 20, "log_every": 10,
          "model": {"dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 16}}
@@ -41,6 +40,7 @@ def small_configs(tmp_path, **train_overrides):
     return ["--train-config", str(tmp_path / "train.yaml"), "--eval-config", str(tmp_path / "eval.yaml")]
 
 
+@pytest.mark.slow
 def test_train_eval_workflow_then_rerun_does_no_training(tmp_path):
     run_dir = tmp_path / "run"
     args = ["--run-dir", str(run_dir), *small_configs(tmp_path)]
@@ -64,6 +64,7 @@ def test_train_eval_workflow_then_rerun_does_no_training(tmp_path):
     assert train_h5.stat().st_mtime == mtime  # no training happened
 
 
+@pytest.mark.slow
 def test_sweep_of_three_chains_picks_the_best(tmp_path):
     out = run_script(REPO / "workflows" / "sweep.py", "--run-dir", str(tmp_path / "sweep"), "--steps", "20")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -72,6 +73,7 @@ def test_sweep_of_three_chains_picks_the_best(tmp_path):
     assert "best: lr=" in out.stdout
 
 
+@pytest.mark.slow
 def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tests" / "workflows" / "custom_app.py"), str(tmp_path / "r")],
                          capture_output=True, text=True, timeout=300, env=clean_env(), cwd=tmp_path)
@@ -83,6 +85,7 @@ def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
     assert " 0 " in line.split("}")[1]  # the script stage's future: its exit code
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, expected", [
     ("kill@1:25", r"stage 'train' failed: rank 1 on \S+ was killed by SIGKILL"),
     ("hang@1:25", r"stage 'train' failed: rank 0 on \S+ exited with code 1"),
@@ -107,6 +110,7 @@ def test_faults_fail_the_stage_fast_and_leave_nothing(tmp_path, fault, expected)
     assert pt.read_history(partial).steps.max() >= 19
 
 
+@pytest.mark.slow
 def test_retry_resumes_from_the_checkpoint_without_lost_or_duplicated_steps(tmp_path):
     run_dir = tmp_path / "run"
     env = clean_env(PARSL_TORCH_FAULT=f"kill@1:30:{tmp_path / 'killed-once'}")
@@ -128,6 +132,7 @@ def local_workflow(tmp_path, monkeypatch):
         yield wf
 
 
+@pytest.mark.slow
 def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
     with pytest.raises(ConfigError, match=r"stage 'train': config: model\.dimm: unknown setting; did you mean 'dim'\?"):
         train({"model": {"dimm": 3}})
@@ -140,6 +145,7 @@ def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
     assert not (local_workflow.run_dir / "train").exists()
 
 
+@pytest.mark.slow
 def test_eval_refuses_a_checkpoint_of_another_model(tmp_path, local_workflow):
     trained = train(SMALL)
     other = {**SMALL_EVAL, "model": {**SMALL["model"], "dim": 16}}
@@ -152,6 +158,7 @@ def test_stage_outside_a_workflow_is_an_error():
         train(SMALL)
 
 
+@pytest.mark.slow
 def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path):
     (tmp_path / "bad.yaml").write_text("steps: many\n")
     out = run_script(REPO / "workflows" / "train_eval.py", "--run-dir", str(tmp_path / "run"),
@@ -160,3 +167,25 @@ def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path):
     assert out.stderr.strip().splitlines()[-1].startswith(
         f"parsl-torch: error: stage 'train': {tmp_path / 'bad.yaml'}: steps: expected int, got str 'many'")
     assert not (tmp_path / "run").exists()
+
+
+def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
+    from parsl_torch.apps import StageOptions, _stage_command
+
+    opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("A", "1"),), ("--cpu-bind", "list:1-8:9-16"))
+    cmd = _stage_command(None, ["python", "train.py"], opts)
+    assert "-m parsl_torch.supervise --timeout 600.0 --ranks 24 -- $PARSL_MPI_PREFIX --cpu-bind list:1-8:9-16 " in cmd
+    assert cmd.startswith(f"cd {tmp_path} && A=1 ") and cmd.endswith("-m parsl_torch.shim -- python train.py")
+
+
+def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
+    from parsl_torch.launch import AURORA_CPU_BIND
+    from parsl_torch.workflow import Workflow
+
+    aurora = Workflow(pt.sites.load("aurora", account="X"), tmp_path)
+    assert aurora.ranks_per_node == 12
+    assert aurora.launcher_args(12) == ("--cpu-bind", AURORA_CPU_BIND)
+    (tmp_path / "mine.yaml").write_text("name: mine\nscheduler: local\nlaunch:\n  extra_args: [--label]\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    assert Workflow(pt.sites.load("mine"), tmp_path).launcher_args(2) == ("--label",)
+    assert Workflow(pt.sites.load("local"), tmp_path).launcher_args(2) == ()

@@ -62,6 +62,7 @@ class StageOptions:
     ranks_per_node: int
     walltime: float | None
     env: tuple[tuple[str, str], ...]
+    launcher_args: tuple[str, ...]  # the site's binding flags, after $PARSL_MPI_PREFIX
 
     @property
     def num_ranks(self) -> int:
@@ -98,8 +99,9 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
         rank_cmd = shlex.join([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script])
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in opts.env)
     timeout = f"--timeout {opts.walltime} " if opts.walltime else ""
+    binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {env} {py} -m parsl_torch.supervise {timeout}"
-            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {py} -m parsl_torch.shim -- {rank_cmd}")
+            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m parsl_torch.shim -- {rank_cmd}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -212,7 +214,8 @@ class DistributedApp:
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
         env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **self.env}
-        opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()))
+        opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()),
+                            wf.launcher_args(ppn))
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         shipped = ShippedFunction.of(self.fn) if self.fn is not None else None

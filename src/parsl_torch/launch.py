@@ -106,23 +106,26 @@ def resolve_shape(request: LaunchRequest, available_nodes: int, default_ppn: int
     return nodes, ppn, n
 
 
-def pbs_argv(machine: str | None, num_ranks: int, ppn: int, hostfile: str, mpiexec: str) -> list[str]:
-    argv = [mpiexec, "--envall", "--np", str(num_ranks), "--ppn", str(ppn), "--hostfile", hostfile,
-            "--line-buffer"]
+def binding_args(machine: str | None, ppn: int) -> list[str]:
+    """The machine's CPU/GPU binding flags for ``ppn`` ranks per node (its launcher's syntax)."""
     if machine in ("aurora", "sunspot"):
         # ALCF's binding for one rank per GPU tile; else spread 104 cores evenly
-        argv += ["--cpu-bind", AURORA_CPU_BIND] if ppn == 12 else ["--depth", str(104 // ppn), "--cpu-bind", "depth"]
-    elif machine == "polaris":
-        argv += ["--depth", str(max(1, 32 // ppn)), "--cpu-bind", "depth"]
-    return argv
+        return ["--cpu-bind", AURORA_CPU_BIND] if ppn == 12 else ["--depth", str(104 // ppn), "--cpu-bind", "depth"]
+    if machine == "polaris":
+        return ["--depth", str(max(1, 32 // ppn)), "--cpu-bind", "depth"]
+    if machine == "frontier":
+        return ["--cpus-per-task", "7", "--gpus-per-task", "1", "--gpu-bind", "closest"]
+    return []
+
+
+def pbs_argv(machine: str | None, num_ranks: int, ppn: int, hostfile: str, mpiexec: str) -> list[str]:
+    return [mpiexec, "--envall", "--np", str(num_ranks), "--ppn", str(ppn), "--hostfile", hostfile,
+            "--line-buffer", *binding_args(machine, ppn)]
 
 
 def slurm_argv(machine: str | None, num_nodes: int, num_ranks: int, ppn: int) -> list[str]:
-    argv = ["srun", "--nodes", str(num_nodes), "--ntasks", str(num_ranks), "--ntasks-per-node", str(ppn),
-            "--kill-on-bad-exit=1"]
-    if machine == "frontier":
-        argv += ["--cpus-per-task", "7", "--gpus-per-task", "1", "--gpu-bind", "closest"]
-    return argv
+    return ["srun", "--nodes", str(num_nodes), "--ntasks", str(num_ranks), "--ntasks-per-node", str(ppn),
+            "--kill-on-bad-exit=1", *binding_args(machine, ppn)]
 
 
 def local_argv(num_ranks: int, mpiexec: str | None, torchrun: str | None) -> list[str]:

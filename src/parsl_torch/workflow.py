@@ -53,6 +53,13 @@ class Workflow:
         self._lock = threading.Lock()
         self.log = get_logger("parsl_torch.workflow")
 
+    def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
+        """Flags after ``$PARSL_MPI_PREFIX``: the site's ``launch.extra_args``, else the machine's binding."""
+        from .launch import binding_args
+
+        extra = self.site.spec.launch.extra_args
+        return tuple(extra) if extra is not None else tuple(binding_args(self.site.spec.machine, ranks_per_node))
+
     def stage_name(self, base: str) -> str:
         """``base``, then ``base-1``, ``base-2``... in call order (the same on every rerun)."""
         with self._lock:
@@ -116,7 +123,8 @@ def _register_memo_ids() -> None:
 
     @id_for_memo.register(StageOptions)
     def _opts(obj: StageOptions, output_ref: bool = False) -> bytes:
-        return pickle.dumps(("StageOptions", obj.stage_dir, obj.num_nodes, obj.ranks_per_node, obj.env))
+        return pickle.dumps(("StageOptions", obj.stage_dir, obj.num_nodes, obj.ranks_per_node, obj.env,
+                             obj.launcher_args))
 
 
 def _prepare(run_dir: Path, fresh: bool) -> None:
