@@ -46,7 +46,7 @@ _LAZY = {
     "SiteError": "errors",
     "StageError": "errors",
 }
-_SUBMODULES = {"models", "sites", "stages"}
+_SUBMODULES = {"models", "sites", "stages", "remote", "report"}
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 
