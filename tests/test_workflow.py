@@ -75,8 +75,10 @@ def test_sweep_of_three_chains_picks_the_best(tmp_path):
 
 @pytest.mark.slow
 def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
+    # a rendezvous exported in the user's shell must not make the two concurrent stages share a port
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
     out = subprocess.run([sys.executable, str(REPO / "tests" / "workflows" / "custom_app.py"), str(tmp_path / "r")],
-                         capture_output=True, text=True, timeout=300, env=clean_env(), cwd=tmp_path)
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
     assert "{'sum': 21.0, 'rank': 0}" in line  # (0 + 10) + (1 + 10): rank 0's return value

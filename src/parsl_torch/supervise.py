@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Supervises an already built launch command (a Parsl MPI task's
     ``$PARSL_MPI_PREFIX ...``): rendezvous on the first host of
-    ``PARSL_MPI_NODELIST``, fail fast, time out, leave nothing behind.
+    ``PARSL_MPI_NODELIST`` at a fresh port, fail fast, time out, leave nothing
+    behind.
     """
     import argparse
 
@@ -169,12 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[split + 1:]
     if not command:
         parser.error("no command after --")
-    env: dict[str, str] = {}
-    if "MASTER_ADDR" not in os.environ:
-        hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
-        env["MASTER_ADDR"] = hosts[0] if hosts[0] else "127.0.0.1"
-    if "MASTER_PORT" not in os.environ:
-        env["MASTER_PORT"] = str(free_port())
+    # the rendezvous belongs to this task: values inherited from the workflow's
+    # shell would make concurrent stages on one node share a port
+    hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
+    env = {"MASTER_ADDR": hosts[0] or "127.0.0.1", "MASTER_PORT": str(free_port())}
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0, (), env)
     return supervise(plan, timeout=opts.timeout)
 
