@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .scheduler import MACHINES, Detection
-from .topology import expand_hostlist
+from .topology import expand_hostlist, free_port
 
 AURORA_CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
 SHIM = ("-m", "parsl_torch.shim", "--")
@@ -141,12 +140,6 @@ def find_local_tool(name: str) -> str | None:
     """``name`` beside this Python (the venv's bin) first, then on PATH."""
     beside = Path(sys.executable).parent / name
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which(name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, str] | None = None,

@@ -29,7 +29,7 @@ def utc_now() -> str:
 
 def package_versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0]}
-    for dist in ("parsl-torch", "torch", "numpy", "h5py", "mpi4py", "parsl", "wandb"):
+    for dist in ("parsl-torch", "torch", "numpy", "h5py", "mpi4py", "parsl", "wandb", "globus-compute-sdk"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

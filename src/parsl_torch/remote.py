@@ -153,14 +153,7 @@ def versions() -> dict[str, str]:
     """What this Python has (runs on the endpoint for ``parsl-torch remote probe``)."""
     from parsl_torch.metadata import package_versions
 
-    found = package_versions()
-    try:
-        import importlib.metadata as md
-
-        found["globus-compute-sdk"] = md.version("globus-compute-sdk")
-    except Exception:  # noqa: BLE001 - absent is an answer too
-        pass
-    return found
+    return package_versions()
 
 
 def compare_versions(local: Mapping[str, str], remote: Mapping[str, str]) -> list[str]:

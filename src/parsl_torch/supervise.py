@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    from .launch import free_port
+    from .topology import free_port
 
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)

@@ -232,7 +232,8 @@ def _slurm_tasks_on_my_node(env: Mapping[str, str]) -> int | None:
     return counts[node_id] if node_id < len(counts) else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -268,7 +269,7 @@ def _broadcast_master(topo: Topology) -> tuple[str, int] | None:
         raise TopologyError(
             f"mpi4py rank {comm.Get_rank()} differs from the launcher's rank {topo.rank}"
         )
-    mine = (socket.gethostname(), _free_port()) if topo.rank == 0 else None
+    mine = (socket.gethostname(), free_port()) if topo.rank == 0 else None
     return comm.bcast(mine, root=0)
 
 
@@ -280,7 +281,7 @@ def resolve_master(topo: Topology, env: Mapping[str, str] | None = None, use_mpi
         return topo
     if topo.world_size == 1:
         return replace(topo, master_addr=topo.master_addr or "127.0.0.1",
-                       master_port=topo.master_port or _free_port())
+                       master_port=topo.master_port or free_port())
     found = _broadcast_master(topo) if use_mpi and topo.launcher in _MPI_LAUNCHERS else None
     if found is not None:
         addr, port = found

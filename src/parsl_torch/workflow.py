@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import pickle
 import shutil
@@ -106,6 +107,7 @@ class Workflow:
         future.add_done_callback(done)
 
 
+@functools.lru_cache(maxsize=1)
 def _register_memo_ids() -> None:
     """Teach Parsl's memoizer to hash Files and stage options (it refuses unknown types)."""
     from parsl.data_provider.files import File

@@ -57,7 +57,7 @@ class EvalConfig:
 
 
 def _check(cfg: Any, stage: str, source: str) -> None:
-    from ..strategy import STRATEGIES
+    from ..strategy import STRATEGIES, normalize_strategy
 
     def bad(field_: str, msg: str) -> ConfigError:
         return ConfigError(f"stage {stage!r}: {source}: {field_}: {msg}")
@@ -78,14 +78,18 @@ def _check(cfg: Any, stage: str, source: str) -> None:
             raise bad(f"model.{name}", "must be at least 1")
     if d.batch_size < 1:
         raise bad("data.batch_size", "must be at least 1")
-    if cfg.strategy.replace("_", "+").replace("-", "+") not in STRATEGIES:
-        raise bad("strategy", f"{cfg.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    try:
+        strategy = normalize_strategy(cfg.strategy)
+    except ConfigError:
+        raise bad("strategy", f"{cfg.strategy!r} is not one of {', '.join(STRATEGIES)}") from None
     if isinstance(cfg, TrainConfig):
         for name in ("steps", "checkpoint_every", "log_every"):
             if getattr(cfg, name) < 1:
                 raise bad(name, "must be at least 1")
         if cfg.lr <= 0:
             raise bad("lr", "must be > 0")
+        if cfg.tp_size is not None and strategy != "fsdp+tp":
+            raise bad("tp_size", f"applies to strategy fsdp+tp, not {cfg.strategy!r}: remove it or change strategy")
     elif cfg.batches < 1:
         raise bad("batches", "must be at least 1")
 

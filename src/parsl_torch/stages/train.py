@@ -78,9 +78,9 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     rank, logger = pt.get_rank(), pt.get_logger("parsl_torch.stages.train")
     torch.manual_seed(cfg.seed)
     device = pt.get_torch_device()
-    tp = cfg.tp_size if cfg.strategy.startswith("fsdp") and cfg.tp_size else 1
-    model = pt.wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy,
-                          tp_size=cfg.tp_size if tp > 1 or "tp" in cfg.strategy else None, dtype=cfg.dtype)
+    tp = cfg.tp_size or 1  # the config check allows tp_size with fsdp+tp only
+    model = pt.wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy, tp_size=cfg.tp_size,
+                          dtype=cfg.dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     history = pt.History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
                          descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
