@@ -89,6 +89,13 @@ def test_frontier_slurm_provider():
     assert htex.available_accelerators == [str(i) for i in range(8)]
 
 
+def test_local_site_keeps_idle_parsl_processes_quiet(tmp_path):
+    # the ranks of a laptop run need the cores: Parsl's processes wake 10x/s, not 100x/s
+    local = executors(sites.load("local").parsl_config(run_dir=tmp_path))
+    assert local["mpi"].poll_period == local["htex"].poll_period == 100
+    assert executors(build("aurora"))["mpi"].poll_period == 10  # Parsl's default where cores are plenty
+
+
 def test_sites_address_interface_is_checked(monkeypatch):
     with pytest.raises(SiteError, match="network interface 'hsn0' .* does not exist on this host"):
         sites.load("aurora", account="X").parsl_config()
@@ -160,6 +167,7 @@ def test_cli_site_errors_are_one_line_exit_2(args, needle, capsys):
     ("name: mine\n", "scheduler: required setting is missing"),
     ("name: mine\nscheduler: pbs\nhtex: [1, 2]\n", "htex: expected a mapping of settings, got list"),
     ("name: mine\nscheduler: pbs\nprovider:\n  walltime: 3600\n", "provider.walltime: expected str, got int 3600 (quote it)"),
+    ("name: mine\nscheduler: pbs\npoll_period_ms: 0\n", "poll_period_ms: must be > 0 milliseconds, got 0"),
     ("name: mine\nscheduler: pbs\nhostnames: ['x[']\n", "hostnames[0]: 'x[' is not a regular expression"),
     ("name: other\nscheduler: pbs\n", "name: 'other' differs from the file name; use name: mine"),
     ("name: mine\nscheduler: pbs\n  bad: indent\n", "is not valid YAML"),

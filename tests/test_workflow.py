@@ -81,7 +81,8 @@ def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
-    assert "{'sum': 21.0, 'rank': 0}" in line  # (0 + 10) + (1 + 10): rank 0's return value
+    assert "{'sum': 21.0, 'rank': 0, " in line  # (0 + 10) + (1 + 10): rank 0's return value
+    assert "'filepath': True, 'parsl_on_ranks': False}" in line
     assert line.endswith(" of 2")  # the output File, written by the ranks, read through its DataFuture
     assert (tmp_path / "r" / "rank_sum" / "sum.txt").exists()
     assert " 0 " in line.split("}")[1]  # the script stage's future: its exit code

@@ -54,6 +54,41 @@ class ShippedFunction:
 
 
 @dataclass(frozen=True)
+class StageFile:
+    """What a stage's function receives for a Parsl ``File``: its path and URL.
+
+    Unpickling a real ``File`` imports all of Parsl (and Globus Compute's SDK)
+    on every rank, ~0.6 s of each stage's start; this travels without them.
+    """
+
+    filepath: str
+    url: str
+
+    def __fspath__(self) -> str:
+        return self.filepath
+
+    def __str__(self) -> str:
+        return self.filepath
+
+    @property
+    def filename(self) -> str:
+        return os.path.basename(self.filepath)
+
+
+def plain_files(value: Any) -> Any:
+    """``value`` with each Parsl File (also inside lists, tuples, dicts) as a StageFile."""
+    from parsl.data_provider.files import File
+
+    if isinstance(value, File):
+        return StageFile(value.filepath, value.url)
+    if isinstance(value, list) or type(value) is tuple:
+        return type(value)(plain_files(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain_files(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
 class StageOptions:
     """How one call of a stage runs: carried to the worker with the call."""
 
@@ -85,9 +120,10 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
     if fn is not None:
         import dill
 
-        from parsl_torch.apps import accepted_kwargs
+        from parsl_torch.apps import accepted_kwargs, plain_files
 
         kwargs.update(accepted_kwargs(fn.load(), inputs=list(inputs), outputs=list(outputs)))
+        args, kwargs = plain_files(args), plain_files(kwargs)
         payload = os.path.join(opts.stage_dir, "payload.pkl")
         result = os.path.join(opts.stage_dir, "result.pkl")
         if os.path.exists(result):

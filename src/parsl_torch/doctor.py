@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,7 +21,11 @@ from .errors import ParslTorchError
 SMOKE_TIMEOUT_S = 90
 _SMOKE = ("import parsl_torch as pt, torch, torch.distributed as dist; pt.setup_torch(timeout=30); "
           "t = torch.ones(1, device=pt.get_torch_device()); dist.all_reduce(t); "
-          "print(f'smoke rank {pt.get_rank()} sum {t.item():g}', flush=True); pt.cleanup()")
+          "import sys; sys.stdout.write(f'smoke rank {pt.get_rank()} sum {t.item():g}\\n'); sys.stdout.flush(); "
+          "pt.cleanup()")
+# Ranks share mpiexec's stdout; with PYTHONUNBUFFERED=1 print() writes the text and
+# the newline separately, so lines of two ranks can merge. Match, don't split.
+_SMOKE_LINE = re.compile(r"smoke rank (\d+) sum (\d+)")
 
 
 @dataclass
@@ -149,10 +154,10 @@ def check_smoke() -> Check:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S + 30)
     except subprocess.TimeoutExpired:
         return Check("2-rank all_reduce", "error", "hung past its timeout", "run parsl-torch launch -n 2 by hand")
-    sums = [line.split()[-1] for line in out.stdout.splitlines() if line.startswith("smoke rank")]
-    if out.returncode == 0 and sums == ["2", "2"]:
+    sums = sorted(_SMOKE_LINE.findall(out.stdout))
+    if out.returncode == 0 and sums == [("0", "2"), ("1", "2")]:
         return Check("2-rank all_reduce", "ok", "2 ranks agreed (sum 2)")
-    tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-3:])
+    tail = " | ".join((out.stdout.strip().splitlines() + out.stderr.strip().splitlines())[-4:])
     return Check("2-rank all_reduce", "error", f"exit {out.returncode}: {tail}",
                  "fix the errors above, then parsl-torch launch -n 2 -- python -c 'import parsl_torch'")
 

@@ -18,7 +18,9 @@ def rank_sum(offset: float, outputs=()):
     t = torch.tensor([float(pt.get_rank()) + offset])
     dist.all_reduce(t)
     Path(outputs[0]).write_text(f"rank {pt.get_rank()} of {pt.get_world_size()}\n")
-    return {"sum": t.item(), "rank": pt.get_rank()}
+    # an output File arrives as a path (Parsl's .filepath too), without importing Parsl on the rank
+    return {"sum": t.item(), "rank": pt.get_rank(), "filepath": outputs[0].filepath == str(outputs[0]),
+            "parsl_on_ranks": "parsl" in sys.modules}
 
 
 torchrun_script = pt.script_app(Path(__file__).parent.parent / "ranks" / "torchrun_style.py", ranks_per_node=2)

@@ -111,14 +111,15 @@ def mpi_executor(spec: SiteSpec) -> Any:
     prov = mpi_provider(spec)
     max_workers = spec.local_slots if spec.scheduler == "local" else spec.mpi.max_workers_per_block
     return MPIExecutor(label=MPI_LABEL, provider=prov, mpi_launcher=spec.mpi.launcher,
-                       max_workers_per_block=max_workers, **_address(spec))
+                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms, **_address(spec))
 
 
 def htex_executor(spec: SiteSpec) -> Any:
     from parsl.executors import HighThroughputExecutor
 
     h = spec.htex
-    kwargs: dict[str, Any] = {"cpu_affinity": h.cpu_affinity, "prefetch_capacity": 0}
+    kwargs: dict[str, Any] = {"cpu_affinity": h.cpu_affinity, "prefetch_capacity": 0,
+                              "poll_period": spec.poll_period_ms}
     if h.accelerators:
         kwargs["available_accelerators"] = list(h.accelerators)
     if h.max_workers_per_node:

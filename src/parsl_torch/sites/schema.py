@@ -91,6 +91,7 @@ class SiteSpec:
     address_interface: str | None = None  # network interface workers connect back on
     environment: Mapping[str, str] = field(default_factory=dict)  # exported before the workers start
     strategy_period: float = 5.0  # seconds between Parsl's scaling decisions
+    poll_period_ms: int = 10  # Parsl's HTEX poll_period: how often idle executor processes wake up
     local_slots: int = 2  # local site: multi-rank stages that may run at once
     provider: ProviderSpec = field(default_factory=ProviderSpec)
     mpi: MPISpec = field(default_factory=MPISpec)
@@ -134,6 +135,8 @@ def _check(spec: SiteSpec) -> None:
             raise SiteError(f"{path}: must be 0 or more, got {value}")
     if spec.launch.ranks_per_node is not None and spec.launch.ranks_per_node < 1:
         raise SiteError(f"launch.ranks_per_node: must be at least 1, got {spec.launch.ranks_per_node}")
+    if spec.poll_period_ms <= 0:
+        raise SiteError(f"poll_period_ms: must be > 0 milliseconds, got {spec.poll_period_ms}")
     if spec.strategy_period <= 0:
         raise SiteError(f"strategy_period: must be > 0 seconds, got {spec.strategy_period}")
     for i, pattern in enumerate(spec.hostnames):
