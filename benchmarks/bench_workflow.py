@@ -43,10 +43,12 @@ config = Config(executors=[MPIExecutor(max_workers_per_block=1, mpi_launcher="mp
 @bash_app
 def train(config, out, parsl_resource_specification):
     import sys
-    return f"$PARSL_MPI_PREFIX {sys.executable} -m parsl_torch.stages.train --config {config} --history {out}.h5 --checkpoint {out}.pt"
+    return (f"$PARSL_MPI_PREFIX {sys.executable} -m parsl_torch.stages.train "
+            f"--config {config} --history {out}.h5 --checkpoint {out}.pt")
 
+spec = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
 with parsl.load(config):
-    train(sys.argv[1], sys.argv[2] + "/train", parsl_resource_specification={"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}).result()
+    train(sys.argv[1], sys.argv[2] + "/train", parsl_resource_specification=spec).result()
 """
 
 
