@@ -112,6 +112,28 @@ def barrier() -> None:
         d.barrier()
 
 
+def exit_process(code: int = 0) -> None:
+    """End a rank's process once its work is written: atexit handlers run
+    (wandb, user code), interpreter finalization does not.
+
+    torch can abort in C++ static destructors at exit after a process group
+    was used ("terminate called without an active exception", SIGABRT), on
+    the rank that exits first: measured in ~3% of 2-rank gloo stage runs here,
+    always after the atexit handlers, with every file already written.
+    """
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def cleanup() -> None:
     """Destroy the process group if there is one (safe to call twice)."""
     d = _dist()

@@ -88,4 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from parsl_torch.dist import exit_process
+
+    exit_process(main())  # a finished rank must not die in torch's exit-time destructors
