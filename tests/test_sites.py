@@ -238,8 +238,9 @@ def run_on_site(site_name, tmp_path):
 
     @bash_app(executors=["mpi"])
     def two_ranks(parsl_resource_specification=None, stdout=None, stderr=None):
-        return ('$PARSL_MPI_PREFIX python -c "import os; '
-                'print(\'rank\', os.environ.get(\'PMI_RANK\', os.environ.get(\'SLURM_PROCID\')))"')
+        # one write per line: unbuffered print() writes its pieces separately and ranks' lines merge
+        return ('$PARSL_MPI_PREFIX python -c "import os, sys; sys.stdout.write(\'rank %s\\n\' % '
+                'os.environ.get(\'PMI_RANK\', os.environ.get(\'SLURM_PROCID\')))"')
 
     config = sites.load(site_name).parsl_config(run_dir=str(tmp_path / "runinfo"))
     spec = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
