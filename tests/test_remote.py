@@ -34,6 +34,12 @@ SMALL = {"steps": 20, "checkpoint_every": 10, "log_every": 10,
 SMALL_EVAL = {"model": SMALL["model"], "batches": 2}
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    # a ShellFunction writes <hash>.stdout/.stderr into the working directory: not the repository's
+    monkeypatch.chdir(tmp_path)
+
+
 def test_stage_command_carries_only_data_without_braces():
     cmd = remote.stage_command("train", {"steps": 5, "model": {"dim": 8}}, {"history": "/r/t.h5"}, python="py")
     assert cmd.startswith("py -m parsl_torch.stages.train --config-b64 ")

@@ -8,6 +8,7 @@ import pdb
 import random
 import sys
 import time
+from typing import NoReturn
 
 from .device import check_backend, get_backend, get_torch_device, get_torch_device_type
 from .errors import ConfigError
@@ -112,7 +113,7 @@ def barrier() -> None:
         d.barrier()
 
 
-def exit_process(code: int = 0) -> None:
+def exit_process(code: int = 0) -> NoReturn:
     """End a rank's process once its work is written: atexit handlers run
     (wandb, user code), interpreter finalization does not.
 
