@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import parsl_torch as pt
-from parsl_torch.device import get_backend, get_torch_device_type
+from parsl_torch.core.device import get_backend, get_torch_device_type
+from parsl_torch.core.models import MLP, Transformer
+from parsl_torch.core.wrap import find_blocks
 from parsl_torch.errors import ConfigError
-from parsl_torch.models import MLP, Transformer
-from parsl_torch.wrap import find_blocks
 
 from .conftest import clean_env
 
@@ -80,7 +80,7 @@ def test_tp_plan_checks_against_the_model():
 
 
 def test_tp_divisibility_is_checked_before_any_collective():
-    from parsl_torch.wrap import _check_tp
+    from parsl_torch.core.wrap import _check_tp
 
     with pytest.raises(ConfigError, match="3 attention heads are not divisible by tp_size=2"):
         _check_tp(Transformer(dim=48, n_heads=3), world=4, tp_size=2, tp_plan=None)

@@ -15,7 +15,7 @@ import torch
 import parsl_torch as pt
 from parsl_torch.cli import main as cli
 from parsl_torch.errors import ConfigError
-from parsl_torch.history_io import partial_path
+from parsl_torch.history.h5file import partial_path
 
 from .conftest import RANKS_DIR, clean_env, launch
 

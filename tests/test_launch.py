@@ -14,13 +14,15 @@ import pytest
 
 from parsl_torch.cli import main as cli
 from parsl_torch.errors import ConfigError
-from parsl_torch.launch import AURORA_CPU_BIND, LaunchRequest, plan_launch
-from parsl_torch.scheduler import detect_scheduler
+from parsl_torch.launch.machines import AURORA_CPU_BIND
+from parsl_torch.launch.plan import LaunchRequest, plan_launch
+from parsl_torch.launch.schedulers import detect_scheduler
+from parsl_torch.sites import detect_job
 
 from .conftest import BIN, RANKS_DIR, clean_env
 
 PY = "/venv/bin/python"
-SHIM = [PY, "-m", "parsl_torch.shim", "--", "python", "train.py"]
+SHIM = [PY, "-m", "parsl_torch.launch.shim", "--", "python", "train.py"]
 CMD = ("python", "train.py")
 
 
@@ -44,7 +46,7 @@ def nodefile(tmp_path, *lines, name="nodefile"):
 
 
 def plan(env, hostname="x4000c0s0b0n0", n=None, ppn=None, nodes=None, launcher=None):
-    d = detect_scheduler(env, hostname)
+    d = detect_job(env, hostname)
     return plan_launch(LaunchRequest(CMD, n, ppn, nodes, launcher), d, env, python=PY)
 
 
@@ -57,25 +59,26 @@ def plan(env, hostname="x4000c0s0b0n0", n=None, ppn=None, nodes=None, launcher=N
     ({"PBS_JOBID": "9.polaris"}, "x3004c0s7b0n0", ("pbs", "polaris", True)),
     ({"SLURM_JOB_ID": "7"}, "frontier00123", ("slurm", "frontier", True)),
     ({"LMOD_SYSTEM_NAME": "frontier"}, "login03", ("slurm", "frontier", False)),
-    ({"SLURM_JOB_ID": "7", "NERSC_HOST": "perlmutter"}, "nid001234", ("slurm", "perlmutter", True)),
+    # a machine without a site file is named by PARSL_TORCH_MACHINE (hostnames live in site files only)
+    ({"SLURM_JOB_ID": "7", "PARSL_TORCH_MACHINE": "perlmutter"}, "nid001234", ("slurm", "perlmutter", True)),
     ({"SLURM_JOB_ID": "7"}, "vm", ("slurm", None, True)),
     ({"PARSL_TORCH_SCHEDULER": "local", "PBS_JOBID": "1"}, "x4102c5s2b0n0", ("local", "aurora", True)),
 ])
 def test_detection(env, hostname, expected):
-    d = detect_scheduler(env, hostname)
+    d = detect_job(env, hostname)
     assert (d.scheduler, d.machine, d.in_job) == expected
 
 
 def test_installed_binaries_are_no_evidence(fake_bin):
     # srun and mpiexec on PATH, but no job variables: still local
-    assert detect_scheduler({"PATH": os.environ["PATH"]}, "laptop").scheduler == "local"
+    assert detect_job({"PATH": os.environ["PATH"]}, "laptop").scheduler == "local"
 
 
 def test_bad_overrides():
     with pytest.raises(ConfigError, match="PARSL_TORCH_SCHEDULER='lsf' is unknown"):
-        detect_scheduler({"PARSL_TORCH_SCHEDULER": "lsf"}, "x")
-    with pytest.raises(ConfigError, match="PARSL_TORCH_MACHINE='summit' is unknown"):
-        detect_scheduler({"PARSL_TORCH_MACHINE": "summit"}, "x")
+        detect_scheduler({"PARSL_TORCH_SCHEDULER": "lsf"})
+    with pytest.raises(ConfigError, match="PARSL_TORCH_MACHINE: machine 'summit' is unknown"):
+        detect_scheduler({"PARSL_TORCH_MACHINE": "summit"})
 
 
 # -- golden launch commands ---------------------------------------------------
@@ -164,7 +167,7 @@ def test_dry_run_prints_the_command(capsys, monkeypatch):
     monkeypatch.setenv("PARSL_TORCH_SCHEDULER", "local")
     assert cli(["launch", "-n", "2", "--dry-run", "-m", "mypkg.train", "--", "--lr", "3e-4"]) == 0
     out = capsys.readouterr().out
-    assert f"mpiexec -n 2 {sys.executable} -m parsl_torch.shim -- {sys.executable} -m mypkg.train --lr 3e-4" in out
+    assert f"mpiexec -n 2 {sys.executable} -m parsl_torch.launch.shim -- {sys.executable} -m mypkg.train --lr 3e-4" in out
 
 
 # -- real launches ------------------------------------------------------------

@@ -34,7 +34,7 @@ def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
     for r, res in enumerate(ranks):
         t = res["topology"]
         assert (t["rank"], t["local_rank"], t["world_size"], t["num_nodes"]) == (r, r, 2, 1)
-        assert t["launcher"] == expected and res["dist_rank"] == r and res["backend"] == "gloo"
+        assert t["rank_source"] == expected and res["dist_rank"] == r and res["backend"] == "gloo"
     # both ranks agree on where rank 0 listens
     assert ranks[0]["topology"]["master_port"] == ranks[1]["topology"]["master_port"]
 
@@ -70,7 +70,7 @@ def test_srun_pmi2_and_plain_srun(tmp_path, slurm):
         out_dir = tmp_path / launcher
         out_dir.mkdir()
         ranks = run_suite(out_dir, launcher, 2, "topology,ddp")
-        assert [r["topology"]["launcher"] for r in ranks] == [expected] * 2
+        assert [r["topology"]["rank_source"] for r in ranks] == [expected] * 2
         assert [r["topology"]["local_rank"] for r in ranks] == [0, 1]
         assert ranks[0]["ddp_checksum"] == ranks[1]["ddp_checksum"]
 

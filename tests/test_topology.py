@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from parsl_torch.core.topology import expand_hostlist, resolve_master, topology_from_env
 from parsl_torch.errors import TopologyError
-from parsl_torch.topology import expand_hostlist, resolve_master, topology_from_env
 
 
 def topo(env, **kw):
@@ -14,21 +14,21 @@ def topo(env, **kw):
 
 def test_nothing_set_is_one_process():
     t = topo({})
-    assert (t.rank, t.world_size, t.local_rank, t.num_nodes, t.launcher) == (0, 1, 0, 1, "single")
+    assert (t.rank, t.world_size, t.local_rank, t.num_nodes, t.rank_source) == (0, 1, 0, 1, "single")
 
 
 def test_torchrun_env():
     t = topo({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
               "MASTER_ADDR": "n0", "MASTER_PORT": "1234"})
     assert (t.rank, t.world_size, t.local_rank, t.local_world_size, t.num_nodes) == (5, 8, 1, 4, 2)
-    assert (t.master_addr, t.master_port, t.launcher) == ("n0", 1234, "torchrun")
+    assert (t.master_addr, t.master_port, t.rank_source) == ("n0", 1234, "torchrun")
 
 
 def test_torchrun_wins_over_an_enclosing_mpi_job():
     # one torchrun per node started by mpiexec: torchrun's world is the real one
     t = topo({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
               "PMI_RANK": "0", "PMI_SIZE": "2"})
-    assert (t.launcher, t.rank, t.world_size) == ("torchrun", 3, 8)
+    assert (t.rank_source, t.rank, t.world_size) == ("torchrun", 3, 8)
 
 
 def test_pals_on_aurora(tmp_path):
@@ -36,20 +36,20 @@ def test_pals_on_aurora(tmp_path):
     nodefile.write_text("x4000c0s0b0n0\nx4000c0s0b0n0\nx4000c0s1b0n0\n")
     t = topo({"PALS_RANKID": "13", "PALS_LOCAL_RANKID": "1", "PMI_SIZE": "24", "PMI_RANK": "13",
               "PALS_LOCAL_SIZE": "12", "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.aurora"})
-    assert (t.launcher, t.rank, t.local_rank, t.world_size, t.local_world_size) == ("pals", 13, 1, 24, 12)
+    assert (t.rank_source, t.rank, t.local_rank, t.world_size, t.local_world_size) == ("pals", 13, 1, 24, 12)
     assert t.num_nodes == 2
     assert t.nodes == ("x4000c0s0b0n0", "x4000c0s1b0n0")  # deduplicated, in order
 
 
 def test_mpich_hydra():
     t = topo({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"})
-    assert (t.launcher, t.rank, t.local_rank, t.world_size, t.num_nodes) == ("mpich", 1, 1, 2, 1)
+    assert (t.rank_source, t.rank, t.local_rank, t.world_size, t.num_nodes) == ("mpich", 1, 1, 2, 1)
 
 
 def test_openmpi():
     t = topo({"OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8",
               "OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
-    assert (t.launcher, t.rank, t.local_rank, t.num_nodes) == ("openmpi", 6, 2, 2)
+    assert (t.rank_source, t.rank, t.local_rank, t.num_nodes) == ("openmpi", 6, 2, 2)
 
 
 SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "9", "SLURM_LOCALID": "1",
@@ -59,7 +59,7 @@ SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "9", "
 
 def test_slurm_job_step():
     t = topo(SLURM_STEP)
-    assert (t.launcher, t.rank, t.local_rank, t.world_size, t.local_world_size) == ("slurm", 9, 1, 16, 8)
+    assert (t.rank_source, t.rank, t.local_rank, t.world_size, t.local_world_size) == ("slurm", 9, 1, 16, 8)
     assert t.nodes == ("frontier00010", "frontier00011")
     assert resolve_master(t, SLURM_STEP).master_addr == "frontier00010"
 
@@ -69,7 +69,7 @@ def test_slurm_batch_shell_is_one_process():
     batch = {k: v for k, v in SLURM_STEP.items() if k not in ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")}
     batch["SLURM_PROCID"] = "0"
     t = topo(batch)
-    assert (t.launcher, t.world_size) == ("single", 1)
+    assert (t.rank_source, t.world_size) == ("single", 1)
 
 
 def test_srun_with_pmi2_takes_local_rank_from_slurm():
@@ -77,7 +77,7 @@ def test_srun_with_pmi2_takes_local_rank_from_slurm():
            "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
            "SLURM_NODEID": "1", "SLURM_STEP_NODELIST": "a,b"}
     t = topo(env)
-    assert (t.launcher, t.rank, t.local_rank, t.local_world_size, t.num_nodes) == ("mpich", 3, 1, 2, 2)
+    assert (t.rank_source, t.rank, t.local_rank, t.local_world_size, t.num_nodes) == ("mpich", 3, 1, 2, 2)
 
 
 def test_hostlist_expansion():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -173,17 +172,18 @@ def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path):
 
 
 def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
-    from parsl_torch.apps import StageOptions, _stage_command
+    from parsl_torch.apps.distributed import _stage_command
+    from parsl_torch.apps.payload import StageOptions
 
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("A", "1"),), ("--cpu-bind", "list:1-8:9-16"))
     cmd = _stage_command(None, ["python", "train.py"], opts)
-    assert "-m parsl_torch.supervise --timeout 600.0 --ranks 24 -- $PARSL_MPI_PREFIX --cpu-bind list:1-8:9-16 " in cmd
-    assert cmd.startswith(f"cd {tmp_path} && A=1 ") and cmd.endswith("-m parsl_torch.shim -- python train.py")
+    assert "-m parsl_torch.launch.supervise --timeout 600.0 --ranks 24 -- $PARSL_MPI_PREFIX --cpu-bind list:1-8:9-16 " in cmd
+    assert cmd.startswith(f"cd {tmp_path} && A=1 ") and cmd.endswith("-m parsl_torch.launch.shim -- python train.py")
 
 
 def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
-    from parsl_torch.launch import AURORA_CPU_BIND
-    from parsl_torch.workflow import Workflow
+    from parsl_torch.apps.workflow import Workflow
+    from parsl_torch.launch.machines import AURORA_CPU_BIND
 
     aurora = Workflow(pt.sites.load("aurora", account="X"), tmp_path)
     assert aurora.ranks_per_node == 12
@@ -192,3 +192,16 @@ def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
     assert Workflow(pt.sites.load("mine"), tmp_path).launcher_args(2) == ("--label",)
     assert Workflow(pt.sites.load("local"), tmp_path).launcher_args(2) == ()
+
+
+def test_shipped_function_carries_the_package_by_reference():
+    # a workflow-script function that uses pt.: the package travels by reference, even from a
+    # source checkout, where dill would otherwise copy its modules (and their ContextVar)
+    import parsl_torch.apps.workflow  # noqa: F401 - holds a ContextVar, which cannot be pickled
+    from parsl_torch.apps.payload import ShippedFunction
+
+    namespace = {"pt": pt, "__name__": "__main__"}
+    exec("def scale(x):\n    return pt.get_world_size() * x\n", namespace)  # noqa: S102
+    shipped = ShippedFunction.of(namespace["scale"])
+    assert shipped.load()(3) == 3
+    assert len(shipped.blob) < 4000, len(shipped.blob)

@@ -13,7 +13,6 @@ from pathlib import Path
 import yaml
 
 import parsl_torch as pt
-from parsl_torch.report import summaries, table, write_report
 from parsl_torch.stages.evaluate import evaluate
 from parsl_torch.stages.train import train
 
@@ -38,11 +37,11 @@ def main(argv: list[str] | None = None) -> None:
             t = train({**base, "lr": lr, "steps": args.steps}, stage=f"train-lr{lr:g}")
             e = evaluate(eval_cfg, inputs=[t.outputs[1]], stage=f"evaluate-lr{lr:g}")
             chains.append((lr, t, e))
-        done = summaries([f for _, t, e in chains for f in (t, e)])
+        done = pt.report.summaries([f for _, t, e in chains for f in (t, e)])
     best_lr, best = min(((lr, e.result()) for lr, _, e in chains), key=lambda r: r[1]["eval_loss"])
-    print(table(done, wf.run_dir))
+    print(pt.report.table(done, wf.run_dir))
     print(f"\nbest: lr={best_lr:g} with eval_loss={best['eval_loss']:.4g} (eval_acc={best['eval_acc']:.3f})")
-    print(f"report: {write_report(done, wf.run_dir, 'learning-rate sweep')}")
+    print(f"report: {pt.report.write_report(done, wf.run_dir, 'learning-rate sweep')}")
 
 
 if __name__ == "__main__":

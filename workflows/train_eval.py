@@ -15,10 +15,9 @@ import os
 from pathlib import Path
 
 import parsl_torch as pt
-from parsl_torch.report import summaries, table, write_report
-from parsl_torch.stages.config import EvalConfig, TrainConfig, load_config
-from parsl_torch.stages.evaluate import evaluate
-from parsl_torch.stages.train import train
+from parsl_torch.stages.config import load_config
+from parsl_torch.stages.evaluate import EvalConfig, evaluate
+from parsl_torch.stages.train import TrainConfig, train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -44,9 +43,9 @@ def main(argv: list[str] | None = None) -> None:
                      account=args.account) as wf:
         trained = train(train_cfg, outputs=["train.h5", "model.pt"], **resources)
         evaluated = evaluate(eval_cfg, inputs=[trained.outputs[1]], outputs=["eval.h5"], **resources)
-        done = summaries([trained, evaluated])
-    print(table(done, wf.run_dir))
-    print(f"\nreport: {write_report(done, wf.run_dir, 'train -> evaluate')}")
+        done = pt.report.summaries([trained, evaluated])
+    print(pt.report.table(done, wf.run_dir))
+    print(f"\nreport: {pt.report.write_report(done, wf.run_dir, 'train -> evaluate')}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import parsl_torch as pt
-from parsl_torch.models import Transformer
+from parsl_torch.core.models import Transformer
 
 mode, steps = sys.argv[1], int(sys.argv[2])
 rank = pt.setup_torch(seed=0)

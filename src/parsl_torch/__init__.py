@@ -11,42 +11,45 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it (the layers: docs/architecture.md)
 _LAZY = {
-    "Topology": "topology",
-    "get_topology": "topology",
-    "setup_torch": "dist",
-    "cleanup": "dist",
-    "barrier": "dist",
-    "breakpoint": "dist",
-    "get_rank": "dist",
-    "get_world_size": "dist",
-    "get_local_rank": "dist",
-    "get_torch_device_type": "device",
-    "get_torch_device": "device",
-    "get_backend": "device",
-    "wrap_model": "wrap",
-    "data_parallel_coords": "wrap",
-    "History": "history",
-    "load_history": "history_io",
-    "read_history": "history_io",
-    "plot_history": "plots",
-    "setup_wandb": "tracking",
-    "CSVSink": "tracking",
-    "WandbSink": "tracking",
-    "distributed_app": "apps",
-    "script_app": "apps",
-    "StageFuture": "apps",
-    "workflow": "workflow",
-    "get_logger": "log",
-    "timeitlogit": "log",
+    "Topology": "core.topology",
+    "get_topology": "core.topology",
+    "setup_torch": "core.dist",
+    "cleanup": "core.dist",
+    "barrier": "core.dist",
+    "breakpoint": "core.dist",
+    "exit_process": "core.dist",
+    "get_rank": "core.ranks",
+    "get_world_size": "core.ranks",
+    "get_local_rank": "core.ranks",
+    "get_torch_device_type": "core.device",
+    "get_torch_device": "core.device",
+    "get_backend": "core.device",
+    "wrap_model": "core.wrap",
+    "data_parallel_coords": "core.wrap",
+    "get_logger": "core.log",
+    "timeitlogit": "core.log",
+    "History": "history.recorder",
+    "load_history": "history.h5file",
+    "read_history": "history.h5file",
+    "plot_history": "history.plots",
+    "setup_wandb": "history.sinks",
+    "CSVSink": "history.sinks",
+    "WandbSink": "history.sinks",
+    "distributed_app": "apps.distributed",
+    "script_app": "apps.distributed",
+    "StageFuture": "apps.futures",
+    "workflow": "apps.workflow",
     "ParslTorchError": "errors",
     "ConfigError": "errors",
     "TopologyError": "errors",
     "SiteError": "errors",
     "StageError": "errors",
 }
-_SUBMODULES = {"models", "sites", "stages", "remote", "report"}
+# public submodule name -> where it lives
+_SUBMODULES = {"models": "core.models", "sites": "sites", "stages": "stages", "remote": "apps.remote",
+               "report": "apps.report"}
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 
@@ -55,7 +58,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
+        value = importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     else:
         raise AttributeError(f"module 'parsl_torch' has no attribute {name!r}")
     globals()[name] = value

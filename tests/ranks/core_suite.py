@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import parsl_torch as pt
-from parsl_torch.models import MLP, FeedForward, Transformer
+from parsl_torch.core.models import MLP, FeedForward, Transformer
 
 out_dir, scenarios = sys.argv[1], sys.argv[2].split(",")
 rank = pt.setup_torch(seed=0)
@@ -56,7 +56,7 @@ if "topology" in scenarios:
     t = pt.get_topology()
     result["topology"] = {k: getattr(t, k) for k in
                           ("rank", "local_rank", "world_size", "local_world_size", "num_nodes",
-                           "launcher", "master_addr", "master_port")}
+                           "rank_source", "master_addr", "master_port")}
     result["dist_rank"] = dist.get_rank()
     result["backend"] = dist.get_backend()
 

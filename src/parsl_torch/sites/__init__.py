@@ -4,7 +4,9 @@
 Search path: the directories in ``PARSL_TORCH_SITE_PATH`` (``:``-separated),
 then the files shipped with the package; the first file named ``<site>.yaml``
 wins, so a user file overrides a shipped one. Selection (``load("auto")``):
-``PARSL_TORCH_SITE``, then the files' ``hostnames`` patterns, then ``local``.
+``PARSL_TORCH_SITE``, then the files' ``env_markers`` and ``hostnames``
+patterns, then ``local``. The site files are also where the launch layer
+learns which machine this host is (``detect_job``).
 Overrides of account, queue, walltime and nodes: arguments, then
 ``PARSL_TORCH_ACCOUNT`` / ``_QUEUE`` / ``_WALLTIME`` / ``_NODES``, then the file.
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SiteError
+from ..launch.schedulers import Detection, detect_scheduler
+from . import build
 from .schema import SiteSpec, parse_site
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "site_configs"
@@ -72,12 +76,29 @@ def detect(hostname: str | None = None, env: Mapping[str, str] | None = None) ->
     forced = env.get("PARSL_TORCH_SITE")
     if forced:
         return SiteChoice(forced, f"PARSL_TORCH_SITE={forced}")
-    hostname = hostname or socket.gethostname()
+    hostname = hostname or socket.gethostname()  # getfqdn can block on DNS
     for name, path in available(env).items():
-        for pattern in read_spec(path).hostnames:
+        spec = read_spec(path)
+        if spec.env_markers and all(env.get(k) == v for k, v in spec.env_markers.items()):
+            marks = ", ".join(f"{k}={v}" for k, v in spec.env_markers.items())
+            return SiteChoice(name, f"{marks} (env_markers in {path})")
+        for pattern in spec.hostnames:
             if re.search(pattern, hostname):
                 return SiteChoice(name, f"hostname {hostname} matches {pattern!r} in {path}")
     return SiteChoice("local", f"hostname {hostname} matches no site's hostnames")
+
+
+def detect_job(env: Mapping[str, str] | None = None, hostname: str | None = None) -> Detection:
+    """The scheduler and machine of this process: the job's variables, and
+    the machine of the site the files pick for this host (launch defaults)."""
+    env = os.environ if env is None else env
+    choice = detect(hostname, env)
+    path = available(env).get(choice.name)
+    if path is None:  # PARSL_TORCH_SITE names a site that load() will report as unknown
+        return detect_scheduler(env, why=choice.reason)
+    spec = read_spec(path)
+    return detect_scheduler(env, machine=spec.machine, machine_scheduler=spec.scheduler,
+                            why=f"site {choice.name}: {choice.reason}")
 
 
 @dataclass(frozen=True)
@@ -97,15 +118,11 @@ class Site:
 
         ``gc_executor``: for a Globus Compute site, the executor to use instead
         of one built from the site's endpoint (tests inject one here)."""
-        from .build import parsl_config
-
-        return parsl_config(self.spec, run_dir, gc_executor, **config_kwargs)
+        return build.parsl_config(self.spec, run_dir, gc_executor, **config_kwargs)
 
     def render(self, executor: str = "mpi") -> str:
         """The batch script Parsl would submit for one block; nothing is submitted."""
-        from .build import render
-
-        return render(self.spec, executor)
+        return build.render(self.spec, executor)
 
     def settings(self) -> dict[str, Any]:
         return dataclasses.asdict(self.spec)

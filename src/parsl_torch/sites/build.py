@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SiteError
+from ..launch.schedulers import get_scheduler
+from .globus import make_executor
 from .schema import SiteSpec
 
 MPI_LABEL, HTEX_LABEL = "mpi", "htex"
@@ -25,21 +27,18 @@ MPI_LABEL, HTEX_LABEL = "mpi", "htex"
 RENDER_COMMAND = "process_worker_pool.py ...  # filled in by Parsl when it submits"
 
 
-def worker_init(spec: SiteSpec) -> str:
-    """Shell lines run before the workers: the site's (``{python_env}`` becomes
-    the environment this process runs in), its environment variables, and for
-    the local site the venv on PATH and a node list for Parsl's MPI mode."""
-    site_init = spec.provider.worker_init.strip().replace("{python_env}", sys.prefix)
-    lines = [site_init] if site_init else []
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()]
-    if spec.scheduler == "local":
-        # Parsl starts workers by name: this Python's bin must come first
-        lines.insert(0, f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"')
-        # Parsl's MPI mode takes the block's nodes from PBS_NODEFILE (or Slurm);
-        # without a scheduler there is none: list this host once per slot
-        lines.append('export PBS_NODEFILE="$(mktemp -t parsl-torch-nodes.XXXXXX)"; '
-                     f'for _ in $(seq {spec.local_slots}); do hostname >> "$PBS_NODEFILE"; done')
-    return "\n".join(lines)
+def worker_init(spec: SiteSpec, python_env: str | None = None) -> str:
+    """Shell lines run before the workers, for Parsl configs and endpoint configs
+    alike: the site's ``provider.worker_init`` (the one field meant to be shell;
+    ``{python_env}`` becomes ``python_env``, default the environment this
+    process runs in), the site's environment (names validated, values quoted),
+    and what the scheduler needs (local: the venv on PATH, a node list)."""
+    site_init = spec.provider.worker_init.strip().replace("{python_env}", python_env or sys.prefix)
+    return "\n".join([
+        *get_scheduler(spec.scheduler).worker_init(spec.local_slots),
+        *([site_init] if site_init else []),
+        *(f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()),
+    ])
 
 
 def _address(spec: SiteSpec) -> dict[str, Any]:
@@ -55,40 +54,15 @@ def _address(spec: SiteSpec) -> dict[str, Any]:
                         f"nodes, or set address_interface: null") from None
 
 
-def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks: int,
-             max_blocks: int) -> Any:
-    p = spec.provider
-    init = worker_init(spec)
-    if spec.scheduler == "pbs":
-        from parsl.providers import PBSProProvider
+def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks: int, max_blocks: int) -> Any:
+    """The scheduler's Parsl provider for blocks of ``nodes_per_block`` nodes."""
+    import parsl.providers
 
-        return PBSProProvider(account=p.account, queue=p.queue, walltime=p.walltime,
-                              nodes_per_block=nodes_per_block, init_blocks=init_blocks,
-                              min_blocks=p.min_blocks, max_blocks=max_blocks,
-                              cpus_per_node=p.cpus_per_node or 1, select_options=p.select_options,
-                              scheduler_options=p.scheduler_options, worker_init=init, launcher=launcher)
-    if spec.scheduler == "slurm":
-        from parsl.providers import SlurmProvider
-
-        return SlurmProvider(partition=p.queue, account=p.account, qos=p.qos, constraint=p.constraint,
-                             walltime=p.walltime, nodes_per_block=nodes_per_block, init_blocks=init_blocks,
-                             min_blocks=p.min_blocks, max_blocks=max_blocks, exclusive=p.exclusive,
-                             scheduler_options=p.scheduler_options, worker_init=init, launcher=launcher)
-    from parsl.providers import LocalProvider
-
-    return LocalProvider(nodes_per_block=1, init_blocks=init_blocks, min_blocks=0, max_blocks=max_blocks,
-                         worker_init=init, launcher=launcher)
-
-
-def _htex_launcher(spec: SiteSpec) -> Any:
-    from parsl.launchers import MpiExecLauncher, SingleNodeLauncher, SrunLauncher
-
-    overrides = spec.htex.launcher_overrides
-    if spec.scheduler == "pbs":
-        return MpiExecLauncher(bind_cmd="--cpu-bind", overrides=overrides)
-    if spec.scheduler == "slurm":
-        return SrunLauncher(overrides=overrides)
-    return SingleNodeLauncher()
+    scheduler = get_scheduler(spec.scheduler)
+    cls = getattr(parsl.providers, scheduler.parsl_provider)
+    nodes = min(nodes_per_block, scheduler.max_nodes_per_block or nodes_per_block)
+    return cls(nodes_per_block=nodes, init_blocks=init_blocks, max_blocks=max_blocks, worker_init=worker_init(spec),
+               launcher=launcher, **scheduler.provider_options(spec.provider))
 
 
 def mpi_provider(spec: SiteSpec) -> Any:
@@ -101,15 +75,17 @@ def mpi_provider(spec: SiteSpec) -> Any:
 
 def htex_provider(spec: SiteSpec) -> Any:
     # no block (batch job, or local worker pool) until a single-process task arrives
-    return provider(spec, _htex_launcher(spec), nodes_per_block=spec.htex.nodes_per_block,
-                    init_blocks=0, max_blocks=spec.htex.max_blocks)
+    launcher = get_scheduler(spec.scheduler).htex_launcher(spec.htex.launcher_overrides)
+    return provider(spec, launcher, nodes_per_block=spec.htex.nodes_per_block, init_blocks=0,
+                    max_blocks=spec.htex.max_blocks)
 
 
 def mpi_executor(spec: SiteSpec) -> Any:
     from parsl.executors import MPIExecutor
 
     prov = mpi_provider(spec)
-    max_workers = spec.local_slots if spec.scheduler == "local" else spec.mpi.max_workers_per_block
+    max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
+        else spec.mpi.max_workers_per_block
     return MPIExecutor(label=MPI_LABEL, provider=prov, mpi_launcher=spec.mpi.launcher,
                        max_workers_per_block=max_workers, poll_period=spec.poll_period_ms, **_address(spec))
 
@@ -128,7 +104,7 @@ def htex_executor(spec: SiteSpec) -> Any:
 
 
 def require_account(spec: SiteSpec, action: str) -> None:
-    if spec.scheduler in ("pbs", "slurm") and not spec.provider.account:
+    if "account" in get_scheduler(spec.scheduler).provider_options(spec.provider) and not spec.provider.account:
         raise SiteError(f"site {spec.name!r}: provider.account is required to {action}: pass --account / "
                         f"account=..., set PARSL_TORCH_ACCOUNT, or put it in the site file")
 
@@ -137,8 +113,6 @@ def globus_executor(spec: SiteSpec, gc_executor: Any = None) -> Any:
     """Parsl's GlobusComputeExecutor (label ``mpi``) around a Globus Compute
     Executor for the site's endpoint (``gc_executor`` replaces it, e.g. in tests)."""
     from parsl.executors import GlobusComputeExecutor
-
-    from ..remote import make_executor
 
     g = spec.globus
     executor = gc_executor or make_executor(g.endpoint_id, user_endpoint_config=dict(g.user_endpoint_config))
@@ -151,12 +125,10 @@ def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = 
     from parsl.config import Config
 
     require_account(spec, "submit jobs")
-    if spec.scheduler == "globus":
+    if get_scheduler(spec.scheduler).remote:
         executors = [globus_executor(spec, gc_executor)]
     else:
-        executors = [mpi_executor(spec)]
-    if spec.htex.enabled and spec.scheduler != "globus":
-        executors.append(htex_executor(spec))
+        executors = [mpi_executor(spec), *([htex_executor(spec)] if spec.htex.enabled else [])]
     return Config(executors=executors, run_dir=str(run_dir), usage_tracking=0,
                   strategy_period=spec.strategy_period, **config_kwargs)
 
@@ -164,28 +136,28 @@ def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = 
 def render(spec: SiteSpec, executor: str = MPI_LABEL) -> str:
     """The batch script Parsl would submit for one block of ``executor``; nothing is submitted."""
     require_account(spec, "render a batch script")
-    if spec.scheduler in ("local", "globus"):
+    scheduler = get_scheduler(spec.scheduler)
+    if not scheduler.job_id_var:
         raise SiteError(f"site {spec.name!r} submits no batch script of its own ({spec.scheduler}): "
                         f"nothing to render")
     if executor not in (MPI_LABEL, HTEX_LABEL):
         raise SiteError(f"executor {executor!r} is unknown: use {MPI_LABEL!r} or {HTEX_LABEL!r}")
     prov = mpi_provider(spec) if executor == MPI_LABEL else htex_provider(spec)
-    captured: dict[str, str] = {}
-    write = prov._write_submit_script
+    submitted: list[str] = []
 
-    def capture(template, script_filename, job_name, configs):
-        write(template, script_filename, job_name, configs)
-        captured["script"] = Path(script_filename).read_text()
-
-    def not_submitted(cmd, timeout=None):  # stands in for qsub/sbatch
-        captured["command"] = cmd
+    def not_submitted(cmd: str, timeout: float | None = None) -> tuple[int, str, str]:
+        # the provider's public command runner, standing in for qsub/sbatch
+        submitted.append(cmd)
         return 0, "Submitted batch job 0\n", ""
 
     with tempfile.TemporaryDirectory() as tmp:
         prov.script_dir = tmp
-        prov._write_submit_script = capture
         prov.execute_wait = not_submitted
         prov.submit(RENDER_COMMAND, tasks_per_node=1, job_name=f"parsl.{executor}.block-0")
-        command = captured["command"].replace(tmp, "<script_dir>")
-        script = captured["script"].replace(tmp, "<script_dir>")
+        scripts = [f for f in Path(tmp).iterdir() if f.is_file()]
+        if len(submitted) != 1 or len(scripts) != 1:
+            raise SiteError(f"site {spec.name!r}: Parsl's {type(prov).__name__} did not write one batch script "
+                            f"(got {len(scripts)}): this Parsl version renders differently")
+        command = submitted[0].replace(tmp, "<script_dir>")
+        script = scripts[0].read_text().replace(tmp, "<script_dir>")
     return f"# Parsl would submit this with: {command}\n{script}"

@@ -15,35 +15,30 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SiteError
+from ..launch.schedulers import get_scheduler
+from .build import worker_init
 from .schema import SiteSpec
-
-_PROVIDERS = {"pbs": "PBSProProvider", "slurm": "SlurmProvider"}
 
 
 def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
     """The endpoint's config.yaml as data: a GlobusMPIEngine over the site's provider."""
-    if spec.scheduler not in _PROVIDERS:
+    scheduler = get_scheduler(spec.scheduler)
+    if not scheduler.endpoint_provider:
         raise SiteError(f"site {spec.name!r} ({spec.scheduler}) has no batch scheduler to put behind an "
                         f"endpoint: use aurora, polaris, frontier or a site of your own with pbs or slurm")
     p = spec.provider
-    worker_init = p.worker_init.replace("{python_env}", python_env)
-    worker_init = "; ".join([worker_init, *(f"export {k}={v}" for k, v in spec.environment.items())])
+    options = {k: v for k, v in scheduler.provider_options(p).items() if v is not None}
     provider: dict[str, Any] = {
-        "type": _PROVIDERS[spec.scheduler],
+        "type": scheduler.endpoint_provider,
+        **options,
         "account": p.account or "YOUR_ACCOUNT",
-        "walltime": p.walltime,
         "nodes_per_block": p.nodes_per_block,
         "init_blocks": 0,  # no job until a stage arrives
         "min_blocks": 0,
         "max_blocks": p.max_blocks,
-        "scheduler_options": p.scheduler_options,
-        "worker_init": worker_init,
+        "worker_init": worker_init(spec, python_env),
         "launcher": {"type": "SimpleLauncher"},  # the MPI engine launches ranks itself
     }
-    if spec.scheduler == "pbs":
-        provider.update(queue=p.queue, cpus_per_node=p.cpus_per_node or 1, select_options=p.select_options)
-    else:
-        provider.update(partition=p.queue, exclusive=p.exclusive)
     engine: dict[str, Any] = {"type": "GlobusMPIEngine", "mpi_launcher": spec.mpi.launcher,
                               "max_workers_per_block": spec.mpi.max_workers_per_block, "provider": provider}
     if spec.address_interface:

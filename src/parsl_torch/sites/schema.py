@@ -13,11 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataschema import build_dataclass
+from ..common.records import build_dataclass
 from ..errors import SiteError
+from ..launch.machines import MACHINES
+from ..launch.schedulers import SCHEDULERS
 
-SCHEDULERS = ("pbs", "slurm", "local", "globus")
+#: Parsl's MPIExecutor ``mpi_launcher`` values (how $PARSL_MPI_PREFIX starts ranks)
 MPI_LAUNCHERS = ("mpiexec", "srun", "aprun")
+#: a name that becomes a shell word (an environment variable)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WALLTIME = re.compile(r"^\d+:[0-5]\d:[0-5]\d$")
 
 
@@ -87,7 +91,8 @@ class SiteSpec:
     scheduler: str
     description: str = ""
     hostnames: tuple[str, ...] = ()  # regular expressions against the hostname
-    machine: str | None = None  # parsl_torch.scheduler.MACHINES entry: launch defaults
+    env_markers: Mapping[str, str] = field(default_factory=dict)  # variables whose values identify the machine
+    machine: str | None = None  # a parsl_torch.launch.machines entry: launch defaults
     address_interface: str | None = None  # network interface workers connect back on
     environment: Mapping[str, str] = field(default_factory=dict)  # exported before the workers start
     strategy_period: float = 5.0  # seconds between Parsl's scaling decisions
@@ -115,7 +120,14 @@ def parse_site(data: Any, source: str) -> SiteSpec:
 def _check(spec: SiteSpec) -> None:
     if spec.scheduler not in SCHEDULERS:
         raise SiteError(f"scheduler: {spec.scheduler!r} is not one of {', '.join(SCHEDULERS)}")
-    if (spec.scheduler == "globus") != (spec.globus is not None):
+    if spec.machine is not None and spec.machine not in MACHINES:
+        raise SiteError(f"machine: {spec.machine!r} is not one of {', '.join(MACHINES)} (or leave it out)")
+    for section in ("environment", "env_markers"):
+        for key in getattr(spec, section):
+            if not ENV_NAME.match(key):
+                raise SiteError(f"{section}.{key}: not a variable name: use letters, digits and _, "
+                                f"not starting with a digit")
+    if SCHEDULERS[spec.scheduler].remote != (spec.globus is not None):
         raise SiteError("globus: a site needs a globus section exactly when scheduler is globus "
                         "(endpoint_id, remote_run_dir)")
     if spec.mpi.launcher not in MPI_LAUNCHERS:

@@ -1,19 +1,42 @@
-"""Stage configurations: YAML files in configs/, checked before anything heavy starts."""
+"""What every built-in stage's config shares: the model and data sections, the
+strategy check, and loading from YAML, a mapping or a built record.
+
+Each record checks itself when it is built (``__post_init__``), so a config
+that exists is a valid one, however it was made; ``load_config`` adds the
+stage and the file to the message. A stage's own config class lives in the
+stage's module.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..dataschema import build_dataclass
+from ..common.records import build_dataclass
+from ..core.strategy import STRATEGIES, normalize_strategy
 from ..errors import ConfigError
 
 MODEL_KINDS = ("transformer", "mlp")
 DATA_KINDS = ("synthetic", "file")
+
+
+def at_least(record: Any, minimum: float, *names: str) -> None:
+    """ConfigError naming the first of ``names`` below ``minimum``."""
+    for name in names:
+        if getattr(record, name) < minimum:
+            raise ConfigError(f"{name}: must be at least {minimum:g}, got {getattr(record, name)!r}")
+
+
+def check_strategy(strategy: str) -> str:
+    """The strategy spelled canonically, or a ConfigError naming the field."""
+    try:
+        return normalize_strategy(strategy)
+    except ConfigError:
+        raise ConfigError(f"strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}") from None
 
 
 @dataclass(frozen=True)
@@ -25,6 +48,13 @@ class ModelConfig:
     n_layers: int = 2
     seq_len: int = 32
 
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ConfigError(f"kind: {self.kind!r} is not one of {', '.join(MODEL_KINDS)}")
+        at_least(self, 1, "vocab_size", "dim", "n_heads", "n_layers", "seq_len")
+        if self.dim % self.n_heads:
+            raise ConfigError(f"n_heads: {self.n_heads} does not divide dim {self.dim}")
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -33,72 +63,20 @@ class DataConfig:
     batch_size: int = 16  # global, split over data-parallel ranks
     seed: int = 0
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    steps: int = 200
-    lr: float = 3e-3
-    strategy: str = "ddp"  # none | ddp | fsdp | fsdp+tp
-    tp_size: int | None = None
-    dtype: str | None = None  # FSDP compute dtype: bf16 | fp16
-    checkpoint_every: int = 50
-    log_every: int = 20
-    seed: int = 0
+    def __post_init__(self) -> None:
+        if self.kind not in DATA_KINDS:
+            raise ConfigError(f"kind: {self.kind!r} is not one of {', '.join(DATA_KINDS)}")
+        if self.kind == "file" and not self.path:
+            raise ConfigError("path: data.kind 'file' needs a path to a .npy file of token ids")
+        if self.kind == "file" and not Path(self.path).is_file():
+            raise ConfigError(f"path: {self.path} does not exist")
+        at_least(self, 1, "batch_size")
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=lambda: DataConfig(seed=10_000))
-    batches: int = 20
-    strategy: str = "ddp"
-
-
-def _check(cfg: Any, stage: str, source: str) -> None:
-    from ..strategy import STRATEGIES, normalize_strategy
-
-    def bad(field_: str, msg: str) -> ConfigError:
-        return ConfigError(f"stage {stage!r}: {source}: {field_}: {msg}")
-
-    m, d = cfg.model, cfg.data
-    if m.kind not in MODEL_KINDS:
-        raise bad("model.kind", f"{m.kind!r} is not one of {', '.join(MODEL_KINDS)}")
-    if d.kind not in DATA_KINDS:
-        raise bad("data.kind", f"{d.kind!r} is not one of {', '.join(DATA_KINDS)}")
-    if d.kind == "file" and not d.path:
-        raise bad("data.path", "data.kind 'file' needs a path to a .npy file of token ids")
-    if d.kind == "file" and not Path(d.path).is_file():
-        raise bad("data.path", f"{d.path} does not exist")
-    if m.dim % m.n_heads:
-        raise bad("model.n_heads", f"{m.n_heads} does not divide model.dim {m.dim}")
-    for name in ("vocab_size", "dim", "n_heads", "n_layers", "seq_len"):
-        if getattr(m, name) < 1:
-            raise bad(f"model.{name}", "must be at least 1")
-    if d.batch_size < 1:
-        raise bad("data.batch_size", "must be at least 1")
-    try:
-        strategy = normalize_strategy(cfg.strategy)
-    except ConfigError:
-        raise bad("strategy", f"{cfg.strategy!r} is not one of {', '.join(STRATEGIES)}") from None
-    if isinstance(cfg, TrainConfig):
-        for name in ("steps", "checkpoint_every", "log_every"):
-            if getattr(cfg, name) < 1:
-                raise bad(name, "must be at least 1")
-        if cfg.lr <= 0:
-            raise bad("lr", "must be > 0")
-        if cfg.tp_size is not None and strategy != "fsdp+tp":
-            raise bad("tp_size", f"applies to strategy fsdp+tp, not {cfg.strategy!r}: remove it or change strategy")
-    elif cfg.batches < 1:
-        raise bad("batches", "must be at least 1")
-
-
-def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, kind: type, stage: str) -> Any:
-    """A checked TrainConfig/EvalConfig from a YAML file, a mapping, or one already built."""
-    if isinstance(source, kind):
-        _check(source, stage, "config")
-        return source
+def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, config_class: type, stage: str) -> Any:
+    """A checked ``config_class`` record from a YAML file, a mapping, or one already built."""
+    if isinstance(source, config_class):
+        return source  # checked when it was built
     where = "config"
     if isinstance(source, (str, os.PathLike)):
         import yaml
@@ -113,11 +91,9 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, kind: type,
     if not isinstance(source, Mapping):
         raise ConfigError(f"stage {stage!r}: {where}: expected a mapping of settings, got {type(source).__name__}")
     try:
-        cfg = build_dataclass(kind, source, "", ConfigError)
+        return build_dataclass(config_class, source, "", ConfigError)
     except ConfigError as exc:
         raise ConfigError(f"stage {stage!r}: {where}: {exc}") from None
-    _check(cfg, stage, where)
-    return cfg
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:

@@ -8,14 +8,33 @@ outputs=[File("eval.h5")])``. As a program on every rank:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..apps import distributed_app
+from ..apps.distributed import distributed_app, submit_builtin
+from ..core.device import get_torch_device
+from ..core.dist import exit_process
+from ..core.ranks import get_world_size
 from ..errors import ConfigError
-from .config import EvalConfig, as_dict, load_config
-from .train import build_model, check_checkpoint_model
+from .config import DataConfig, ModelConfig, as_dict, at_least, check_strategy, load_config
+from .entry import run_stage
+from .model import build_model, check_checkpoint_model
 
 STAGE = "evaluate"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """configs/eval.yaml: every field is documented there."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=lambda: DataConfig(seed=10_000))
+    batches: int = 20
+    strategy: str = "ddp"
+
+    def __post_init__(self) -> None:
+        check_strategy(self.strategy)
+        at_least(self, 1, "batches")
 
 
 def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage: str = STAGE) -> dict[str, Any]:
@@ -23,8 +42,8 @@ def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    import parsl_torch as pt
-
+    from ..core.wrap import data_parallel_coords, wrap_model
+    from ..history.recorder import History
     from . import checkpoint as ckpt
     from .data import batch
 
@@ -33,12 +52,12 @@ def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"stage {stage!r}: checkpoint {checkpoint_path} cannot be used: {exc}") from None
     check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
-    device = pt.get_torch_device()
-    model = pt.wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy)
+    device = get_torch_device()
+    model = wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy)
     ckpt.restore(state, model)
     model.eval()
-    history = pt.History(stage, path=history_path, config=as_dict(cfg))
-    dp_rank, dp_size = pt.data_parallel_coords()
+    history = History(stage, path=history_path, config=as_dict(cfg))
+    dp_rank, dp_size = data_parallel_coords()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, tokens
     with torch.no_grad():
         for b in range(cfg.batches):
@@ -54,7 +73,7 @@ def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage
         dist.all_reduce(totals)
     path = history.finalize(history_path)
     return {"stage": stage, "eval_loss": float(totals[0] / totals[2]), "eval_acc": float(totals[1] / totals[2]),
-            "trained_steps": state["step"], "history": str(path), "world_size": pt.get_world_size()}
+            "trained_steps": state["step"], "history": str(path), "world_size": get_world_size()}
 
 
 def _evaluate_on_ranks(config: dict[str, Any], inputs=(), outputs=()) -> dict[str, Any]:
@@ -72,22 +91,16 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
     if len(inputs) != 1:
         raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
                           f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
-    from ..apps import submit_builtin
-
     return submit_builtin(STAGE, as_dict(cfg), inputs=inputs, outputs=outputs, input_roles=("checkpoint",),
                           output_roles=("history",), app=_evaluate, **call)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .entry import run_stage
-
-    return run_stage(argv, prog="python -m parsl_torch.stages.evaluate", description=__doc__.splitlines()[0],
-                     kind=EvalConfig, stage=STAGE,
+    return run_stage(argv, prog=f"python -m {__name__}", description=__doc__.splitlines()[0],
+                     config_class=EvalConfig, stage=STAGE,
                      files={"--checkpoint": {"required": True}, "--history": {"default": "eval.h5"}},
                      run=lambda cfg, args: run_evaluate(cfg, args.checkpoint, args.history))
 
 
 if __name__ == "__main__":
-    from parsl_torch.dist import exit_process
-
     exit_process(main())  # a finished rank must not die in torch's exit-time destructors

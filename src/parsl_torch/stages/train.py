@@ -16,32 +16,46 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..apps import distributed_app
+from ..apps.distributed import distributed_app, submit_builtin
+from ..core.device import get_torch_device
+from ..core.dist import exit_process
+from ..core.log import get_logger
+from ..core.ranks import get_rank, get_world_size
 from ..errors import ConfigError
-from .config import ModelConfig, TrainConfig, as_dict, load_config
+from .config import DataConfig, ModelConfig, as_dict, at_least, check_strategy, load_config
+from .entry import run_stage
+from .model import build_model, check_checkpoint_model
 
 STAGE = "train"
 
 
-def build_model(cfg: ModelConfig):
-    from ..models import TokenMLP, Transformer
+@dataclass(frozen=True)
+class TrainConfig:
+    """configs/train.yaml: every field is documented there."""
 
-    if cfg.kind == "mlp":
-        return TokenMLP(vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers)
-    return Transformer(vocab_size=cfg.vocab_size, dim=cfg.dim, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
-                       max_seq_len=cfg.seq_len)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    steps: int = 200
+    lr: float = 3e-3
+    strategy: str = "ddp"  # none | ddp | fsdp | fsdp+tp
+    tp_size: int | None = None
+    dtype: str | None = None  # FSDP compute dtype: bf16 | fp16
+    checkpoint_every: int = 50
+    log_every: int = 20
+    seed: int = 0
 
-
-def check_checkpoint_model(ckpt: dict[str, Any], model: ModelConfig, path: Any, stage: str) -> None:
-    """A checkpoint of another model is refused before it is loaded into this one."""
-    theirs, ours = ckpt.get("model_config", {}), as_dict(model)
-    for key, value in ours.items():
-        if theirs.get(key) != value:
-            raise ConfigError(f"stage {stage!r}: model.{key}={value!r} but checkpoint {path} holds a model with "
-                              f"model.{key}={theirs.get(key)!r}: use the model settings it was trained with")
+    def __post_init__(self) -> None:
+        strategy = check_strategy(self.strategy)
+        at_least(self, 1, "steps", "checkpoint_every", "log_every")
+        if not self.lr > 0:
+            raise ConfigError(f"lr: must be > 0, got {self.lr!r}")
+        if self.tp_size is not None and strategy != "fsdp+tp":
+            raise ConfigError(f"tp_size: applies to strategy fsdp+tp, not {self.strategy!r}: remove it or "
+                              f"change strategy")
 
 
 def _maybe_fault(rank: int, step: int) -> None:
@@ -70,19 +84,19 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    import parsl_torch as pt
-
+    from ..core.wrap import data_parallel_coords, wrap_model
+    from ..history.recorder import History
     from . import checkpoint as ckpt
     from .data import batch
 
-    rank, logger = pt.get_rank(), pt.get_logger("parsl_torch.stages.train")
+    rank, logger = get_rank(), get_logger(__name__)
     torch.manual_seed(cfg.seed)
-    device = pt.get_torch_device()
+    device = get_torch_device()
     tp = cfg.tp_size or 1  # the config check allows tp_size with fsdp+tp only
-    model = pt.wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy, tp_size=cfg.tp_size,
+    model = wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy, tp_size=cfg.tp_size,
                           dtype=cfg.dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    history = pt.History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
+    history = History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
                          descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
     start = 0
     if Path(checkpoint_path).exists():
@@ -92,7 +106,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         start = state["step"]
         history.resume(before_step=start)
         logger.info("[%s] resumed from the checkpoint of step %d (%s)", stage, start, checkpoint_path)
-    dp_rank, dp_size = pt.data_parallel_coords(tp)
+    dp_rank, dp_size = data_parallel_coords(tp)
     loss = torch.tensor(float("nan"))
     for step in range(start, cfg.steps):
         _maybe_fault(rank, step)
@@ -117,7 +131,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     path = history.finalize(history_path)
     return {"stage": stage, "final_loss": float(final.item()), "steps": cfg.steps, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
-            "world_size": pt.get_world_size()}
+            "world_size": get_world_size()}
 
 
 def _train_on_ranks(config: dict[str, Any], outputs=()) -> dict[str, Any]:
@@ -133,23 +147,17 @@ _train = distributed_app(_train_on_ranks, name=STAGE)
 def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
     checked here, before anything is submitted. Returns a StageFuture."""
-    from ..apps import submit_builtin
-
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
     return submit_builtin(STAGE, as_dict(cfg), inputs=(), outputs=outputs, input_roles=(),
                           output_roles=("history", "checkpoint"), app=_train, **call)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .entry import run_stage
-
-    return run_stage(argv, prog="python -m parsl_torch.stages.train", description=__doc__.splitlines()[0],
-                     kind=TrainConfig, stage=STAGE,
+    return run_stage(argv, prog=f"python -m {__name__}", description=__doc__.splitlines()[0],
+                     config_class=TrainConfig, stage=STAGE,
                      files={"--history": {"default": "train.h5"}, "--checkpoint": {"default": "model.pt"}},
                      run=lambda cfg, args: run_train(cfg, args.history, args.checkpoint))
 
 
 if __name__ == "__main__":
-    from parsl_torch.dist import exit_process
-
     exit_process(main())  # a finished rank must not die in torch's exit-time destructors

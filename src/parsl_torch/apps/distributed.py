@@ -1,0 +1,170 @@
+"""Distributed torch tasks as Parsl apps.
+
+``@distributed_app`` turns a function into a stage that runs on every rank
+after ``setup_torch()``: one Parsl bash app on the site's ``mpi`` executor,
+whose command is::
+
+    python -m parsl_torch.launch.supervise --timeout T -- $PARSL_MPI_PREFIX \\
+        python -m parsl_torch.launch.shim -- python -m parsl_torch.apps.stage_main PAYLOAD RESULT
+
+(supervise: fail fast and leave nothing behind; the shim: torchrun variables
+and failure reports; stage_main: set up torch, run the function, rank 0 keeps
+its return value). The call returns a ``StageFuture`` (``futures``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
+from ..errors import ConfigError
+from .futures import StageFuture
+from .payload import PAYLOAD, RESULT, STDERR, STDOUT, ShippedFunction, StageOptions, accepted_kwargs, plain_files
+from .remote import submit_remote
+from .workflow import current_workflow
+
+
+def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
+                   *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
+                   stderr: str | None = None, parsl_resource_specification: dict | None = None,
+                   **kwargs: Any) -> str:
+    """Body of the Parsl bash app (runs on the worker): write the payload, return the command.
+
+    ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
+    it reads them from the call (redirection, the MPI task's nodes)."""
+    py = shlex.quote(sys.executable)
+    if fn is not None:
+        import dill
+
+        kwargs.update(accepted_kwargs(fn.load(), inputs=list(inputs), outputs=list(outputs)))
+        args, kwargs = plain_files(args), plain_files(kwargs)
+        payload = os.path.join(opts.stage_dir, PAYLOAD)
+        result = os.path.join(opts.stage_dir, RESULT)
+        if os.path.exists(result):
+            os.unlink(result)  # a stale value must never pass for this run's
+        with open(payload, "wb") as f:
+            dill.dump((fn, args, kwargs), f)
+        rank_cmd = f"{py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
+    else:
+        rank_cmd = shlex.join([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script])
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in opts.env)
+    timeout = f"--timeout {opts.walltime} " if opts.walltime else ""
+    binding = shlex.join(opts.launcher_args)
+    return (f"cd {shlex.quote(opts.stage_dir)} && {env} {py} -m {SUPERVISE} {timeout}"
+            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} -- {rank_cmd}")
+
+
+@functools.lru_cache(maxsize=1)
+def _bash_app():
+    from parsl import bash_app
+
+    return bash_app(_stage_command, executors=["mpi"], cache=True, ignore_for_cache=["stdout", "stderr"])
+
+
+class DistributedApp:
+    """A stage: ``fn`` on every rank (``fn=None``: a script or module via ``script``)."""
+
+    def __init__(self, fn: Callable | None, *, script: Sequence[str] | None = None, name: str | None = None,
+                 num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.fn, self.script = fn, tuple(script) if script else None
+        self.name = name or (fn.__name__ if fn else Path(self.script[-1]).stem)
+        self.num_nodes, self.ranks_per_node = num_nodes, ranks_per_node
+        self.walltime, self.env = walltime, dict(env or {})
+        if fn is not None:
+            functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, inputs: Sequence = (), outputs: Sequence = (), stage: str | None = None,
+                 num_nodes: int | None = None, ranks_per_node: int | None = None,
+                 walltime: float | None = None, **kwargs: Any) -> StageFuture:
+        wf = current_workflow(self.name)
+        if wf.remote:
+            raise ConfigError(f"stage {stage or self.name!r}: site {wf.site.name!r} runs stages through Globus "
+                              f"Compute, where only the built-in stages run (train, evaluate: module entry "
+                              f"points, no code shipped); run functions from a workflow script on a site "
+                              f"with a shared file system")
+        nodes = num_nodes or self.num_nodes
+        ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
+        wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
+        check_inputs(stage or self.name, inputs)
+        stage = wf.stage_name(stage or self.name)
+        stage_dir = wf.run_dir / stage
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **self.env}
+        opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()),
+                            wf.launcher_args(ppn))
+        outputs = [wf.place(o, stage_dir) for o in outputs]
+        spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
+        shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
+        app_future = _bash_app()(shipped, self.script, opts, *args, inputs=list(inputs),
+                                 outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
+                                 parsl_resource_specification=spec, **kwargs)
+        future = StageFuture(stage, app_future, stage_dir / STDERR,
+                             stage_dir / RESULT if self.fn is not None else None)
+        wf.track(future, nodes * ppn)
+        return future
+
+
+def check_inputs(stage: str, inputs: Sequence) -> None:
+    """Input files given directly (not futures of other stages) must exist now."""
+    for item in inputs:
+        path = getattr(item, "filepath", None) if not isinstance(item, Future) else None
+        if path is not None and not Path(path).exists():
+            raise ConfigError(f"stage {stage!r}: input file {path} does not exist")
+
+
+def distributed_app(fn: Callable | None = None, *, name: str | None = None, num_nodes: int = 1,
+                    ranks_per_node: int | None = None, walltime: float | None = None,
+                    env: dict[str, str] | None = None):
+    """Decorator: run ``fn`` on every rank of a Parsl MPI task, after ``setup_torch()``.
+
+    ``name``: the stage name (default: the function's). ``num_nodes`` /
+    ``ranks_per_node`` (default: the site's launch ranks per node) and
+    ``walltime`` (seconds; every rank is stopped after it) can be given here
+    and per call; ``env`` is exported to the ranks. Call it inside
+    ``with pt.workflow(...)``; it returns a StageFuture.
+    """
+
+    def decorate(f: Callable) -> DistributedApp:
+        return DistributedApp(f, name=name, num_nodes=num_nodes, ranks_per_node=ranks_per_node,
+                              walltime=walltime, env=env)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequence[Any] = (),
+               num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
+               env: dict[str, str] | None = None, python: str | None = None) -> DistributedApp:
+    """A stage that runs an existing script (or ``module=True``: ``python -m``) on every rank.
+
+    Every rank gets the torchrun variables (an unmodified torchrun-style
+    script works). Its future resolves to 0, the exit code; ``args`` may hold Files.
+    """
+    py = python or sys.executable
+    command = [py, "-m", str(script)] if module else [py, os.fspath(script)]
+    name = str(script).rsplit(".", 1)[-1] if module else Path(script).stem
+    return DistributedApp(None, script=[*command, *args], name=name, num_nodes=num_nodes,
+                          ranks_per_node=ranks_per_node, walltime=walltime, env=env)
+
+
+def submit_builtin(builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
+                   input_roles: Sequence[str], output_roles: Sequence[str], app: DistributedApp,
+                   stage: str | None = None, num_nodes: int | None = None, ranks_per_node: int | None = None,
+                   walltime: float | None = None) -> StageFuture:
+    """A built-in stage: a distributed app here, or on a Globus Compute site its
+    module entry point on the endpoint (only its config travels; see ``remote``).
+    ``builtin`` names the built-in stage (train, evaluate), ``stage`` this call."""
+    wf = current_workflow(stage or builtin)
+    if wf.remote:
+        return submit_remote(wf, builtin, config, inputs=inputs, outputs=outputs, input_roles=input_roles,
+                             output_roles=output_roles, stage=stage, num_nodes=num_nodes,
+                             ranks_per_node=ranks_per_node, walltime=walltime)
+    return app(config, inputs=list(inputs), outputs=list(outputs), stage=stage, num_nodes=num_nodes,
+               ranks_per_node=ranks_per_node, walltime=walltime)

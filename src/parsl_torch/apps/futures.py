@@ -1,0 +1,79 @@
+"""A stage's future: rank 0's return value, or one StageError that says which
+stage, which rank on which node, what exit code, and the tail of its stderr."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from ..errors import StageError
+
+_TAIL_LINES = 25
+
+
+class StageFuture(Future):
+    """A stage's result, or a StageError; ``outputs`` are its DataFutures.
+
+    ``result_file``: where rank 0's return value lands (None: the app's own
+    result is the stage's, as for remote stages)."""
+
+    def __init__(self, stage: str, app_future: Any, stderr: Path | None, result_file: Path | None) -> None:
+        super().__init__()
+        self.stage = stage
+        self.app_future = app_future
+        self.outputs = app_future.outputs
+        self._stderr, self._result_file = stderr, result_file
+        app_future.add_done_callback(self._finish)
+
+    @property
+    def from_cache(self) -> bool:
+        # Parsl's AppFuture exposes its task's record (public attribute, private schema):
+        # "from_memo" is how the DFK marks a memoization hit
+        return bool(self.app_future.task_record.get("from_memo"))
+
+    def _finish(self, fut: Any) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr))
+            return
+        if self._result_file is None:
+            self.set_result(fut.result())
+            return
+        try:
+            import dill
+
+            with open(self._result_file, "rb") as f:
+                self.set_result(dill.load(f))
+        except FileNotFoundError:
+            self.set_result(None)  # a script stage returns nothing
+        except Exception as err:  # noqa: BLE001 - any unreadable result is the stage's failure
+            self.set_exception(StageError(f"stage {self.stage!r} finished but its result "
+                                          f"{self._result_file} cannot be read: {err}"))
+
+
+def stderr_tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
+    """One error that says which stage, which rank, what exit code, and shows stderr's tail."""
+    from parsl.app.errors import BashExitFailure
+    from parsl.dataflow.errors import DependencyError
+
+    if isinstance(exc, DependencyError):
+        return StageError(f"stage {stage!r} did not run: a stage it depends on failed ({exc})")
+    tail = stderr_tail(stderr) if stderr else ""
+    ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
+    timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)
+    if isinstance(exc, BashExitFailure):
+        what = ranks[0] if ranks else (timed_out.group(1) if timed_out else "a rank failed")
+        head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
+    else:
+        head = f"stage {stage!r} failed: {type(exc).__name__}: {exc}"
+    return StageError(f"{head}\n--- last lines of {stderr} ---\n{tail}" if tail else head)

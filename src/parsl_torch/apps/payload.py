@@ -1,0 +1,119 @@
+"""What a stage call carries to its worker and ranks, and the names of the
+files it leaves in its stage directory.
+
+Light on purpose: the ranks unpickle these, and must not import Parsl to do
+it (that costs ~0.6 s of every stage start).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import io
+import os
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: files in <run_dir>/<stage>/: the shipped call, rank 0's return value, the stage's output
+PAYLOAD, RESULT, STDOUT, STDERR = "payload.pkl", "result.pkl", "stdout.txt", "stderr.txt"
+
+
+@dataclass(frozen=True)
+class ShippedFunction:
+    """A stage's function, pickled where it was defined, with the globals it
+    uses (a function from the workflow script travels by value)."""
+
+    name: str
+    blob: bytes
+
+    @classmethod
+    def of(cls, fn: Callable) -> ShippedFunction:
+        buffer = io.BytesIO()
+        _pickler_class()(buffer, recurse=True).dump(fn)
+        return cls(f"{fn.__module__}.{fn.__qualname__}", buffer.getvalue())
+
+    def load(self) -> Callable:
+        import dill
+
+        return dill.loads(self.blob)
+
+
+@functools.lru_cache(maxsize=1)
+def _pickler_class() -> type:
+    """dill's Pickler, but the package's own modules travel by reference.
+
+    dill copies a module's whole namespace when the module is not installed
+    in site-packages (a source checkout, ``pip install -e``): a function that
+    uses ``pt.`` would drag the package's state along (a ContextVar, which
+    cannot be pickled). Every rank imports parsl_torch anyway.
+    """
+    import dill
+
+    save_module = dill.Pickler.dispatch[types.ModuleType]
+
+    def save_module_by_reference(pickler: dill.Pickler, module: types.ModuleType) -> None:
+        if module.__name__.partition(".")[0] == __name__.partition(".")[0]:
+            pickler.save_reduce(importlib.import_module, (module.__name__,), obj=module)
+        else:
+            save_module(pickler, module)
+
+    dispatch = type(dill.Pickler.dispatch)(dill.Pickler.dispatch)
+    dispatch[types.ModuleType] = save_module_by_reference
+    return type("ShippingPickler", (dill.Pickler,), {"dispatch": dispatch})
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """How one call of a stage runs: carried to the worker with the call."""
+
+    stage_dir: str
+    num_nodes: int
+    ranks_per_node: int
+    walltime: float | None
+    env: tuple[tuple[str, str], ...]
+    launcher_args: tuple[str, ...]  # the site's binding flags, after $PARSL_MPI_PREFIX
+
+    @property
+    def num_ranks(self) -> int:
+        return self.num_nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class StageFile:
+    """What a stage's function receives for a Parsl ``File``: its path and URL."""
+
+    filepath: str
+    url: str
+
+    def __fspath__(self) -> str:
+        return self.filepath
+
+    def __str__(self) -> str:
+        return self.filepath
+
+    @property
+    def filename(self) -> str:
+        return os.path.basename(self.filepath)
+
+
+def plain_files(value: Any) -> Any:
+    """``value`` with each Parsl File (also inside lists, tuples, dicts) as a StageFile."""
+    from parsl.data_provider.files import File
+
+    if isinstance(value, File):
+        return StageFile(value.filepath, value.url)
+    if isinstance(value, list) or type(value) is tuple:
+        return type(value)(plain_files(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain_files(v) for k, v in value.items()}
+    return value
+
+
+def accepted_kwargs(fn: Callable, **candidates: Any) -> dict[str, Any]:
+    """The candidates ``fn`` can take (by name, or through ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return {k: v for k, v in candidates.items() if takes_any or k in params}

@@ -1,0 +1,164 @@
+"""Globus Compute: run the built-in stages on Aurora, Polaris or Frontier from
+a laptop or login node, without SSH and without shipping code.
+
+A built-in stage runs on the endpoint as a module entry point through
+``MPIFunction`` (``$PARSL_MPI_PREFIX python -m parsl_torch.stages.train
+--config-b64 ...``): only JSON-like data travels, base64-encoded so neither
+the shell nor ``str.format`` sees its braces and quotes. The result is the
+stage's summary: the endpoint-side paths of its history and checkpoint and a
+small summary of the history, never the files themselves (the service's
+result limit is 10 MB). Clients and executors are built by
+``parsl_torch.sites.globus`` (credentials checked there).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import importlib.util
+import json
+import os
+import shlex
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from ..common.entrypoints import stage_module
+from ..common.metadata import package_versions
+from ..errors import ConfigError, StageError
+from ..sites.globus import make_client, make_executor
+from .futures import StageFuture
+
+__all__ = ["RemoteStages", "compare_versions", "make_client", "make_executor", "parse_result", "probe",
+           "run_stage_on_endpoint", "stage_command", "submit_remote", "versions"]
+
+
+def stage_command(stage: str, config: Mapping[str, Any], files: Mapping[str, str], python: str = "python") -> str:
+    """The command every rank runs on the endpoint (MPIFunction adds the launcher)."""
+    module = stage_module(stage)
+    if not stage.isidentifier() or importlib.util.find_spec(module) is None:
+        raise ConfigError(f"stage {stage!r} cannot run remotely: it is not a built-in stage ({module} "
+                          f"does not exist); use train or evaluate")
+    encoded = base64.b64encode(json.dumps(dict(config)).encode()).decode()
+    options = " ".join(f"--{name} {_quote(path)}" for name, path in files.items())
+    return f"{python} -m {module} --config-b64 {encoded} {options}"
+
+
+def _quote(path: str) -> str:
+    if "{" in path or "}" in path:
+        raise ConfigError(f"remote path {path!r} contains braces, which MPIFunction formats: rename it")
+    return shlex.quote(path)
+
+
+def parse_result(stage: str, result: Any) -> dict[str, Any]:
+    """The stage's JSON summary from a ShellResult (or its dict form), or a StageError."""
+    get = result.get if isinstance(result, Mapping) else lambda k: getattr(result, k, None)
+    code, stdout, stderr = get("returncode"), get("stdout") or "", get("stderr") or ""
+    if code:
+        tail = "\n".join(stderr.strip().splitlines()[-25:])
+        raise StageError(f"stage {stage!r} failed on the endpoint with exit code {code}\n"
+                         f"--- last lines of its stderr ---\n{tail}")
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise StageError(f"stage {stage!r} ended without a summary on stdout:\n{stdout[-2000:]}")
+
+
+def run_stage_on_endpoint(stage: str, config: dict[str, Any], python: str, time_limit: float | None,
+                          input_roles: tuple[str, ...], output_roles: tuple[str, ...],
+                          inputs: tuple = (), outputs: tuple = (),
+                          parsl_resource_specification: dict | None = None) -> dict[str, Any]:
+    """Runs on the endpoint's MPI engine (a workflow's Parsl app): the stage on
+    every rank through MPIFunction, then its summary. Files are named by role
+    (``--history``, ``--checkpoint``) from the app's resolved inputs/outputs.
+    ``parsl_resource_specification`` is how Parsl asks the engine for the
+    stage's nodes and ranks; it reaches this function too and is not needed here."""
+    from globus_compute_sdk import MPIFunction
+
+    files = {role: os.fspath(f) for role, f in zip((*input_roles, *output_roles), (*inputs, *outputs))}
+    for path in files.values():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    # (not named walltime: Parsl treats an app parameter of that name as its own)
+    shell = MPIFunction(stage_command(stage, config, files, python), walltime=time_limit)
+    return parse_result(stage, shell())
+
+
+@functools.lru_cache(maxsize=1)
+def _remote_app():
+    from parsl import python_app
+
+    return python_app(run_stage_on_endpoint, executors=["mpi"], cache=True)
+
+
+def submit_remote(wf: Any, builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
+                  input_roles: Sequence[str], output_roles: Sequence[str], stage: str | None,
+                  num_nodes: int | None, ranks_per_node: int | None, walltime: float | None) -> StageFuture:
+    """A built-in stage of workflow ``wf`` as one task on its site's endpoint:
+    files under the site's ``remote_run_dir``/<run dir name>/<stage>."""
+    nodes, ppn = num_nodes or 1, ranks_per_node or wf.ranks_per_node
+    wf.check_resources(stage or builtin, nodes, ppn)
+    name = wf.stage_name(stage or builtin)
+    g = wf.site.spec.globus
+    remote_dir = f"{g.remote_run_dir.rstrip('/')}/{wf.run_dir.name}/{name}"
+    outputs = [wf.place(o, Path(remote_dir)) for o in outputs]
+    spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
+    app_future = _remote_app()(builtin, config, g.python, walltime, tuple(input_roles), tuple(output_roles),
+                               inputs=list(inputs), outputs=outputs, parsl_resource_specification=spec)
+    future = StageFuture(name, app_future, None, None)
+    wf.track(future, nodes * ppn)
+    return future
+
+
+class RemoteStages:
+    """Direct submission of built-in stages to an endpoint, without Parsl."""
+
+    def __init__(self, executor: Any, remote_run_dir: str, python: str = "python") -> None:
+        self.executor, self.remote_run_dir, self.python = executor, remote_run_dir.rstrip("/"), python
+        self._lock = threading.Lock()  # resource_specification is per executor: set and submit together
+
+    def submit(self, stage: str, config: Mapping[str, Any], files: Mapping[str, str], *,
+               num_nodes: int = 1, ranks_per_node: int = 1, walltime: float | None = None) -> Future:
+        """A future of the stage's summary; relative file names go under the remote run directory."""
+        from globus_compute_sdk import MPIFunction
+
+        files = {k: v if v.startswith("/") else f"{self.remote_run_dir}/{stage}/{v}" for k, v in files.items()}
+        fn = MPIFunction(stage_command(stage, config, files, self.python), walltime=walltime)
+        with self._lock:
+            self.executor.resource_specification = {"num_nodes": num_nodes, "ranks_per_node": ranks_per_node,
+                                                    "num_ranks": num_nodes * ranks_per_node}
+            inner = self.executor.submit(fn)
+        outer: Future = Future()
+
+        def finish(f: Future) -> None:
+            try:
+                outer.set_result(parse_result(stage, f.result()))
+            except BaseException as exc:  # noqa: BLE001 - hand every failure to the caller
+                outer.set_exception(exc)
+
+        inner.add_done_callback(finish)
+        return outer
+
+
+def versions() -> dict[str, str]:
+    """What this Python has (runs on the endpoint for ``parsl-torch remote probe``)."""
+    return package_versions()
+
+
+def compare_versions(local: Mapping[str, str], remote: Mapping[str, str]) -> list[str]:
+    """Warnings for the differences that break remote calls silently."""
+    warnings = []
+    lv, rv = local.get("python", ""), remote.get("python", "")
+    if lv.split(".")[:2] != rv.split(".")[:2]:
+        warnings.append(f"python {lv} here but {rv} on the endpoint: functions pickled here may not load there")
+    for dist in ("parsl-torch", "parsl", "globus-compute-sdk", "torch"):
+        if dist in local and local.get(dist) != remote.get(dist):
+            warnings.append(f"{dist} {local[dist]} here but {remote.get(dist, 'missing')} on the endpoint")
+    return warnings
+
+
+def probe(executor: Any) -> tuple[dict[str, str], list[str]]:
+    """Remote versions and the mismatch warnings."""
+    remote = executor.submit(versions).result(timeout=600)
+    return remote, compare_versions(versions(), remote)

@@ -1,0 +1,47 @@
+"""``python -m parsl_torch.apps.stage_main PAYLOAD RESULT``: one rank of a distributed app.
+
+Sets up torch (device, process group), loads the call the app shipped
+(``dill``: a function from the workflow script travels by value), runs it,
+and rank 0 writes the return value to RESULT (atomically). An exception
+prints its traceback and exits 1, without collectives that could hang on
+ranks that are already gone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from ..core.dist import cleanup, exit_process, setup_torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0].startswith("-"):
+        print(f"usage: python -m {__name__} PAYLOAD RESULT  (written by a distributed_app; not for use by hand)",
+              file=sys.stderr)
+        return 2
+    payload, result = argv
+    import dill
+
+    rank = setup_torch()
+    try:
+        with open(payload, "rb") as f:
+            shipped, args, kwargs = dill.load(f)
+        value = shipped.load()(*args, **kwargs)
+    except BaseException:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    if rank == 0:
+        tmp = f"{result}.tmp"
+        with open(tmp, "wb") as f:
+            dill.dump(value, f)
+        os.replace(tmp, result)
+    cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())  # a finished rank must not die in torch's exit-time destructors

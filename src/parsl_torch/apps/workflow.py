@@ -1,0 +1,151 @@
+"""``with pt.workflow(site=..., run_dir=...)``: the Parsl side of a run.
+
+Loads the site's ``parsl.Config`` with memoization and checkpointing under
+``<run_dir>/parsl``, so rerunning a workflow with the same run directory
+skips the stages that finished (``fresh=True`` starts over). Stage calls
+inside the block find the workflow here, get their own directory
+``<run_dir>/<stage>`` (relative output Files land there), and report their
+progress as they go. Leaving the block waits for every stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import shutil
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import sites
+from ..core.log import get_logger
+from ..errors import ConfigError
+from ..launch.machines import binding_args, get_machine
+from ..launch.schedulers import get_scheduler
+from .memo import register_memo_ids
+
+MARKER = ".parsl-torch-run"
+_current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
+
+
+def current_workflow(stage: str) -> Workflow:
+    wf = _current.get()
+    if wf is None:
+        raise ConfigError(f"stage {stage!r} was called outside a workflow: call it inside "
+                          f"`with pt.workflow(site=..., run_dir=...):`")
+    return wf
+
+
+class Workflow:
+    """The run in progress: its site, directory, stage names and progress."""
+
+    def __init__(self, site: Any, run_dir: Path) -> None:
+        self.site = site
+        self.run_dir = run_dir
+        spec = site.spec
+        self.scheduler = get_scheduler(spec.scheduler)
+        self.remote = self.scheduler.remote  # stages run through a Globus Compute endpoint
+        machine = get_machine(spec.machine)
+        self.ranks_per_node = spec.launch.ranks_per_node or (machine.accelerators_per_node if machine else 1)
+        self._names: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.log = get_logger("parsl_torch.workflow")
+
+    def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
+        """Flags after ``$PARSL_MPI_PREFIX``: the site's ``launch.extra_args``, else the machine's binding."""
+        extra = self.site.spec.launch.extra_args
+        return tuple(extra) if extra is not None else tuple(binding_args(self.site.spec.machine, ranks_per_node))
+
+    def stage_name(self, base: str) -> str:
+        """``base``, then ``base-1``, ``base-2``... in call order (the same on every rerun)."""
+        with self._lock:
+            n = self._names[base]
+            self._names[base] += 1
+        return base if n == 0 else f"{base}-{n}"
+
+    def place(self, item: Any, stage_dir: Path) -> Any:
+        """An output File (or path) with a relative name moved into the stage's directory."""
+        from parsl.data_provider.files import File
+
+        file = item if isinstance(item, File) else File(os.fspath(item))
+        if file.scheme == "file" and not os.path.isabs(file.filepath):
+            return File(str(stage_dir / file.filepath))
+        return file
+
+    def check_resources(self, stage: str, num_nodes: int, ranks_per_node: int) -> None:
+        spec = self.site.spec
+        for name, value in (("num_nodes", num_nodes), ("ranks_per_node", ranks_per_node)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"stage {stage!r}: {name}={value!r} must be a positive int")
+        if self.remote:
+            return  # the endpoint's own configuration decides
+        limit = self.scheduler.max_nodes_per_block or spec.provider.nodes_per_block
+        if num_nodes > limit:
+            where = "runs on this machine only" if self.scheduler.max_nodes_per_block == 1 else (
+                f"has blocks of {limit} node(s) (provider.nodes_per_block)")
+            raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
+                              f"ask for fewer nodes or raise the site's nodes (--nodes / PARSL_TORCH_NODES)")
+
+    def track(self, future: Any, ranks: int) -> None:
+        started = time.monotonic()
+        self.log.info("[%s] submitted: %d rank(s)", future.stage, ranks)
+
+        def done(f: Any) -> None:
+            took = time.monotonic() - started
+            if f.exception() is not None:
+                self.log.error("[%s] FAILED after %.1f s: %s", f.stage, took, str(f.exception()).splitlines()[0])
+            elif f.from_cache:
+                self.log.info("[%s] skipped: finished in an earlier run of %s", f.stage, self.run_dir)
+            else:
+                self.log.info("[%s] done in %.1f s", f.stage, took)
+
+        future.add_done_callback(done)
+
+
+def _prepare(run_dir: Path, fresh: bool) -> None:
+    if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / MARKER).exists():
+        raise ConfigError(f"run directory {run_dir} exists and was not made by parsl-torch: "
+                          f"pick a new --run-dir (nothing there was touched)")
+    if fresh and run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).touch()
+
+
+@contextlib.contextmanager
+def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
+             retries: int = 0, gc_executor: Any = None, **site_overrides: Any) -> Iterator[Workflow]:
+    """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
+
+    ``retries``: times Parsl reruns a failed stage (the built-in train stage
+    resumes from its last checkpoint). ``site_overrides``: account, queue,
+    walltime, nodes, as for ``pt.sites.load``. On a Globus Compute site the
+    stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
+    records stay here. ``gc_executor`` replaces the site's Globus Compute
+    Executor (tests).
+    """
+    import parsl
+    from parsl.dataflow.memoization import BasicMemoizer
+    from parsl.utils import get_all_checkpoints
+
+    loaded = sites.load(site, **site_overrides)
+    run_dir = Path(run_dir).absolute()
+    _prepare(run_dir, fresh)
+    parsl_dir = run_dir / "parsl"
+    memoizer = BasicMemoizer(checkpoint_files=get_all_checkpoints(str(parsl_dir)), checkpoint_mode="task_exit")
+    config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
+                                 retries=retries)
+    register_memo_ids()
+    wf = Workflow(loaded, run_dir)
+    wf.log.info("workflow on site %r, run directory %s", loaded.name, run_dir)
+    token = _current.set(wf)
+    try:
+        with parsl.load(config) as dfk:
+            yield wf
+            dfk.wait_for_current_tasks()
+    finally:
+        _current.reset(token)

@@ -1,0 +1,267 @@
+"""The ``parsl-torch`` command.
+
+User mistakes (any ParslTorchError) print one line and exit 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+from .. import sites
+from ..apps.remote import make_executor, probe
+from ..common.environ import path_with_python_bin
+from ..core.device import get_backend, get_torch_device_type
+from ..core.topology import env_topology
+from ..errors import ConfigError, ParslTorchError, StageError
+from ..launch.plan import LaunchRequest, plan_launch
+from ..launch.schedulers import all_launchers
+from ..launch.supervise import supervise
+from ..sites.endpoint import render_endpoint_config
+from .doctor import as_json, run_checks
+
+
+def _info(args: argparse.Namespace) -> int:
+    """What this process would be: topology, device and backend (no communication)."""
+    device = get_torch_device_type()
+    info = {**dataclasses.asdict(env_topology()), "device": device, "backend": get_backend(device)}
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for key, value in info.items():
+            print(f"{key:>17}: {value}")
+    return 0
+
+
+def _history_show(args: argparse.Namespace) -> int:
+    """A table of last/min/max/mean per metric, with the file's status and steps."""
+    from ..history.h5file import read_history, summarize
+
+    data = read_history(args.file)
+    a = data.attrs
+    print(f"{data.path}: stage {a.get('stage')!r}, status {a.get('status')}, {len(data.steps)} steps, "
+          f"{a.get('world_size')} rank(s) on {a.get('num_nodes')} node(s), {a.get('start_time')} .. "
+          f"{a.get('end_time') or '-'}")
+    width = max([len(m) for m in data.metrics] + [6])
+    print(f"{'metric':<{width}} {'last':>12} {'min':>12} {'max':>12} {'mean':>12}  of")
+    for metric, row in summarize(data).items():
+        print(f"{metric:<{width}} " + " ".join(f"{row[k]:>12.6g}" for k in ("last", "min", "max", "mean"))
+              + f"  {row['of']}")
+    return 0
+
+
+def _history_plot(args: argparse.Namespace) -> int:
+    from ..history.plots import plot_history
+
+    try:
+        written = plot_history(args.file, args.out)
+    except ImportError:
+        raise ConfigError("plots need matplotlib: pip install 'parsl-torch[history]'") from None
+    for path in written:
+        print(path)
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Start the ranks with the right launcher for this scheduler and machine."""
+    command = list(args.command)
+    if args.module:
+        command = [sys.executable, "-m", args.module, *command]
+    request = LaunchRequest(tuple(command), args.n, args.ppn, args.nodes, args.launcher)
+    detection = sites.detect_job()
+    plan = plan_launch(request, detection)
+    shown = " ".join([*(f"{k}={v}" for k, v in plan.env.items()), shlex.join(plan.argv)])
+    if args.dry_run:
+        print(shown)
+        return 0
+    print(f"parsl-torch: {plan.num_ranks} rank(s) on {plan.num_nodes} node(s) via {plan.launcher} "
+          f"({detection.reason}): {shown}", file=sys.stderr, flush=True)
+    return supervise(plan, timeout=args.timeout)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Environment checks with remedies; exit 1 if any is an error."""
+    results = run_checks(smoke=not args.no_smoke)
+    if args.json:
+        print(json.dumps(as_json(results), indent=2))
+    else:
+        width = max(len(r.name) for r in results)
+        for r in results:
+            print(f"[{r.status.upper():>5}] {r.name:<{width}}  {r.detail}")
+            if r.remedy and r.status in ("warn", "error"):
+                print(f"{'':>8} {'':<{width}}  -> {r.remedy}")
+    return 1 if any(r.status == "error" for r in results) else 0
+
+
+def _load_site(args: argparse.Namespace) -> sites.Site:
+    return sites.load(args.site, account=args.account, queue=args.queue, walltime=args.walltime,
+                      nodes=args.nodes)
+
+
+def _sites_list(args: argparse.Namespace) -> int:
+    chosen = sites.detect()
+    for name, path in sites.available().items():
+        spec = sites.read_spec(path)
+        mark = "*" if name == chosen.name else " "
+        print(f"{mark} {name:<12} {spec.scheduler:<6} {spec.description}  ({path})")
+    print(f"\n* auto picks {chosen.name!r}: {chosen.reason}")
+    return 0
+
+
+def _sites_show(args: argparse.Namespace) -> int:
+    import yaml
+
+    site = _load_site(args)
+    print(f"# {site.path}")
+    print(yaml.safe_dump(json.loads(json.dumps(site.settings())), sort_keys=False), end="")
+    return 0
+
+
+def _sites_render(args: argparse.Namespace) -> int:
+    print(_load_site(args).render(args.executor), end="")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run a workflow script as __main__ with the rest of the arguments."""
+    script = Path(args.script)
+    if not script.is_file():
+        raise ConfigError(f"workflow script {script} does not exist")
+    # Parsl starts its workers by name: this environment's bin must come first
+    os.environ["PATH"] = path_with_python_bin()
+    sys.argv = [str(script), *args.script_args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except StageError as exc:  # a stage failed at run time: say which and how, without a traceback
+        print(f"parsl-torch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _endpoint_config(args: argparse.Namespace) -> int:
+    print(render_endpoint_config(_load_site(args).spec, args.python_env), end="")
+    return 0
+
+
+def _remote_probe(args: argparse.Namespace) -> int:
+    """Versions on the endpoint against these; warnings for the mismatches."""
+    executor = make_executor(args.endpoint)
+    try:
+        remote, warnings = probe(executor)
+    finally:
+        executor.shutdown(wait=False)
+    for name, version in sorted(remote.items()):
+        print(f"{name:>20}: {version}")
+    for warning in warnings:
+        print(f"parsl-torch: warning: {warning}", file=sys.stderr)
+    return 1 if warnings else 0
+
+
+class _Version(argparse.Action):
+    """--version: asks the installed distribution only when used (importlib.metadata costs ~20 ms)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import importlib.metadata
+
+        print(f"parsl-torch {importlib.metadata.version('parsl-torch')}")
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parsl-torch", description="Distributed PyTorch as Parsl workflows.")
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="show this rank's topology, device and backend")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(func=_info)
+
+    launch = sub.add_parser(
+        "launch", help="run a command on every rank with this machine's launcher",
+        usage="parsl-torch launch [-n N] [--ppn P] [--nodes K] [--timeout S] [--dry-run] "
+              "[-m MODULE] -- COMMAND [ARGS...]")
+    launch.add_argument("-n", type=int, help="total ranks (default: nodes x ranks per node)")
+    launch.add_argument("--ppn", type=int, help="ranks per node (default: accelerators per node, else 1)")
+    launch.add_argument("--nodes", type=int, help="nodes to use (default: all of the job's)")
+    launch.add_argument("--launcher", choices=all_launchers(),
+                        help="the program that starts the ranks; without a scheduler: mpiexec (default when "
+                             "found) or torchrun")
+    launch.add_argument("--timeout", type=float, help="seconds before every rank is stopped (exit 124)")
+    launch.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    launch.add_argument("-m", dest="module", help="run python -m MODULE; what follows -- are its arguments")
+    launch.set_defaults(func=_launch, command=())
+
+    run = sub.add_parser("run", help="run a workflow script (e.g. workflows/train_eval.py)",
+                         usage="parsl-torch run SCRIPT [--site S] [--run-dir D] [--fresh] [SCRIPT ARGS...]")
+    run.add_argument("script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
+    run.set_defaults(func=_run)
+
+    doctor = sub.add_parser("doctor", help="check this environment; exit 1 on errors")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--no-smoke", action="store_true", help="skip the live 2-rank all_reduce")
+    doctor.set_defaults(func=_doctor)
+
+    site_cmds = sub.add_parser("sites", help="machines this package knows").add_subparsers(
+        dest="action", required=True)
+    site_cmds.add_parser("list", help="known sites and which one auto picks here").set_defaults(func=_sites_list)
+    for action, func, what in (("show", _sites_show, "the resolved settings of a site"),
+                               ("render", _sites_render, "the batch script Parsl would submit (not submitted)"),
+                               ("endpoint-config", _endpoint_config,
+                                "a Globus Compute endpoint config.yaml for a batch site")):
+        cmd = site_cmds.add_parser(action, help=what)
+        cmd.add_argument("site", nargs="?", default="auto", help="site name (default: auto)")
+        cmd.add_argument("--account")
+        cmd.add_argument("--queue", help="PBS queue or Slurm partition")
+        cmd.add_argument("--walltime", help="HH:MM:SS")
+        cmd.add_argument("--nodes", type=int, help="nodes per block")
+        if action == "render":
+            cmd.add_argument("--executor", choices=("mpi", "htex"), default="mpi")
+        if action == "endpoint-config":
+            cmd.add_argument("--python-env", default="$HOME/parsl-torch-env",
+                             help="the environment on the machine that holds parsl-torch")
+        cmd.set_defaults(func=func)
+
+    remote = sub.add_parser("remote", help="Globus Compute endpoints").add_subparsers(dest="action", required=True)
+    probe_cmd = remote.add_parser("probe", help="versions on an endpoint vs here; exit 1 on mismatches")
+    probe_cmd.add_argument("--endpoint", required=True, help="the endpoint's UUID")
+    probe_cmd.set_defaults(func=_remote_probe)
+
+    history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
+    show = history.add_parser("show", help="summary table of a history file")
+    show.add_argument("file")
+    show.set_defaults(func=_history_show)
+    plot = history.add_parser("plot", help="write a PNG per metric")
+    plot.add_argument("file")
+    plot.add_argument("--out", help="directory for the PNGs (default: <file stem>-plots beside it)")
+    plot.set_defaults(func=_history_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # everything after the first "--" is the command to launch, untouched
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args(argv)
+    if command:
+        args.command = command
+    try:
+        return args.func(args)
+    except ParslTorchError as exc:
+        print(f"parsl-torch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

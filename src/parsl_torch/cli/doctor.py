@@ -1,0 +1,184 @@
+"""``parsl-torch doctor``: is this environment ready, and if not, what to do.
+
+Each check returns a status (ok, warn, error, skip), what it found and, when
+not ok, the remedy. The last check launches 2 ranks locally and runs one
+all_reduce with a short timeout: the whole stack, for real.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import sites
+from ..common.entrypoints import CLI
+from ..common.environ import find_local_tool, path_with_python_bin
+from ..core.device import get_backend, get_torch_device_type
+from ..core.dist import collective_timeout
+from ..errors import ParslTorchError
+from ..launch.schedulers import get_scheduler
+
+SMOKE_TIMEOUT_S = 90
+_SMOKE = ("import parsl_torch as pt, torch, torch.distributed as dist; pt.setup_torch(timeout=30); "
+          "t = torch.ones(1, device=pt.get_torch_device()); dist.all_reduce(t); "
+          "import sys; sys.stdout.write(f'smoke rank {pt.get_rank()} sum {t.item():g}\\n'); sys.stdout.flush(); "
+          "pt.cleanup()")
+# Ranks share mpiexec's stdout; with PYTHONUNBUFFERED=1 print() writes the text and
+# the newline separately, so lines of two ranks can merge. Match, don't split.
+_SMOKE_LINE = re.compile(r"smoke rank (\d+) sum (\d+)")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | error | skip
+    detail: str
+    remedy: str = ""
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata  # ~20 ms: only when the doctor runs
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    ok = v >= (3, 10)
+    return Check("python", "ok" if ok else "error", f"{sys.version.split()[0]} at {sys.executable}",
+                 "" if ok else "use Python 3.10 or newer")
+
+
+def check_torch() -> Check:
+    try:
+        import torch
+    except ImportError as exc:
+        return Check("torch", "error", f"cannot import torch: {exc}",
+                     "pip install torch (your site's build, or torch==2.13.0 for CPU)")
+    return Check("torch", "ok", f"torch {torch.__version__}")
+
+
+def check_device() -> Check:
+    try:
+        device = get_torch_device_type()
+        backend = get_backend(device)
+    except ParslTorchError as exc:
+        return Check("device/backend", "error", str(exc), "fix or unset TORCH_DEVICE / TORCH_BACKEND")
+    import torch
+
+    count = getattr(torch, device).device_count() if device in ("cuda", "xpu") else 0
+    where = f"{count} {device} device(s)" if count else device
+    return Check("device/backend", "ok", f"{where}, backend {backend}")
+
+
+def check_timeout() -> Check:
+    try:
+        return Check("collective timeout", "ok", f"{collective_timeout():g} s")
+    except ParslTorchError as exc:
+        return Check("collective timeout", "error", str(exc), "set PARSL_TORCH_TIMEOUT to seconds, e.g. 300")
+
+
+def check_mpi() -> Check:
+    mpiexec = os.environ.get("PARSL_TORCH_MPIEXEC") or find_local_tool("mpiexec")
+    try:
+        from mpi4py import MPI
+
+        lib = " ".join(MPI.Get_library_version().split()[:3])
+    except ImportError:
+        return Check("mpi", "warn", f"no mpi4py; mpiexec: {mpiexec or 'none'}",
+                     "pip install 'parsl-torch[mpi]' (or your site's mpi4py) for MPI launches and fast statistics")
+    if not mpiexec:
+        return Check("mpi", "warn", f"mpi4py with {lib}, but no mpiexec", "load your MPI module or pip install mpich")
+    return Check("mpi", "ok", f"mpi4py {_version('mpi4py')} with {lib}; mpiexec {mpiexec}")
+
+
+def check_scheduler() -> Check:
+    try:
+        d = sites.detect_job()
+        if not d.in_job:
+            return Check("scheduler", "warn", f"{d.scheduler} ({d.reason})",
+                         "launch inside a job (qsub -I / salloc), or set PARSL_TORCH_SCHEDULER=local")
+        nodes = get_scheduler(d.scheduler).job_nodes(os.environ)
+    except ParslTorchError as exc:
+        return Check("scheduler", "error", str(exc), "run inside a complete job allocation")
+    machine = f", machine {d.machine}" if d.machine else ""
+    return Check("scheduler", "ok", f"{d.scheduler}{machine}: {len(nodes)} node(s) ({d.reason})")
+
+
+def check_wandb() -> Check:
+    version = _version("wandb")
+    mode = os.environ.get("WANDB_MODE", "online")
+    if version is None:
+        return Check("wandb", "skip", "not installed (optional)", "pip install 'parsl-torch[wandb]' to track runs")
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or "api.wandb.ai" in _read(Path.home() / ".netrc")
+    if mode in ("offline", "disabled", "dryrun") or has_key:
+        return Check("wandb", "ok", f"wandb {version}, WANDB_MODE={mode}")
+    return Check("wandb", "warn", f"wandb {version}, WANDB_MODE={mode}, no API key",
+                 "wandb login, or WANDB_MODE=offline on nodes without network (wandb sync later)")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _optional(name: str, dist: str, purpose: str, extra: str) -> Callable[[], Check]:
+    def check() -> Check:
+        version = _version(dist)
+        if version is None:
+            return Check(name, "skip", f"not installed ({purpose})", f"pip install {extra}")
+        return Check(name, "ok", f"{dist} {version}")
+
+    return check
+
+
+def check_smoke() -> Check:
+    """2 local ranks, one all_reduce, through parsl-torch launch."""
+    env = {**os.environ, "PARSL_TORCH_SCHEDULER": "local", "PARSL_TORCH_TIMEOUT": "30"}
+    env["PATH"] = path_with_python_bin(env)
+    cmd = [sys.executable, "-m", CLI, "launch", "-n", "2", "--timeout", str(SMOKE_TIMEOUT_S),
+           "--", sys.executable, "-c", _SMOKE]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S + 30)
+    except subprocess.TimeoutExpired:
+        return Check("2-rank all_reduce", "error", "hung past its timeout", "run parsl-torch launch -n 2 by hand")
+    sums = sorted(_SMOKE_LINE.findall(out.stdout))
+    if out.returncode == 0 and sums == [("0", "2"), ("1", "2")]:
+        return Check("2-rank all_reduce", "ok", "2 ranks agreed (sum 2)")
+    tail = " | ".join((out.stdout.strip().splitlines() + out.stderr.strip().splitlines())[-4:])
+    return Check("2-rank all_reduce", "error", f"exit {out.returncode}: {tail}",
+                 "fix the errors above, then parsl-torch launch -n 2 -- python -c 'import parsl_torch'")
+
+
+CHECKS: tuple[Callable[[], Check], ...] = (
+    check_python, check_torch, check_device, check_timeout, check_mpi, check_scheduler, check_wandb,
+    _optional("parsl", "parsl", "needed for sites and workflows", "parsl"),
+    _optional("globus-compute", "globus-compute-sdk", "optional: remote submission", "'parsl-torch[globus]'"),
+)
+
+
+def run_checks(smoke: bool = True) -> list[Check]:
+    results = []
+    for check in CHECKS:
+        try:
+            results.append(check())
+        except Exception as exc:  # noqa: BLE001 - a broken check is a finding, not a crash
+            results.append(Check(check.__name__.removeprefix("check_"), "error", f"{type(exc).__name__}: {exc}"))
+    blocked = any(r.status == "error" for r in results if r.name in ("torch", "device/backend"))
+    if smoke:
+        results.append(Check("2-rank all_reduce", "skip", "torch or device is broken") if blocked else check_smoke())
+    return results
+
+
+def as_json(results: list[Check]) -> list[dict]:
+    return [asdict(r) for r in results]

@@ -1,0 +1,21 @@
+"""The package's modules that are run as ``python -m MODULE`` inside command
+strings (a Parsl bash app's command, a launch, the doctor's smoke run, a
+Globus Compute ``MPIFunction``): named once here, checked by a test that
+each imports and has a ``main``.
+
+Strings, not imports: the command is built in a process (the workflow, a
+login node) that must not import what runs on the ranks.
+"""
+
+from __future__ import annotations
+
+SUPERVISE = "parsl_torch.launch.supervise"  # fail fast, time out, leave nothing behind
+SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for each rank
+STAGE_MAIN = "parsl_torch.apps.stage_main"  # one rank of a distributed_app
+CLI = "parsl_torch.cli"  # the parsl-torch command
+STAGES_PACKAGE = "parsl_torch.stages"  # built-in stage NAME runs as python -m parsl_torch.stages.NAME
+
+
+def stage_module(stage: str) -> str:
+    """The module a built-in stage runs as on every rank."""
+    return f"{STAGES_PACKAGE}.{stage}"

@@ -1,0 +1,89 @@
+"""Rank-aware logging: rank 0 speaks, the others stay quiet unless asked.
+
+Nothing is configured at import. ``get_logger`` attaches one stream handler
+to the logger it returns (once, however often it is called) and stops
+propagation so records are not printed twice by a root handler.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from .ranks import get_rank
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FORMAT = "[%(asctime)s][%(levelname)s][rank %(rank)s][%(name)s] %(message)s"
+
+
+class _RankFilter(logging.Filter):
+    """Tags records with the rank; drops them on other ranks if rank_zero_only."""
+
+    def __init__(self, rank_zero_only: bool) -> None:
+        super().__init__()
+        self.rank_zero_only = rank_zero_only
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rank = get_rank()
+        record.rank = rank
+        return rank == 0 or not self.rank_zero_only
+
+
+def get_logger(name: str = "parsl_torch", level: str | int | None = None,
+               rank_zero_only: bool = True) -> logging.Logger:
+    """A logger that prints on rank 0 only (all ranks with ``rank_zero_only=False``).
+
+    Level: ``level``, else ``PARSL_TORCH_LOG_LEVEL``, else INFO.
+    """
+    logger = logging.getLogger(name)
+    level = level or os.environ.get("PARSL_TORCH_LOG_LEVEL", "INFO")
+    logger.setLevel(level.upper() if isinstance(level, str) else level)
+    handler = next((h for h in logger.handlers if getattr(h, "_parsl_torch", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler._parsl_torch = True  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    handler.filters = [_RankFilter(rank_zero_only)]
+    return logger
+
+
+@functools.lru_cache(maxsize=1)
+def _timing_logger() -> logging.Logger:
+    # created on first timed call, not when a function is decorated
+    return get_logger("parsl_torch.timeit", rank_zero_only=False)
+
+
+@overload
+def timeitlogit(func: F) -> F: ...
+@overload
+def timeitlogit(func: None = None, *, rank: int | None = 0) -> Callable[[F], F]: ...
+
+
+def timeitlogit(func: F | None = None, *, rank: int | None = 0):
+    """Decorator that logs how long each call took, on ``rank`` (None: every rank).
+
+    Use bare (``@timeitlogit``) or with arguments (``@timeitlogit(rank=None)``).
+    """
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                if rank is None or get_rank() == rank:
+                    dt = time.perf_counter() - t0
+                    _timing_logger().info("%s took %.4f s", f.__qualname__, dt)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(func) if func is not None else decorate

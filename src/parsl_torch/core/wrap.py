@@ -1,0 +1,177 @@
+"""wrap_model: one call from a plain module to DDP, FSDP2 or FSDP2 x TP.
+
+Each strategy is a small function. Everything that can be wrong (strategy
+name, dtype, TP size, plan) is checked first, identically on every rank, so a
+mistake fails all ranks before any collective starts.
+
+* ``ddp``: DistributedDataParallel.
+* ``fsdp``: FSDP2 ``fully_shard`` on every repeated block (each element of the
+  model's ``nn.ModuleList``\\ s), then on the root.
+* ``fsdp+tp``: a 2-D DeviceMesh (dp, tp), tp ranks adjacent (inside a node);
+  the tensor-parallel plan is applied to every block, then FSDP2 over dp.
+  Ranks of one tp group must be fed the same batch: see ``data_parallel_coords``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .device import get_torch_device, get_torch_device_type
+from .ranks import get_rank, get_world_size
+from .strategy import normalize_strategy
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+_STYLES = ("colwise", "rowwise")
+
+
+def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool | None = None,
+               dtype: str | torch.dtype | None = None, tp_size: int | None = None,
+               tp_plan: Mapping[str, Any] | None = None) -> nn.Module:
+    """Wrap ``model`` (already on this rank's device) for data/tensor parallelism.
+
+    ``strategy``: none | ddp | fsdp | fsdp+tp (default ddp). ``use_fsdp``: the
+    ezpz spelling (True: fsdp, False: ddp). ``dtype``: FSDP parameter dtype for
+    compute (bf16/fp16, gradients reduced in fp32). ``tp_size``/``tp_plan``:
+    for fsdp+tp; the plan maps module names inside a block to "colwise" or
+    "rowwise" (or a torch ParallelStyle) and defaults to ``model.tp_plan``.
+    With one rank the model is returned unchanged.
+    """
+
+    strategy = _resolve_strategy(strategy, use_fsdp)
+    param_dtype = _resolve_dtype(dtype, strategy)
+    world = get_world_size()
+    if strategy == "fsdp+tp":
+        plan = _check_tp(model, world, tp_size, tp_plan)
+    elif tp_size not in (None, 1) or tp_plan is not None:
+        raise ConfigError(f"tp_size/tp_plan apply to strategy 'fsdp+tp', not {strategy!r}")
+    if world == 1 or strategy == "none":
+        return model
+    if strategy == "ddp":
+        return _ddp(model)
+    if strategy == "fsdp":
+        return _fsdp(model, mesh=None, param_dtype=param_dtype)
+    return _fsdp_tp(model, world, tp_size, plan, param_dtype)  # type: ignore[arg-type]
+
+
+def _resolve_strategy(strategy: str | None, use_fsdp: bool | None) -> str:
+    if strategy is None:
+        return "ddp" if use_fsdp is None or not use_fsdp else "fsdp"
+    name = normalize_strategy(strategy)
+    if use_fsdp is not None and use_fsdp != name.startswith("fsdp"):
+        raise ConfigError(f"use_fsdp={use_fsdp} contradicts strategy={strategy!r}: pass only one")
+    return name
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, strategy: str) -> torch.dtype | None:
+    if dtype is None:
+        return None
+    resolved = _DTYPES.get(dtype.lower()) if isinstance(dtype, str) else dtype
+    if resolved not in _DTYPES.values():
+        raise ConfigError(f"dtype={dtype!r} is unknown: use one of {', '.join(_DTYPES)}")
+    if not strategy.startswith("fsdp"):
+        raise ConfigError(
+            f"dtype={dtype!r} sets FSDP mixed precision; strategy {strategy!r} keeps the "
+            f"model's own dtype (use torch.autocast, or strategy='fsdp')"
+        )
+    return resolved
+
+
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks: elements with parameters of the outermost ModuleLists."""
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and not any(name.startswith(f"{b}.") for b, _ in blocks):
+            blocks += [(f"{name}.{i}", m) for i, m in enumerate(mod)
+                       if next(m.parameters(), None) is not None]
+    return [m for _, m in blocks]
+
+
+def data_parallel_coords(tp_size: int = 1) -> tuple[int, int]:
+    """(dp_rank, dp_size) of this rank: which data shard it reads, out of how many."""
+
+    return get_rank() // tp_size, get_world_size() // tp_size
+
+
+def _ddp(model: nn.Module) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+
+    device = get_torch_device()
+    return DistributedDataParallel(model, device_ids=[device] if device.type in ("cuda", "xpu") else None)
+
+
+def _fsdp(model: nn.Module, mesh, param_dtype: torch.dtype | None) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if param_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in find_blocks(model):
+        fully_shard(block, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+def _check_tp(model: nn.Module, world: int, tp_size: int | None,
+              tp_plan: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The tensor-parallel plan as ParallelStyles, after checking it fits the model."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ConfigError(f"strategy 'fsdp+tp' needs tp_size, a positive int (got {tp_size!r})")
+    if world % tp_size:
+        raise ConfigError(
+            f"tp_size={tp_size} does not divide the world size {world}: "
+            f"use a divisor of {world} or launch a multiple of {tp_size} ranks"
+        )
+    plan = tp_plan if tp_plan is not None else getattr(model, "tp_plan", None)
+    blocks = find_blocks(model)
+    if not plan:
+        raise ConfigError(
+            f"strategy 'fsdp+tp' needs a tensor-parallel plan for {type(model).__name__}: pass "
+            f"tp_plan={{'fc1': 'colwise', 'fc2': 'rowwise'}} (module names inside each block)"
+            + ("" if blocks else "; the model has no repeated blocks (nn.ModuleList), so names are relative to the model")
+        )
+    styles: dict[str, Any] = {}
+    for name, style in plan.items():
+        if isinstance(style, ParallelStyle):
+            styles[name] = style
+        elif style in _STYLES:
+            styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+        else:
+            raise ConfigError(f"tp_plan[{name!r}]={style!r}: use 'colwise', 'rowwise' or a ParallelStyle")
+    for i, block in enumerate(blocks or [model]):
+        where = f"block {i}" if blocks else type(model).__name__
+        for name in plan:
+            try:
+                layer = block.get_submodule(name)
+            except AttributeError:
+                raise ConfigError(f"tp_plan names {name!r}, which {where} does not have") from None
+            if isinstance(layer, nn.Linear) and isinstance(styles[name], (ColwiseParallel, RowwiseParallel)):
+                colwise = isinstance(styles[name], ColwiseParallel)
+                n = layer.out_features if colwise else layer.in_features
+                if n % tp_size:
+                    raise ConfigError(f"{where}: {name} has {n} features, not divisible by tp_size={tp_size}")
+        for mod in block.modules():
+            heads = getattr(mod, "n_heads", None)
+            if isinstance(heads, int) and heads % tp_size:
+                raise ConfigError(f"{where}: {heads} attention heads are not divisible by tp_size={tp_size}")
+    return styles
+
+
+def _fsdp_tp(model: nn.Module, world: int, tp_size: int, plan: dict[str, Any],
+             param_dtype: torch.dtype | None) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+
+    mesh = init_device_mesh(get_torch_device_type(), (world // tp_size, tp_size),
+                            mesh_dim_names=("dp", "tp"))
+    for block in find_blocks(model) or [model]:
+        parallelize_module(block, mesh["tp"], plan)
+    return _fsdp(model, mesh["dp"], param_dtype)

@@ -1,0 +1,349 @@
+"""History: per-step metrics that cost next to nothing to record.
+
+``update`` appends to per-metric Python lists on this rank: no collective, no
+file I/O, no logging set-up. Every ``sync_every`` updates (and at
+``finalize``) the rows since the last sync become a numpy block and the ranks
+compute mean/min/max/std per step and metric in a few batched collectives
+(see ``stats``). Rank 0 appends its blocks to the history file's partial copy
+at most every ``flush_every`` seconds (file I/O is local to rank 0, so it
+needs no agreement between ranks). ``finalize`` moves that file into place
+with status "complete".
+
+All ranks must call ``update`` equally often and all must call ``finalize``
+(both contain the same collectives), as with any collective code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..common.metadata import git_commit, package_versions, redact, utc_now
+from ..core.device import get_torch_device_type
+from ..core.log import get_logger
+from ..core.ranks import get_rank
+from ..core.topology import env_topology
+from ..errors import ConfigError
+from .h5file import H5Writer, partial_path, read_history
+from .plots import plot_history
+from .sinks import CSVSink, SafeSinks, WandbSink, setup_wandb
+from .stats import STATS, cross_rank_stats, distributed_world, union_keys
+
+_NAN = math.nan
+
+
+def default_history_path(name: str) -> Path:
+    """``$PARSL_TORCH_RUN_DIR/outputs/<name>/history.h5`` (run dir: current directory)."""
+    return Path(os.environ.get("PARSL_TORCH_RUN_DIR", ".")) / "outputs" / name / "history.h5"
+
+
+def _as_float(key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        shape = getattr(value, "shape", None)
+        what = f"a tensor/array of shape {tuple(shape)}" if shape not in (None, ()) else repr(value)
+        raise ConfigError(f"metric {key!r} is {what}, not a number: pass a scalar "
+                          f"(e.g. loss.item()) or leave it out of update()") from None
+
+
+class History:
+    """Records metrics per step; writes one HDF5 history file per stage.
+
+    ``name``: the stage name (file attribute, default file location).
+    ``path``: where ``finalize`` puts the file (else its argument, else
+    ``default_history_path(name)``). ``sync_every``: updates between cross-rank
+    syncs (0: only at finalize). ``flush_every``: seconds between writes of
+    the partial file, checked at syncs (0: at every sync); a crash loses at
+    most that much history. ``config``: stored as JSON with
+    secrets redacted. ``units``/``descriptions``: per-metric attributes.
+    ``sinks``: "csv", "wandb" or Sink objects, fed on rank 0.
+    """
+
+    def __init__(self, name: str = "history", *, path: str | os.PathLike | None = None,
+                 sync_every: int = 100, flush_every: float = 30.0,
+                 config: Mapping[str, Any] | None = None,
+                 units: Mapping[str, str] | None = None, descriptions: Mapping[str, str] | None = None,
+                 sinks: Iterable[Any] = ()) -> None:
+
+        if not isinstance(sync_every, int) or sync_every < 0:
+            raise ConfigError(f"sync_every={sync_every!r}: use a non-negative int (0: sync at finalize only)")
+        self.name = name
+        self.path = Path(path).absolute() if path is not None else None
+        self.sync_every = sync_every
+        self.flush_every = flush_every
+        self.config = dict(config or {})
+        self._meta = {k: {"units": v} for k, v in (units or {}).items()}
+        for k, v in (descriptions or {}).items():
+            self._meta.setdefault(k, {})["description"] = v
+        self._rank = get_rank()
+        self._start = utc_now()
+        self._steps: list[int] = []
+        self._cols: dict[str, list[float]] = {}
+        self._next_step = 0
+        self._writer: Any = None
+        self._blocks: list[_Block] = []  # synced, not yet on disk
+        self._last_flush = time.monotonic()
+        self._finalized: Path | None = None
+        self._sinks = self._make_sinks(sinks) if self._rank == 0 else None
+
+    # -- recording ---------------------------------------------------------
+    def update(self, metrics: Mapping[str, Any], step: int | None = None) -> str:
+        """Record one step's metrics on this rank; returns ``"step=3 loss=0.25 ..."``.
+
+        A ``"step"`` entry (or the ``step`` argument) sets the step, else steps
+        count up from the last one. Tensors, numpy and Python scalars are
+        accepted; NaN and inf are recorded as they are.
+        """
+        cols, n = self._cols, len(self._steps)
+        parts = []
+        for k, v in metrics.items():
+            if k == "step":
+                step = int(v) if step is None else step
+                continue
+            if type(v) is not float:
+                v = _as_float(k, v)
+            col = cols.get(k)
+            if col is None:
+                col = cols[k] = [_NAN] * n
+            col.append(v)
+            parts.append(f"{k}={v:.6g}")
+        if len(cols) != len(parts):  # a metric recorded before is missing now
+            for col in cols.values():
+                if len(col) == n:
+                    col.append(_NAN)
+        if step is None:
+            step = self._next_step
+        self._steps.append(step)
+        self._next_step = step + 1
+        if self._sinks is not None and self._sinks.sinks:
+            self._sinks.log(step, {k: cols[k][-1] for k in metrics if k in cols})
+        if self.sync_every and n + 1 >= self.sync_every:
+            self.sync()
+        return f"step={step} " + " ".join(parts)
+
+    def sync(self) -> None:
+        """Cross-rank statistics of the pending rows; rank 0 appends them to the file.
+
+        Collective: every rank must call it (``update`` and ``finalize`` do).
+        """
+
+        block = self._take_pending()
+        if distributed_world() > 1:
+            rows = len(block.steps)
+            union, max_rows = union_keys(block.keys, rows)
+            full = np.full((len(union), max_rows), np.nan)
+            full[[union.index(k) for k in block.keys], :rows] = block.values
+            result = cross_rank_stats(full)
+            block = _Block(block.steps, tuple(union), full[:, :rows], {s: result[s][:, :rows] for s in STATS})
+            if self._rank == 0 and rows < max_rows:
+                get_logger("parsl_torch.history").warning(
+                    "history %r: other ranks recorded %d more step(s) than rank 0 since the last "
+                    "sync; the file keeps rank 0's steps", self.name, max_rows - rows)
+        if self._rank == 0:
+            self._blocks.append(block)
+            if time.monotonic() - self._last_flush >= self.flush_every:
+                self.flush()
+
+    def _take_pending(self) -> _Block:
+        """The rows recorded since the last sync as one block; starts a new one."""
+        keys, rows = tuple(self._cols), len(self._steps)
+        values = np.array([self._cols[k] for k in keys], dtype=np.float64).reshape(len(keys), rows)
+        block = _Block(np.array(self._steps, dtype=np.int64), keys, values, {})
+        self._steps, self._cols = [], {}
+        return block
+
+    def flush(self) -> None:
+        """Rank 0: write the synced blocks to the partial file (no collectives)."""
+        if self._rank != 0:
+            return
+        if self._blocks or self._writer is None:
+            self._write(*_Block.merge(self._blocks))
+            self._blocks = []
+        if self._sinks is not None:
+            self._sinks.flush()
+        self._last_flush = time.monotonic()
+
+    # -- output ------------------------------------------------------------
+    def _target(self, path: str | os.PathLike | None) -> Path:
+        chosen = Path(path) if path is not None else self.path or default_history_path(self.name)
+        return chosen.absolute()
+
+    def _write(self, steps: np.ndarray, values: dict[str, np.ndarray], stats: dict) -> None:
+        if self._writer is None:
+
+            target = self._target(None)
+            if self.path is None:
+                target.parent.mkdir(parents=True, exist_ok=True)  # our default: ours to create
+            _check_dir(target, where="the history's partial file")
+            self._writer = H5Writer(target, self._file_attrs(), self._meta)
+        self._writer.append(steps, values, stats, {})
+
+    def _file_attrs(self) -> dict[str, Any]:
+
+        topo = env_topology()
+        dist = sys.modules.get("torch.distributed")
+        backend = dist.get_backend() if dist is not None and dist.is_initialized() else "none"
+        return {
+            "stage": self.name, "start_time": self._start, "end_time": "",
+            "world_size": topo.world_size, "num_nodes": topo.num_nodes,
+            "nodes": json.dumps(list(topo.nodes)), "hostname": topo.hostname,
+            "device": get_torch_device_type(), "backend": backend,
+            "versions": json.dumps(package_versions()), "git_commit": git_commit(),
+            "config": json.dumps(redact(self.config), default=str),
+        }
+
+    def finalize(self, path: str | os.PathLike | None = None, *, plot: bool = True) -> Path:
+        """Sync the last rows and put the complete file at ``path``; returns the path.
+
+        Collective. Rank 0 writes; every rank returns the same path. Plots
+        (PNG per metric, beside the file) are made when matplotlib is installed.
+        """
+
+        final = self._target(path)
+        self.sync()
+        if self._rank == 0:
+            self.flush()
+            staged = self._writer.partial
+            _check_dir(final, where="finalize", partial=staged)
+            self._writer.set_attrs({"status": "complete", "end_time": utc_now()})
+            self._writer.finish(final)
+            if self.path is None and path is not None:  # drop the default dir we made, if empty
+                with contextlib.suppress(OSError):
+                    staged.parent.rmdir()
+            if self._sinks is not None:
+                self._sinks.close()
+            if plot:
+                self._plot(final)
+        self._finalized = final
+        return final
+
+    def _plot(self, path: Path) -> None:
+        try:
+
+            plot_history(path)
+        except ImportError:
+            get_logger("parsl_torch.history").info("no plots: pip install 'parsl-torch[history]' for matplotlib")
+        except Exception as exc:  # noqa: BLE001 - plots are a convenience
+            get_logger("parsl_torch.history").warning("plotting %s failed: %s", path, exc)
+
+    def resume(self, before_step: int) -> None:
+        """Start from an earlier attempt's file: keep its rows with step < ``before_step``.
+
+        For a run resumed from a checkpoint taken at ``before_step``: reads
+        ``<path>.partial`` (else ``<path>``) on rank 0; later steps are
+        recorded anew, so none is lost or duplicated. No collectives.
+        """
+        if self._rank != 0:
+            return
+
+        target = self._target(None)
+        source = next((p for p in (partial_path(target), target) if p.exists()), None)
+        if source is None:
+            return
+        data = read_history(source)
+        keep = data.steps < before_step
+        keys = tuple(data.metrics)
+        values = np.array([data.metrics[k][keep] for k in keys]).reshape(len(keys), int(keep.sum()))
+        stats = {}
+        if data.stats and all(k in data.stats for k in keys):
+            stats = {s: np.array([data.stats[k][s][keep] for k in keys]).reshape(values.shape) for s in STATS}
+        self._blocks.insert(0, _Block(data.steps[keep], keys, values, stats))
+
+    def mark_failed(self) -> None:
+        """Keep what this rank has as a partial file with status "failed" (no collectives)."""
+        if self._rank != 0:
+            return
+        if self._steps:
+            self._blocks.append(self._take_pending())
+        if self._blocks:
+            self.flush()
+        if self._writer is not None:
+            self._writer.set_attrs({"status": "failed"})
+            get_logger("parsl_torch.history").warning(
+                "history %r kept up to the failure in %s", self.name, self._writer.partial)
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.mark_failed()
+        elif self._finalized is None:
+            self.finalize()
+
+    def _make_sinks(self, sinks: Iterable[Any]):
+
+        made = []
+        for sink in sinks:
+            if sink == "csv":
+                made.append(CSVSink(self._target(None).with_suffix(".csv")))
+            elif sink == "wandb":
+                run = setup_wandb(project=os.environ.get("WANDB_PROJECT"), name=self.name, config=self.config)
+                if run is not None:
+                    made.append(WandbSink(run))
+            elif sink in ("none", None):
+                continue
+            elif isinstance(sink, str):
+                raise ConfigError(f"sink {sink!r} is unknown: use 'csv', 'wandb', 'none' or a Sink object")
+            else:
+                made.append(sink)
+        return SafeSinks(made)
+
+
+@dataclass
+class _Block:
+    """Rows of several steps: ``values`` and each ``stats`` matrix are keys x steps
+    (one contiguous row per metric: what the file's datasets want)."""
+
+    steps: np.ndarray
+    keys: tuple[str, ...]
+    values: np.ndarray
+    stats: dict[str, np.ndarray]
+
+    def widen(self, keys: tuple[str, ...]) -> _Block:
+        """The same rows over ``keys`` (a superset), NaN in the new columns."""
+        if keys == self.keys:
+            return self
+        idx = [keys.index(k) for k in self.keys]
+
+        def spread(m: np.ndarray) -> np.ndarray:
+            out = np.full((len(keys), len(self.steps)), np.nan)
+            out[idx] = m
+            return out
+
+        return _Block(self.steps, keys, spread(self.values), {s: spread(m) for s, m in self.stats.items()})
+
+    @staticmethod
+    def merge(blocks: list[_Block]) -> tuple[np.ndarray, dict, dict]:
+        """(steps, {metric: values}, {metric: {stat: values}}) of all blocks in order."""
+        keys = tuple(dict.fromkeys(k for b in blocks for k in b.keys))
+        wide = [b.widen(keys) for b in blocks]
+        steps = np.concatenate([b.steps for b in wide]) if wide else np.empty(0, np.int64)
+        values = np.concatenate([b.values for b in wide], axis=1) if wide else np.empty((0, 0))
+        with_stats = [b for b in wide if b.stats]
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        if with_stats and len(with_stats) == len(wide):  # else one process, or a failure flush
+            per_stat = {s: np.concatenate([b.stats[s] for b in wide], axis=1) for s in STATS}
+            stats = {k: {s: per_stat[s][j] for s in STATS} for j, k in enumerate(keys)}
+        return steps, dict(zip(keys, values)), stats
+
+
+def _check_dir(path: Path, where: str, partial: Path | None = None) -> None:
+    kept = f" (the history so far is kept in {partial})" if partial else ""
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: directory {parent} for {path.name} does not exist: create it "
+                          f"or pass another path{kept}")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{where}: directory {parent} is not writable: pass another path{kept}")

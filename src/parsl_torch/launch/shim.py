@@ -1,0 +1,92 @@
+"""``python -m parsl_torch.launch.shim -- CMD ...``: what every launched rank runs.
+
+It exports the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) from whatever launcher
+started it, so an unmodified torchrun-style script runs under mpiexec or srun,
+then runs CMD as its child, forwarding signals. When CMD fails it tells
+``parsl-torch launch`` which rank failed (PARSL_TORCH_LAUNCH_NOTIFY), so the
+launch stops every rank within seconds. It never initialises MPI: the command
+may.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from ..common.entrypoints import SHIM
+from ..core.topology import Topology, resolve_master, topology_from_env
+
+NOTIFY_VAR = "PARSL_TORCH_LAUNCH_NOTIFY"
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def torchrun_env(env: Mapping[str, str]) -> tuple[Topology, dict[str, str]]:
+    topo = resolve_master(topology_from_env(env), env, use_mpi=False)
+    return topo, {
+        "RANK": str(topo.rank), "LOCAL_RANK": str(topo.local_rank),
+        "WORLD_SIZE": str(topo.world_size), "LOCAL_WORLD_SIZE": str(topo.local_world_size),
+        "GROUP_RANK": str(topo.rank // topo.local_world_size),
+        "MASTER_ADDR": str(topo.master_addr), "MASTER_PORT": str(topo.master_port),
+    }
+
+
+def notify_failure(address: str, report: dict) -> bool:
+    """Send one JSON line to the launcher; False if it cannot be reached."""
+    host, port, token = address.rsplit(":", 2)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall((json.dumps({**report, "token": token}) + "\n").encode())
+        return True
+    except OSError:
+        return False
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cmd = argv[1:] if argv[:1] == ["--"] else argv
+    if not cmd or argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: python -m {SHIM} -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    topo, extra = torchrun_env(os.environ)
+    stopping: list[int] = []
+    try:
+        child = subprocess.Popen(cmd, env={**os.environ, **extra})
+    except OSError as exc:
+        print(f"parsl-torch: rank {topo.rank} on {topo.hostname}: cannot start {cmd[0]!r}: {exc.strerror}",
+              file=sys.stderr, flush=True)
+        code = 127
+    else:
+        def forward(signum, _frame):
+            stopping.append(signum)
+            child.send_signal(signum)
+
+        for sig in _FORWARDED:
+            signal.signal(sig, forward)
+        code = child.wait()
+    if code != 0 and not stopping:
+        report = {"rank": topo.rank, "local_rank": topo.local_rank, "host": topo.hostname, "code": code,
+                  "command": cmd}
+        address = os.environ.get(NOTIFY_VAR)
+        if not (address and notify_failure(address, report)):
+            print(f"parsl-torch: rank {topo.rank} on {topo.hostname} {describe_exit(code)}",
+                  file=sys.stderr, flush=True)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

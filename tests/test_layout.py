@@ -1,0 +1,224 @@
+"""The package's shape: layers import only downwards, no import circles, the
+package's own light modules are imported at the top, every ``python -m``
+entry point exists, and a scheduler is one record (the worked example in
+docs/architecture.md, executed as written)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import parsl_torch
+from parsl_torch.common import entrypoints
+
+from .conftest import clean_env
+
+PKG = Path(parsl_torch.__file__).parent
+DOC = Path(__file__).parent.parent / "docs" / "architecture.md"
+# subpackage (or top module) -> layer; a module may import lower layers and its own subpackage
+LAYERS = {"errors": 0, "common": 0, "core": 1, "history": 2, "launch": 2, "sites": 3, "apps": 4, "stages": 5,
+          "cli": 6}
+HEAVY = {"torch", "numpy", "h5py", "parsl", "dill", "yaml", "matplotlib", "xarray", "wandb", "globus_compute_sdk",
+         "mpi4py", "h5netcdf"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, top) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
+                    target = f"{base}.{child.module}" if child.module else base
+                else:
+                    target = child.module or ""
+                for alias in child.names:  # `from pkg import submodule` imports the submodule
+                    sub = f"{target}.{alias.name}"
+                    found.append((sub if sub in MODULES else target, top))
+            visit(child, inner)
+
+    visit(tree, True)
+    return found
+
+
+EDGES = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _heavy(module: str, seen: frozenset = frozenset()) -> bool:
+    """Imports a heavy third-party module at its top, itself or through the package's modules."""
+    for target, top in EDGES.get(module, ()):
+        if not top:
+            continue
+        if target.split(".")[0] in HEAVY:
+            return True
+        if target in MODULES and target not in seen and _heavy(target, seen | {module}):
+            return True
+    return False
+
+
+def test_every_module_sits_in_a_layer():
+    outside = sorted(m for m in MODULES if m != "parsl_torch" and _subpackage(m) not in LAYERS)
+    assert not outside, f"modules outside the layers of docs/architecture.md: {outside}"
+
+
+def test_layers_import_only_downwards():
+    wrong = []
+    for module, edges in EDGES.items():
+        if module == "parsl_torch":
+            continue  # the public facade names modules as strings, lazily
+        mine = LAYERS[_subpackage(module)]
+        for target, _ in edges:
+            if target == "parsl_torch":
+                wrong.append(f"{module} imports the top-level package (import the layer's module instead)")
+            elif target.startswith("parsl_torch."):
+                theirs = _subpackage(target)
+                if LAYERS[theirs] >= mine and theirs != _subpackage(module) and theirs != "errors":
+                    wrong.append(f"{module} (layer {mine}) imports {target} (layer {LAYERS[theirs]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circles():
+    graph = {m: {t for t, _ in edges if t in MODULES} for m, edges in EDGES.items()}
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [node, nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [node])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_function_level_imports_are_for_heavy_modules_only():
+    light = [f"{module} imports {target} inside a function: it is light, import it at the top"
+             for module, edges in EDGES.items() for target, top in edges
+             if not top and target in MODULES and not _heavy(target)]
+    assert not light, "\n".join(light)
+
+
+def test_workflow_side_modules_import_nothing_heavy():
+    """What the workflow process, a login node and the CLI import stays light."""
+    light = ["parsl_torch", "parsl_torch.apps.workflow", "parsl_torch.apps.distributed", "parsl_torch.launch.plan",
+             "parsl_torch.launch.supervise", "parsl_torch.sites", "parsl_torch.cli", "parsl_torch.stages.train",
+             "parsl_torch.stages.evaluate"]
+    code = ("import importlib, sys\n"
+            f"for m in {light!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in ('torch', 'parsl', 'numpy', 'h5py', 'dill', 'wandb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", [entrypoints.SUPERVISE, entrypoints.SHIM, entrypoints.STAGE_MAIN, entrypoints.CLI,
+                                    entrypoints.stage_module("train"), entrypoints.stage_module("evaluate")])
+def test_entry_points_exist(module):
+    mod = importlib.import_module(module)
+    assert callable(getattr(mod, "main", None)), f"{module} has no main()"
+    out = subprocess.run([sys.executable, "-m", module, "--help"], env=clean_env(), capture_output=True, text=True)
+    assert "usage" in (out.stdout + out.stderr).lower(), out.stderr
+
+
+def test_module_paths_in_commands_are_written_once():
+    """Only common/entrypoints.py spells a `python -m parsl_torch...` path in code."""
+    spelled = []
+    for module, path in MODULES.items():
+        if module == "parsl_torch.common.entrypoints":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.search(r"(^|-m )parsl_torch\.\w+\.\w+$", node.value):
+                spelled.append(f"{module}: {node.value!r}")
+    assert not spelled, "\n".join(spelled)
+
+
+# -- a scheduler is one record ---------------------------------------------
+def _worked_example() -> str:
+    text = DOC.read_text()
+    match = re.search(r"```python\n(# worked example: Grid Engine\n.*?)```", text, re.S)
+    assert match, f"{DOC} lost its worked example"
+    return match.group(1)
+
+
+@pytest.fixture
+def gridengine(tmp_path, monkeypatch):
+    """The record from docs/architecture.md, registered for one test."""
+    from parsl_torch.launch.schedulers import SCHEDULERS
+
+    namespace: dict = {}
+    exec(compile(_worked_example(), str(DOC), "exec"), namespace)  # noqa: S102 - our own documentation
+    yield SCHEDULERS["gridengine"]
+    SCHEDULERS.pop("gridengine")
+
+
+def test_adding_a_scheduler_is_one_record(gridengine, tmp_path, monkeypatch):
+    from parsl.providers import GridEngineProvider
+
+    from parsl_torch import sites
+    from parsl_torch.cli.commands import build_parser
+    from parsl_torch.launch.plan import LaunchRequest, plan_launch
+    from parsl_torch.launch.schedulers import detect_scheduler
+    from parsl_torch.sites.endpoint import endpoint_config
+
+    # detection: its job variable
+    env = {"JOB_ID": "42", "PE_HOSTFILE": str(tmp_path / "pe_hostfile")}
+    (tmp_path / "pe_hostfile").write_text("n1 2 all.q@n1 UNDEFINED\nn2 2 all.q@n2 UNDEFINED\n")
+    d = detect_scheduler(env)
+    assert (d.scheduler, d.in_job) == ("gridengine", True)
+    # launch: its nodes and its launch command
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "mpirun").write_text("#!/bin/sh\n")
+    (bindir / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{clean_env()['PATH']}")
+    p = plan_launch(LaunchRequest(("python", "train.py"), ranks_per_node=2), d, env, python="python")
+    assert p.argv[:6] == ("mpirun", "-np", "4", "--map-by", "ppr:2:node", "--host") and p.nodes == ("n1", "n2")
+    # the CLI offers its launcher
+    assert build_parser().parse_args(["launch", "--launcher", "mpirun"]).launcher == "mpirun"
+    # a site file names it; Parsl config, rendered script and endpoint config follow
+    (tmp_path / "ge.yaml").write_text("name: ge\nscheduler: gridengine\nprovider: {account: lab, queue: short}\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    site = sites.load("ge")
+    config = site.parsl_config(run_dir=str(tmp_path / "runinfo"))
+    mpi = config.executors[0]
+    assert isinstance(mpi.provider, GridEngineProvider) and mpi.provider.queue == "short"
+    script = site.render()
+    assert "qsub -q short -terse <script_dir>/parsl.mpi.block-0" in script and "#$ -l h_rt=01:00:00" in script
+    assert endpoint_config(site.spec, "/envs/pt")["engine"]["provider"]["type"] == "GridEngineProvider"
+
+
+def test_every_module_says_what_it_is_for():
+    missing = [m for m, path in MODULES.items() if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not missing, f"modules without a docstring at the top: {missing}"
