@@ -185,3 +185,16 @@ def test_endpoint_configs_follow_the_site_files(name, provider, launcher, capsys
     assert engine["provider"]["nodes_per_block"] == site.provider.nodes_per_block
     assert "source /envs/pt/bin/activate" in engine["provider"]["worker_init"]
     assert engine["address"]["ifname"] == site.address_interface
+
+
+def test_endpoint_and_parsl_configs_share_one_worker_init(tmp_path, monkeypatch, capsys):
+    """Environment values are quoted the same way in both (one builder)."""
+    from parsl_torch.sites.build import worker_init
+
+    (tmp_path / "mine.yaml").write_text("name: mine\nscheduler: pbs\nprovider: {account: A, worker_init: 'cd $HOME'}\n"
+                                        "environment: {TMPDIR: '/tmp/my dir; touch PWNED'}\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    assert cli(["sites", "endpoint-config", "mine", "--python-env", "/envs/pt"]) == 0
+    engine_init = yaml.safe_load(capsys.readouterr().out)["engine"]["provider"]["worker_init"]
+    assert engine_init == worker_init(sites.load("mine").spec, "/envs/pt")
+    assert engine_init.splitlines() == ["cd $HOME", "export TMPDIR='/tmp/my dir; touch PWNED'"]

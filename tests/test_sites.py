@@ -172,6 +172,9 @@ def test_cli_site_errors_are_one_line_exit_2(args, needle, capsys):
     ("name: other\nscheduler: pbs\n", "name: 'other' differs from the file name; use name: mine"),
     ("name: mine\nscheduler: pbs\n  bad: indent\n", "is not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of settings at the top, got list"),
+    ("name: mine\nscheduler: pbs\nenvironment:\n  'X=1; touch PWNED; Y': v\n",
+     "environment.X=1; touch PWNED; Y: not a variable name"),
+    ("name: mine\nscheduler: pbs\nmachine: summit\n", "machine: 'summit' is not one of aurora, sunspot"),
 ])
 def test_bad_site_files_name_file_and_field(tmp_path, monkeypatch, text, needle):
     (tmp_path / "mine.yaml").write_text(text)

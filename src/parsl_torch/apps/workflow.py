@@ -43,7 +43,7 @@ def current_workflow(stage: str) -> Workflow:
 class Workflow:
     """The run in progress: its site, directory, stage names and progress."""
 
-    def __init__(self, site: Any, run_dir: Path) -> None:
+    def __init__(self, site: sites.Site, run_dir: Path) -> None:
         self.site = site
         self.run_dir = run_dir
         spec = site.spec

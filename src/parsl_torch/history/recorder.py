@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import numpy as np
 from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..core.device import get_torch_device_type
 from ..core.log import get_logger
-from ..core.ranks import get_rank
+from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
 from ..errors import ConfigError
 from .h5file import H5Writer, partial_path, read_history
@@ -192,8 +191,8 @@ class History:
     def _file_attrs(self) -> dict[str, Any]:
 
         topo = env_topology()
-        dist = sys.modules.get("torch.distributed")
-        backend = dist.get_backend() if dist is not None and dist.is_initialized() else "none"
+        group = process_group()
+        backend = group.get_backend() if group else "none"
         return {
             "stage": self.name, "start_time": self._start, "end_time": "",
             "world_size": topo.world_size, "num_nodes": topo.num_nodes,
