@@ -123,3 +123,4 @@ if "fsdp_tp" in scenarios:
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 pt.cleanup()
+pt.exit_process(0)  # torch can abort in exit-time destructors after a process group (README)

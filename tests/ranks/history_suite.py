@@ -21,3 +21,4 @@ for step in range(steps):
 path = h.finalize(out)
 print(f"rank {rank} finalized {path}", flush=True)
 pt.cleanup()
+pt.exit_process(0)  # torch can abort in exit-time destructors after a process group (README)
