@@ -268,3 +268,13 @@ def test_doctor_passes_here_and_names_a_broken_setting():
     assert bad.returncode == 1
     assert "[ERROR] device/backend" in bad.stdout and "TORCH_BACKEND='bogus'" in bad.stdout
     assert "-> fix or unset TORCH_DEVICE / TORCH_BACKEND" in bad.stdout
+
+
+def test_local_falls_back_to_torchrun_without_mpiexec(monkeypatch):
+    from parsl_torch.launch import schedulers
+
+    monkeypatch.setattr(schedulers, "find_local_tool", lambda name: "/usr/bin/true" if name == "torchrun" else None)
+    env = {"PARSL_TORCH_SCHEDULER": "local"}
+    assert plan(env, hostname="laptop", n=2).launcher == "torchrun"
+    with pytest.raises(ConfigError, match="--launcher mpiexec: no mpiexec"):
+        plan(env, hostname="laptop", n=2, launcher="mpiexec")

@@ -95,8 +95,7 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
     nodes = scheduler.job_nodes(env)
     num_nodes, ppn, n = resolve_shape(request, len(nodes), machine.accelerators_per_node if machine else 1)
     nodes = nodes[:num_nodes]
-    start = scheduler.rank_launch(request.launcher or scheduler.launchers[0], num_nodes, ppn, n, nodes, machine,
-                                  env)
+    start = scheduler.rank_launch(request.launcher, num_nodes, ppn, n, nodes, machine, env)
     _check_executable(start.argv[0])
     extra = {k: v for k, v in start.env.items() if k not in env}
     if "MASTER_PORT" not in env:

@@ -65,9 +65,10 @@ class Scheduler:
         """The job's nodes in order, deduplicated; a ConfigError if there is no job."""
         raise ConfigError(f"scheduler {self.name!r} has no nodes to launch on here")
 
-    def rank_launch(self, program: str, num_nodes: int, ranks_per_node: int, num_ranks: int,
+    def rank_launch(self, program: str | None, num_nodes: int, ranks_per_node: int, num_ranks: int,
                     nodes: Sequence[str], machine: Machine | None, env: Mapping[str, str]) -> RankLaunch:
-        """The launch command for the ranks, before the command each rank runs."""
+        """The launch command for the ranks, before the command each rank runs.
+        ``program``: the launcher the user asked for (one of ``launchers``), None for the default."""
         raise ConfigError(f"scheduler {self.name!r} starts no ranks on this machine")
 
     def provider_options(self, provider: Any) -> dict[str, Any]:
