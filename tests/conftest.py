@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,3 +65,81 @@ def _no_leaked_master_env():
     yield
     after = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     assert after == before, f"test leaked {after}"
+
+
+class Cluster:
+    """The multi-node test cluster (tests/cluster/cluster.py) as tests use it."""
+
+    def __init__(self, module, nodes: list[str]) -> None:
+        self.module, self.nodes = module, nodes
+        self.state = module.STATE
+
+    def env(self) -> dict[str, str]:
+        """What a test exports to use the cluster: its Slurm, the fake PBS, hydra over nsexec."""
+        env = self.module.env_lines(self.nodes)
+        env["SLURM_CONF"] = env["PT_CLUSTER_SLURM_CONF"]
+        env["PATH"] = f"{FAKE_PBS}{os.pathsep}{BIN}{os.pathsep}/usr/local/sbin:/usr/sbin:/sbin{os.pathsep}" \
+                      f"{os.environ.get('PATH', '')}"
+        return env
+
+    def run_on(self, node: str, command: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+        """``command`` (a shell line) on ``node``, with the cluster's env and the venv, from this repository."""
+        exports = {**self.env(), "OMP_NUM_THREADS": "1", **env}
+        line = "cd {} && exec env {} sh -c {}".format(
+            shlex.quote(str(REPO)), " ".join(shlex.quote(f"{k}={v}") for k, v in exports.items()),
+            shlex.quote(command))
+        return subprocess.run([str(self.module.HERE / "bin" / "nsexec"), node, line], capture_output=True,
+                              text=True, timeout=timeout)
+
+    def processes(self, node: str) -> list[str]:
+        """Command lines of every process in ``node``'s own process table."""
+        lines = []
+        for pid in self.module.node_pids(node):
+            try:
+                lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+        return lines
+
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_PBS = Path(__file__).parent / "fakes" / "pbs"
+
+
+@pytest.fixture(scope="session")
+def cluster_session():
+    """Starts the test cluster once (3 nodes), stops it at the end; nothing is left running."""
+    need = [tool for tool in ("unshare", "nsenter", "ip") if not shutil.which(tool)]
+    sbin = f"/usr/local/sbin:/usr/sbin:/sbin{os.pathsep}{os.environ.get('PATH', '')}"
+    if not shutil.which("slurmctld", path=sbin) or not shutil.which("slurmd", path=sbin):
+        need.append("slurmctld/slurmd (../shared/scripts/start-slurm.sh installs them)")
+    if os.geteuid() != 0:
+        need.append("root")
+    if need:
+        if os.environ.get("PARSL_TORCH_REQUIRE_CLUSTER"):
+            pytest.fail(f"PARSL_TORCH_REQUIRE_CLUSTER is set but the test cluster cannot start: "
+                        f"missing {', '.join(need)}")
+        pytest.skip(f"no multi-node test cluster: missing {', '.join(need)}")
+    from .cluster import cluster as module
+
+    nodes = module.node_names(3)
+    module.up(len(nodes))
+    try:
+        yield Cluster(module, nodes)
+    finally:
+        module.down(quiet=True)
+
+
+@pytest.fixture
+def cluster(cluster_session, monkeypatch):
+    """The running cluster with its env exported; a node lost by an earlier test is back."""
+    for node in cluster_session.nodes:
+        if not cluster_session.module.node_alive(node):
+            cluster_session.module.restart_node(node)
+    for key, value in cluster_session.env().items():
+        monkeypatch.setenv(key, value)
+    for key in [k for k in os.environ if (k in LAUNCHER_VARS or k.startswith(LAUNCHER_PREFIXES))
+                and k != "SLURM_CONF"]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return cluster_session

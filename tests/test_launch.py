@@ -278,3 +278,85 @@ def test_local_falls_back_to_torchrun_without_mpiexec(monkeypatch):
     assert plan(env, hostname="laptop", n=2).launcher == "torchrun"
     with pytest.raises(ConfigError, match="--launcher mpiexec: no mpiexec"):
         plan(env, hostname="laptop", n=2, launcher="mpiexec")
+
+
+# -- lost nodes (the supervisor's heartbeat listener) -------------------------
+def _hello(listener, host="n2", ranks=(2, 3)):
+    import socket
+
+    host_port, token = listener.address.rsplit(":", 1)
+    sock = socket.create_connection(("127.0.0.1", int(host_port.rsplit(":", 1)[1])))
+    sock.sendall((json.dumps({"token": token, "hello": True, "host": host, "ranks": list(ranks)}) + "\n").encode())
+    return sock, token
+
+
+def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_neither():
+    import queue
+
+    from parsl_torch.launch.supervise import _RankListener, describe_node_loss
+
+    events = queue.Queue()
+    listener = _RankListener(events, node_timeout=0.6)
+    try:
+        silent, _ = _hello(listener, "n2", (2, 3))
+        kind, node = events.get(timeout=5)
+        assert kind == "lost" and node["host"] == "n2"
+        assert describe_node_loss(kind, node).startswith("node n2 lost (ranks 2, 3): no heartbeat for 1 s")
+        gone, _ = _hello(listener, "n3", (4, 7))
+        gone.close()  # EOF without bye: its processes ended without a word
+        kind, node = events.get(timeout=5)
+        assert (kind, node["host"]) == ("vanished", "n3")
+        assert "node n3 lost (ranks 4-7)" in describe_node_loss(kind, node)
+        done, token = _hello(listener, "n4", (8, 8))
+        done.sendall((json.dumps({"token": token, "bye": True}) + "\n").encode())
+        done.close()
+        with pytest.raises(queue.Empty):
+            events.get(timeout=1.5)
+        silent.close()
+    finally:
+        listener.close()
+
+
+def test_a_bad_node_timeout_names_the_variable():
+    from parsl_torch.launch.supervise import node_timeout_from_env
+
+    assert node_timeout_from_env({}) == 30
+    assert node_timeout_from_env({"PARSL_TORCH_NODE_TIMEOUT": "7.5"}) == 7.5
+    for bad in ("0", "soon", "-3"):
+        with pytest.raises(ConfigError, match="PARSL_TORCH_NODE_TIMEOUT"):
+            node_timeout_from_env({"PARSL_TORCH_NODE_TIMEOUT": bad})
+
+
+def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tmp_path):
+    from parsl.app.errors import BashExitFailure
+
+    from parsl_torch.apps.futures import stage_error
+
+    stderr = tmp_path / "stderr.txt"
+    stderr.write_text("parsl-torch: rank 0 on n1 exited with code 1\n"
+                      "parsl-torch: node n2 lost (ranks 2, 3): no heartbeat for 30 s (node down or its network "
+                      "cut); stopping the other 3 rank(s)\n")
+    err = stage_error("train", BashExitFailure("train", 75), stderr)
+    assert str(err).startswith("stage 'train' failed: node n2 lost (ranks 2, 3): no heartbeat for 30 s "
+                               "(node down or its network cut) (exit code 75)")
+
+
+def test_ranks_per_node_default_to_what_the_job_asked_for(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("a\na\nb\nb\n")  # select=2:mpiprocs=2
+    p = plan({"PBS_JOBID": "1", "PBS_NODEFILE": str(nodefile), "PATH": os.environ["PATH"]}, hostname="laptop")
+    assert (p.num_nodes, p.ranks_per_node, p.num_ranks) == (2, 2, 4)
+    p = plan({"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "c[1-2]", "SLURM_NTASKS_PER_NODE": "3",
+              "PATH": os.environ["PATH"]}, hostname="laptop")
+    assert (p.num_nodes, p.ranks_per_node, p.num_ranks) == (2, 3, 6)
+
+
+def test_hydra_gets_no_pals_only_flag(tmp_path):
+    from parsl_torch.launch.schedulers import is_hydra
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("a\nb\n")
+    assert is_hydra(str(BIN / "mpiexec"))  # the venv's MPICH
+    p = plan({"PBS_JOBID": "1", "PBS_NODEFILE": str(nodefile), "PARSL_TORCH_MPIEXEC": str(BIN / "mpiexec"),
+              "PATH": os.environ["PATH"]}, hostname="laptop")
+    assert "--line-buffer" not in p.argv and "--hostfile" in p.argv

@@ -71,8 +71,11 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
     tail = stderr_tail(stderr) if stderr else ""
     ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
     timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)
+    lost = re.search(r"parsl-torch: (node \S+ lost \([^)]*\)[^;\n]*)", tail)
     if isinstance(exc, BashExitFailure):
-        what = ranks[0] if ranks else (timed_out.group(1) if timed_out else "a rank failed")
+        # a lost node makes ranks elsewhere fail too: the node is the cause
+        what = lost.group(1) if lost else ranks[0] if ranks else (timed_out.group(1) if timed_out else
+                                                                  "a rank failed")
         head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
     else:
         head = f"stage {stage!r} failed: {type(exc).__name__}: {exc}"

@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         usage="parsl-torch launch [-n N] [--ppn P] [--nodes K] [--timeout S] [--dry-run] "
               "[-m MODULE] -- COMMAND [ARGS...]")
     launch.add_argument("-n", type=int, help="total ranks (default: nodes x ranks per node)")
-    launch.add_argument("--ppn", type=int, help="ranks per node (default: accelerators per node, else 1)")
+    launch.add_argument("--ppn", type=int, help="ranks per node (default: the job's --ntasks-per-node or "
+                                                 "mpiprocs, else accelerators per node, else 1)")
     launch.add_argument("--nodes", type=int, help="nodes to use (default: all of the job's)")
     launch.add_argument("--launcher", choices=all_launchers(),
                         help="the program that starts the ranks; without a scheduler: mpiexec (default when "

@@ -2,7 +2,9 @@
 
 Each check returns a status (ok, warn, error, skip), what it found and, when
 not ok, the remedy. The last check launches 2 ranks locally and runs one
-all_reduce with a short timeout: the whole stack, for real.
+all_reduce with a short timeout: the whole stack, for real. Inside a job of
+several nodes it launches one rank on every node instead, through the job's
+launcher, and names the nodes that did not answer.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ _SMOKE = ("import parsl_torch as pt, torch, torch.distributed as dist; pt.setup_
 # Ranks share mpiexec's stdout; with PYTHONUNBUFFERED=1 print() writes the text and
 # the newline separately, so lines of two ranks can merge. Match, don't split.
 _SMOKE_LINE = re.compile(r"smoke rank (\d+) sum (\d+)")
+_NODE_SMOKE = ("import parsl_torch as pt, torch, torch.distributed as dist, socket, sys; pt.setup_torch(timeout=30); "
+               "t = torch.ones(1, device=pt.get_torch_device()); dist.all_reduce(t); "
+               "sys.stdout.write(f'node smoke {socket.gethostname()} sum {t.item():g}\\n'); sys.stdout.flush(); "
+               "pt.cleanup()")
+_NODE_SMOKE_LINE = re.compile(r"node smoke (\S+) sum (\d+)")
 
 
 @dataclass
@@ -142,6 +149,37 @@ def _optional(name: str, dist: str, purpose: str, extra: str) -> Callable[[], Ch
     return check
 
 
+def _job_nodes() -> tuple[str, ...]:
+    """The nodes of the job this runs in (empty outside a job or when it cannot be read)."""
+    try:
+        d = sites.detect_job()
+        return get_scheduler(d.scheduler).job_nodes(os.environ) if d.in_job and d.scheduler != "local" else ()
+    except ParslTorchError:
+        return ()
+
+
+def check_nodes(nodes: tuple[str, ...]) -> Check:
+    """One rank on every node of the job, one all_reduce, through the job's launcher."""
+    env = {**os.environ, "PARSL_TORCH_TIMEOUT": "30"}
+    env["PATH"] = path_with_python_bin(env)
+    name = f"all_reduce on {len(nodes)} nodes"
+    cmd = [sys.executable, "-m", CLI, "launch", "--nodes", str(len(nodes)), "--ppn", "1",
+           "--timeout", str(SMOKE_TIMEOUT_S), "--", sys.executable, "-c", _NODE_SMOKE]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S + 30)
+    except subprocess.TimeoutExpired:
+        return Check(name, "error", "hung past its timeout", "parsl-torch launch --ppn 1 by hand")
+    answered = {host: int(total) for host, total in _NODE_SMOKE_LINE.findall(out.stdout)}
+    missing = [n for n in nodes if n not in answered and n.split(".")[0] not in answered]
+    if out.returncode == 0 and not missing and set(answered.values()) == {len(nodes)}:
+        return Check(name, "ok", f"{len(nodes)} ranks agreed (sum {len(nodes)}) on {', '.join(nodes)}")
+    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+    silent = f"no answer from {', '.join(missing)}; " if missing else ""
+    return Check(name, "error", f"{silent}exit {out.returncode}: {tail}",
+                 "check those nodes (module loads, the venv on a shared file system, the network), "
+                 "then parsl-torch launch --ppn 1 -- hostname")
+
+
 def check_smoke() -> Check:
     """2 local ranks, one all_reduce, through parsl-torch launch."""
     env = {**os.environ, "PARSL_TORCH_SCHEDULER": "local", "PARSL_TORCH_TIMEOUT": "30"}
@@ -176,7 +214,11 @@ def run_checks(smoke: bool = True) -> list[Check]:
             results.append(Check(check.__name__.removeprefix("check_"), "error", f"{type(exc).__name__}: {exc}"))
     blocked = any(r.status == "error" for r in results if r.name in ("torch", "device/backend"))
     if smoke:
-        results.append(Check("2-rank all_reduce", "skip", "torch or device is broken") if blocked else check_smoke())
+        nodes = _job_nodes()
+        if blocked:
+            results.append(Check("2-rank all_reduce", "skip", "torch or device is broken"))
+        else:
+            results.append(check_nodes(nodes) if len(nodes) > 1 else check_smoke())
     return results
 
 

@@ -93,7 +93,10 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
                           f"{' or '.join(scheduler.launchers) or 'nothing (it starts no ranks here)'}")
     machine = get_machine(detection.machine)
     nodes = scheduler.job_nodes(env)
-    num_nodes, ppn, n = resolve_shape(request, len(nodes), machine.accelerators_per_node if machine else 1)
+    # what the job asked for (--ntasks-per-node, mpiprocs) beats the machine's accelerators per node
+    asked = scheduler.job_ranks_per_node(env)
+    default_ppn = asked if asked and asked > 1 else (machine.accelerators_per_node if machine else 1)
+    num_nodes, ppn, n = resolve_shape(request, len(nodes), default_ppn)
     nodes = nodes[:num_nodes]
     start = scheduler.rank_launch(request.launcher, num_nodes, ppn, n, nodes, machine, env)
     _check_executable(start.argv[0])

@@ -19,9 +19,11 @@ job), then local. Installed binaries are never evidence: a laptop with
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +66,10 @@ class Scheduler:
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         """The job's nodes in order, deduplicated; a ConfigError if there is no job."""
         raise ConfigError(f"scheduler {self.name!r} has no nodes to launch on here")
+
+    def job_ranks_per_node(self, env: Mapping[str, str]) -> int | None:
+        """Ranks per node the job itself asked for (None: it did not say)."""
+        return None
 
     def rank_launch(self, program: str | None, num_nodes: int, ranks_per_node: int, num_ranks: int,
                     nodes: Sequence[str], machine: Machine | None, env: Mapping[str, str]) -> RankLaunch:
@@ -108,14 +114,21 @@ class PBS(Scheduler):
             raise ConfigError(f"PBS_NODEFILE={nodefile} is empty: the job has no nodes")
         return tuple(dict.fromkeys(lines))
 
+    def job_ranks_per_node(self, env: Mapping[str, str]) -> int | None:
+        # PBS writes a node once per mpiprocs of its select chunk
+        lines = self.job_nodes(env) and Path(env["PBS_NODEFILE"]).read_text().split()
+        return lines.count(lines[0]) if lines else None
+
     def rank_launch(self, program, num_nodes, ranks_per_node, num_ranks, nodes, machine, env):
         mpiexec = env.get("PARSL_TORCH_MPIEXEC") or shutil.which("mpiexec")
         if not mpiexec:
             raise ConfigError("mpiexec is not on PATH: load the MPI module (module load ...) "
                               "or set PARSL_TORCH_MPIEXEC")
         binding = machine.binding_args(ranks_per_node) if machine else []
+        # --line-buffer is PALS's (Aurora, Polaris); MPICH's hydra refuses it and buffers by line anyway
+        line_buffer = () if is_hydra(mpiexec) else ("--line-buffer",)
         argv = (mpiexec, "--envall", "--np", str(num_ranks), "--ppn", str(ranks_per_node),
-                "--hostfile", _hostfile(nodes, env["PBS_NODEFILE"]), "--line-buffer", *binding)
+                "--hostfile", _hostfile(nodes, env["PBS_NODEFILE"]), *line_buffer, *binding)
         # mpiexec places rank 0 on the host file's first node
         return RankLaunch(argv, "mpiexec", {"MASTER_ADDR": nodes[0]})
 
@@ -145,6 +158,10 @@ class Slurm(Scheduler):
         if not hostlist:
             raise ConfigError("SLURM_JOB_NODELIST is not set: launch inside a Slurm job (salloc or sbatch)")
         return tuple(expand_hostlist(hostlist))
+
+    def job_ranks_per_node(self, env: Mapping[str, str]) -> int | None:
+        value = env.get("SLURM_NTASKS_PER_NODE", "")  # set by --ntasks-per-node
+        return int(value) if value.isdigit() else None
 
     def rank_launch(self, program, num_nodes, ranks_per_node, num_ranks, nodes, machine, env):
         if not shutil.which("srun"):
@@ -276,6 +293,16 @@ def detect_scheduler(env: Mapping[str, str] | None = None, *, machine: str | Non
         return Detection(machine_scheduler, machine, False, f"{why}, outside a job")
     reason = f"no {' or '.join(s.job_id_var for s in SCHEDULERS.values() if s.job_id_var)}"
     return Detection("local", machine, True, f"{reason}; {why}" if why else reason)
+
+
+@functools.lru_cache(maxsize=8)
+def is_hydra(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is MPICH's hydra (a PBS cluster without PALS, or the test cluster)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "HYDRA" in out
 
 
 def _hostfile(nodes: Sequence[str], nodefile: str) -> str:

@@ -5,8 +5,9 @@ LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) from whatever launcher
 started it, so an unmodified torchrun-style script runs under mpiexec or srun,
 then runs CMD as its child, forwarding signals. When CMD fails it tells
 ``parsl-torch launch`` which rank failed (PARSL_TORCH_LAUNCH_NOTIFY), so the
-launch stops every rank within seconds. It never initialises MPI: the command
-may.
+launch stops every rank within seconds; the first shim on each node also
+sends the launch a heartbeat, so a lost node is named (see ``supervise``).
+It never initialises MPI: the command may.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 
 from ..common.entrypoints import SHIM
@@ -24,6 +26,7 @@ from ..core.topology import Topology, resolve_master, topology_from_env
 
 NOTIFY_VAR = "PARSL_TORCH_LAUNCH_NOTIFY"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+HEARTBEAT_S = 2.0
 
 
 def torchrun_env(env: Mapping[str, str]) -> tuple[Topology, dict[str, str]]:
@@ -47,6 +50,43 @@ def notify_failure(address: str, report: dict) -> bool:
         return False
 
 
+class Heartbeat:
+    """Local rank 0's line to the launch: hello (host, this node's ranks), a
+    newline every HEARTBEAT_S, bye at the end. A node that cannot reach the
+    launch is simply not watched."""
+
+    def __init__(self, address: str, topo: Topology) -> None:
+        host, port, token = address.rsplit(":", 2)
+        first = topo.rank - topo.local_rank
+        hello = {"token": token, "hello": True, "host": topo.hostname,
+                 "ranks": [first, first + topo.local_world_size - 1]}
+        self._stop = threading.Event()
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=5)
+            self._sock.sendall((json.dumps(hello) + "\n").encode())
+        except OSError:
+            self._sock = None
+            return
+        self._token = token
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._sock.sendall(b"\n")
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            try:
+                self._sock.sendall((json.dumps({"token": self._token, "bye": True}) + "\n").encode())
+            except OSError:
+                pass
+            self._sock.close()
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -63,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m {SHIM} -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     topo, extra = torchrun_env(os.environ)
+    address = os.environ.get(NOTIFY_VAR)
+    heartbeat = Heartbeat(address, topo) if address and topo.local_rank == 0 else None
     stopping: list[int] = []
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **extra})
@@ -81,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0 and not stopping:
         report = {"rank": topo.rank, "local_rank": topo.local_rank, "host": topo.hostname, "code": code,
                   "command": cmd}
-        address = os.environ.get(NOTIFY_VAR)
         if not (address and notify_failure(address, report)):
             print(f"parsl-torch: rank {topo.rank} on {topo.hostname} {describe_exit(code)}",
                   file=sys.stderr, flush=True)
+    if heartbeat is not None:
+        heartbeat.close()  # after the report: a failed rank is named as such, not as a lost node
     return code if code >= 0 else 128 - code
 
 

@@ -3,6 +3,12 @@
 * A rank that fails reports to a socket this process listens on (see
   ``shim``); the launch then stops all ranks and exits with that rank's code
   within seconds. mpiexec alone would wait for the other ranks forever.
+* Each node's first shim keeps a heartbeat connection open: a node whose
+  processes vanish, or that goes silent for PARSL_TORCH_NODE_TIMEOUT seconds
+  (default 30; a powered-off node sends nothing, not even a reset), is named
+  with its ranks, everything is stopped, and the exit code is 75. Without
+  this the other nodes' ranks fail only at the collective timeout, naming
+  themselves.
 * ``timeout`` stops everything and exits 124; SIGINT/SIGTERM stop everything
   and exit 128+signal.
 * Stopping: SIGTERM to the launcher (mpiexec/srun/torchrun tear down their
@@ -19,52 +25,156 @@ import json
 import os
 import queue
 import secrets
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..common.entrypoints import SUPERVISE
 from ..core.topology import free_port
+from ..errors import ConfigError
 from .plan import LaunchPlan
 from .shim import NOTIFY_VAR, describe_exit
 
 GRACE_S = 10.0
 TIMEOUT_EXIT = 124
+#: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
+NODE_LOST_EXIT = 75
+NODE_TIMEOUT_VAR = "PARSL_TORCH_NODE_TIMEOUT"
+NODE_TIMEOUT_S = 30.0
+LOST_NODE_GRACE_S = 3.0
 
 
 def _say(message: str) -> None:
     print(f"parsl-torch: {message}", file=sys.stderr, flush=True)
 
 
-class _FailureListener:
-    """Accepts failure reports from the ranks' shims (one JSON line each) and
-    puts them on ``events`` as ("report", dict)."""
+class _RankListener:
+    """The ranks' shims talk to this one socket (JSON lines carrying the token):
 
-    def __init__(self, events: queue.Queue) -> None:
+    * a failure report (one line on its own connection): ("report", dict);
+    * a node's heartbeat: local rank 0's shim says hello (host, its node's
+      ranks), then a newline every few seconds, and "bye" when it ends. EOF
+      without bye: ("vanished", node); silence for ``node_timeout`` seconds:
+      ("lost", node) - a powered-off node or a cut link sends nothing at all,
+      so only silence shows it, long before the collective timeout.
+
+    One thread with ``selectors``: a node costs one connection, not a thread.
+    """
+
+    def __init__(self, events: queue.Queue, node_timeout: float) -> None:
         self.token = secrets.token_hex(12)
         self.server = socket.create_server(("", 0))
+        self.server.setblocking(False)
         self.address = f"{socket.gethostname()}:{self.server.getsockname()[1]}:{self.token}"
-        self.events = events
+        self.events, self.node_timeout = events, node_timeout
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.server, selectors.EVENT_READ)
+        self._closed = False
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
+        buffers: dict[socket.socket, bytearray] = {}
+        nodes: dict[socket.socket, dict] = {}  # heartbeat connections: node info + last_seen
+        while not self._closed:
             try:
-                conn, _ = self.server.accept()
-            except OSError:
+                ready = self.selector.select(timeout=0.5)
+            except (OSError, ValueError):
                 return
-            with conn, contextlib.suppress(OSError, ValueError):
-                conn.settimeout(5)
-                report = json.loads(conn.makefile().readline())
-                if report.pop("token", None) == self.token:
-                    self.events.put(("report", report))
+            now = time.monotonic()
+            for key, _ in ready:
+                sock = key.fileobj
+                if sock is self.server:
+                    with contextlib.suppress(OSError):
+                        conn, _ = self.server.accept()
+                        conn.setblocking(False)
+                        buffers[conn] = bytearray()
+                        self.selector.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    node = nodes.pop(sock, None)
+                    if node is not None and not node.get("bye"):
+                        self.events.put(("vanished", node))
+                    self._drop(sock, buffers)
+                    continue
+                buffers[sock] += data
+                if sock in nodes:
+                    nodes[sock]["seen"] = now
+                while b"\n" in buffers.get(sock, b""):
+                    line, _, rest = bytes(buffers[sock]).partition(b"\n")
+                    buffers[sock] = bytearray(rest)
+                    self._line(sock, line, nodes, buffers, now)
+            for sock, node in list(nodes.items()):
+                if now - node["seen"] > self.node_timeout:
+                    nodes.pop(sock)
+                    self.events.put(("lost", {**node, "silent_s": now - node["seen"]}))
+                    self._drop(sock, buffers)
+
+    def _line(self, sock: socket.socket, line: bytes, nodes: dict, buffers: dict, now: float) -> None:
+        if not line.strip():
+            return  # a heartbeat
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = {}
+        if not isinstance(message, dict) or message.pop("token", None) != self.token:
+            self._drop(sock, buffers)
+            return
+        if message.get("hello"):
+            nodes[sock] = {"host": message.get("host", "?"), "ranks": message.get("ranks", []), "seen": now}
+        elif message.get("bye"):
+            if sock in nodes:
+                nodes[sock]["bye"] = True
+        else:
+            self.events.put(("report", message))
+
+    def _drop(self, sock: socket.socket, buffers: dict) -> None:
+        buffers.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(sock)
+        sock.close()
 
     def close(self) -> None:
+        self._closed = True
         self.server.close()
+
+
+def node_timeout_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """Seconds of silence after which a node counts as lost (PARSL_TORCH_NODE_TIMEOUT, default 30)."""
+    raw = env.get(NODE_TIMEOUT_VAR, "")
+    try:
+        value = float(raw) if raw else NODE_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{NODE_TIMEOUT_VAR}={raw!r}: give the seconds of silence after which a node counts as "
+                          f"lost, e.g. 30")
+    return value
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) == 2 and ranks[1] > ranks[0]:
+        return f"ranks {ranks[0]}-{ranks[1]}" if ranks[1] > ranks[0] + 1 else f"ranks {ranks[0]}, {ranks[1]}"
+    return f"rank {ranks[0]}" if ranks else "its ranks"
+
+
+def describe_node_loss(kind: str, node: dict) -> str:
+    """The line that names a lost node and its ranks (stage errors quote it)."""
+    what = f"node {node['host']} lost ({_ranks_text(node['ranks'])})"
+    if kind == "lost":
+        return f"{what}: no heartbeat for {node['silent_s']:.0f} s (node down or its network cut)"
+    return f"{what}: its ranks' processes ended without a report (node down or killed)"
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -104,10 +214,23 @@ def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _node_loss_within(events: queue.Queue, wait: float) -> tuple[str, dict] | None:
+    """A node-loss event arriving within ``wait`` seconds (other events are dropped)."""
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            kind, value = events.get(timeout=left)
+        except queue.Empty:
+            return None
+        if kind in ("lost", "vanished"):
+            return kind, value
+    return None
+
+
 def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S) -> int:
-    """Run ``plan``; its exit code, or the failed rank's, 124 on timeout."""
+    """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost."""
     events: queue.Queue[tuple[str, object]] = queue.Queue()
-    listener = _FailureListener(events)
+    listener = _RankListener(events, node_timeout_from_env({**os.environ, **plan.env}))
     env = {**os.environ, **plan.env, NOTIFY_VAR: listener.address}
     received: list[int] = []
     handlers = {sig: signal.signal(sig, lambda s, _f: received.append(s))
@@ -115,22 +238,38 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
     threading.Thread(target=lambda: events.put(("exit", proc.wait())), daemon=True).start()
     deadline = time.monotonic() + timeout if timeout else None
+    others = f"the other {plan.num_ranks - 1} rank(s)" if plan.num_ranks else "the other ranks"
+
+    def node_lost(kind: str, node: dict) -> int:
+        _say(f"{describe_node_loss(kind, node)}; stopping {others}")
+        _stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
+        return NODE_LOST_EXIT
+
     try:
         while True:
             try:  # wakes at once for a report or the launcher's exit; signals within 0.2 s
                 kind, value = events.get(timeout=0.2)
             except queue.Empty:
                 kind, value = "", None
+            if kind in ("lost", "vanished"):
+                return node_lost(kind, value)
             if kind == "report":
+                # a lost node makes the ranks elsewhere fail too: name the cause if it follows at once
+                if cause := _node_loss_within(events, 1.0):
+                    _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
+                    return node_lost(*cause)
                 _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}; "
-                     f"stopping the other {plan.num_ranks - 1} rank(s)")
+                     f"stopping {others}")
                 _stop(proc, grace)
                 return _exit_code(value["code"])
             if kind == "exit":
                 code = _exit_code(value)
-                if code:  # name the rank if its report is on its way
+                if code:  # name the rank (or the lost node) if its report is on its way
                     with contextlib.suppress(queue.Empty):
                         kind, value = events.get(timeout=1.0)
+                        if kind in ("lost", "vanished"):
+                            _say(describe_node_loss(kind, value))
+                            return NODE_LOST_EXIT
                         if kind == "report":
                             _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
                 return code

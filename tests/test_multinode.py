@@ -1,0 +1,197 @@
+"""Stages across nodes, on the multi-node test cluster (tests/cluster/cluster.py).
+
+Three namespace nodes n1-n3 on one machine: a real Slurm (slurmctld here,
+slurmd per node) and a FAKE PBS (tests/fakes/pbs) whose mpiexec is MPICH's
+hydra reaching other nodes through nsexec. What is checked is what users see
+on real machines: ranks on every node, the master on the first, fail-fast
+naming the rank or the lost node, nothing left on any node.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import parsl_torch as pt
+from parsl_torch.stages.train import train
+
+from .conftest import REPO
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+
+TEST_SITES = Path(__file__).parent / "sites"
+RANKS = Path(__file__).parent / "ranks"
+TRAIN = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16},
+         "data": {"batch_size": 16}, "steps": 8, "checkpoint_every": 4, "log_every": 4}
+
+
+@pytest.fixture
+def sites_here(monkeypatch, tmp_path):
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(TEST_SITES))
+    monkeypatch.chdir(tmp_path)
+
+
+def stage_processes(cluster, marker: str) -> dict[str, list[str]]:
+    """Processes whose command line mentions ``marker``, per node (own process tables)."""
+    return {node: [p for p in cluster.processes(node) if marker in p] for node in cluster.nodes}
+
+
+def wait_gone(cluster, marker: str, within: float = 10.0) -> dict[str, list[str]]:
+    deadline = time.monotonic() + within
+    while (left := stage_processes(cluster, marker)) and any(left.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {node: procs for node, procs in left.items() if procs}
+
+
+def test_nodes_are_separate_hosts_and_srun_spans_them(cluster):
+    names = {node: cluster.run_on(node, "hostname").stdout.strip() for node in cluster.nodes}
+    assert names == {node: node for node in cluster.nodes}
+    # each node has its own process table: PID 1 is its init, not this machine's
+    assert all("node_init.py" in cluster.processes(node)[0] for node in cluster.nodes)
+    out = subprocess.run(["srun", "-N", "2", "--ntasks-per-node", "2", "hostname"], capture_output=True, text=True,
+                         timeout=60)
+    assert sorted(out.stdout.split()) == ["n1", "n1", "n2", "n2"], out.stderr
+
+
+def _markers(path: Path) -> dict[int, str]:
+    return {int(f.name[4:]): f.read_text().split()[0] for f in path.glob("rank*")}
+
+
+def test_launch_under_srun_inside_a_two_node_allocation(cluster, tmp_path):
+    job = tmp_path / "job.sh"
+    job.write_text(f"#!/bin/bash\ncd {REPO}\nexec parsl-torch launch -- {sys.executable} "
+                   f"{RANKS / 'allreduce_loop.py'} {tmp_path / 'markers'} 0\n")
+    out = subprocess.run(["sbatch", "--wait", "-N", "2", "--ntasks-per-node", "2", "--exclusive",
+                          "-o", str(tmp_path / "job.out"), str(job)], capture_output=True, text=True, timeout=180)
+    log = (tmp_path / "job.out").read_text()
+    assert out.returncode == 0, log
+    assert "4 rank(s) on 2 node(s) via srun" in log
+    assert _markers(tmp_path / "markers") == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+
+
+def test_launch_under_mpiexec_with_a_host_file(cluster, tmp_path):
+    hostfile = tmp_path / "nodes"
+    hostfile.write_text("n2\nn3\n")
+    out = cluster.run_on("n2", f"parsl-torch launch --ppn 2 -- {sys.executable} {RANKS / 'allreduce_loop.py'} "
+                               f"{tmp_path / 'markers'} 0", PBS_JOBID="7.fakepbs", PBS_NODEFILE=str(hostfile))
+    assert out.returncode == 0, out.stderr
+    assert "MASTER_ADDR=n2" in out.stderr and "--hostfile" in out.stderr
+    assert _markers(tmp_path / "markers") == {0: "n2", 1: "n2", 2: "n3", 3: "n3"}
+
+
+@pytest.mark.parametrize("site", ["nsslurm", "nspbs"])
+def test_train_on_two_nodes_equals_one_node(cluster, sites_here, site):
+    import h5py
+
+    with pt.workflow(site=site, run_dir="runs/two") as wf:
+        two = train({**TRAIN, "strategy": "fsdp"}, num_nodes=2, ranks_per_node=2,
+                                    outputs=["two.h5", "two.pt"]).result(timeout=240)
+        one = train({**TRAIN, "strategy": "fsdp"}, num_nodes=1, ranks_per_node=4, stage="one",
+                                    outputs=["one.h5", "one.pt"]).result(timeout=240)
+    assert two["world_size"] == one["world_size"] == 4
+    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-5)
+    with h5py.File(two["history"]) as f:
+        assert f.attrs["num_nodes"] == 2 and f.attrs["hostname"] == "n1"
+        assert '"n1", "n2"' in f.attrs["nodes"]
+    log = (wf.run_dir / "train" / "stderr.txt").read_text() if (wf.run_dir / "train" / "stderr.txt").exists() \
+        else "".join(p.read_text() for p in (wf.run_dir / "train").glob("*std*"))
+    assert "master n1:" in log
+
+
+def test_one_node_stages_share_a_two_node_block(cluster, sites_here):
+    @pt.distributed_app(num_nodes=1, ranks_per_node=2)
+    def where(seconds):
+        import socket as _socket
+        import time as _time
+
+        start = _time.time()
+        _time.sleep(seconds)
+        return _socket.gethostname(), start, _time.time()
+
+    with pt.workflow(site="nspbs", run_dir="runs/share"):
+        futures = [where(4, stage=f"s{i}") for i in range(3)]
+        (host_a, start_a, end_a), (host_b, start_b, end_b), (_, start_c, _) = [f.result(timeout=240)
+                                                                               for f in futures]
+    assert {host_a, host_b} == {"n1", "n2"}  # the block's two nodes, one stage each
+    assert start_b < end_a and start_a < end_b  # at the same time
+    assert start_c >= min(end_a, end_b) - 0.5  # the third waited for a free node
+
+
+def _wait_for(path: Path, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not appear: {path}")
+        time.sleep(0.1)
+
+
+def test_rank_killed_on_second_node_fails_fast_and_leaves_nothing(cluster, sites_here, tmp_path):
+    markers = tmp_path / "markers"
+    loop = pt.script_app(RANKS / "allreduce_loop.py", args=[str(markers), 120], num_nodes=2, ranks_per_node=2)
+    with pt.workflow(site="nsslurm", run_dir="runs/kill"):
+        future = loop()
+        _wait_for(markers / "rank3", "rank 3's marker")
+        host, pid = (markers / "rank3").read_text().split()
+        assert host == "n2"
+        cluster.run_on("n2", f"kill -9 {pid}")
+        killed = time.monotonic()
+        with pytest.raises(pt.StageError) as err:
+            future.result(timeout=120)
+        took = time.monotonic() - killed
+    assert "rank 3 on n2 was killed by SIGKILL" in str(err.value)
+    assert took < 20, f"the stage failed {took:.0f} s after the kill"
+    assert not wait_gone(cluster, str(markers)), "stage processes left behind"
+
+
+def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(cluster, sites_here, monkeypatch,
+                                                                              tmp_path):
+    # rank 2 (on the second node) stops at step 6, after the checkpoint of step 6: the others wait in
+    # their collective, as they do when a node dies; the retry must not stop (ONCE file)
+    monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+    cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2}
+    # a block of 3 nodes: the 2-node stage gets n1, n2; after n2 is lost the retry gets n3, n1
+    with pt.workflow(site="nspbs", run_dir="runs/lost", nodes=3, retries=1) as wf:
+        future = train(cfg, num_nodes=2, ranks_per_node=2)
+        _wait_for(tmp_path / "once", "the stopped rank")
+        assert (wf.run_dir / "train" / "model.pt").exists()
+        errors: list[str] = []
+        lost_at = time.monotonic()
+        cluster.module.lose_node("n2")
+
+        def watch_stderr() -> None:  # the first attempt's error, before the retry overwrites it
+            stderr = wf.run_dir / "train" / "stderr.txt"
+            while time.monotonic() - lost_at < 60 and not errors:
+                text = stderr.read_text() if stderr.exists() else ""
+                if "node n2 lost" in text:
+                    errors.append(text)
+                    errors.append(f"{time.monotonic() - lost_at:.1f}")
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch_stderr)
+        watcher.start()
+        result = future.result(timeout=240)
+        watcher.join()
+    assert errors, "no 'node n2 lost' message in the stage's stderr"
+    assert "node n2 lost (ranks 2, 3): no heartbeat" in errors[0]
+    assert float(errors[1]) < 40, f"named {errors[1]} s after the loss: later than the collective timeout"
+    assert result["resumed_from"] == 6 and result["world_size"] == 4
+    history = pt.read_history(result["history"])
+    assert history.attrs["hostname"] == "n3"  # the retry ran on the nodes that remained: n3, n1
+    assert list(history.steps) == list(range(10))  # no step lost or repeated
+
+
+def test_doctor_checks_every_node_of_a_two_node_allocation(cluster, tmp_path):
+    job = tmp_path / "doctor.sh"
+    job.write_text(f"#!/bin/bash\ncd {REPO}\nexec parsl-torch doctor\n")
+    out = subprocess.run(["sbatch", "--wait", "-N", "2", "--exclusive", "-o", str(tmp_path / "doctor.out"),
+                          str(job)], capture_output=True, text=True, timeout=180)
+    log = (tmp_path / "doctor.out").read_text()
+    assert out.returncode == 0, log
+    assert "2 ranks agreed (sum 2) on n1, n2" in log
