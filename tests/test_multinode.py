@@ -187,6 +187,28 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     assert list(history.steps) == list(range(10))  # no step lost or repeated
 
 
+def test_a_node_whose_processes_all_die_is_named_not_the_ranks_that_fail_after_it(cluster, tmp_path):
+    # the link stays up, so the kernel resets every connection: the other node's ranks fail within
+    # seconds, and the launch must still name the node that went first
+    (tmp_path / "nodes").write_text("n1\nn2\n")
+    markers = tmp_path / "markers"
+    result: list[subprocess.CompletedProcess] = []
+    launch = threading.Thread(target=lambda: result.append(cluster.run_on(
+        "n1", f"parsl-torch launch --ppn 2 -- {sys.executable} {RANKS / 'allreduce_loop.py'} {markers} 120",
+        PBS_JOBID="8.fakepbs", PBS_NODEFILE=str(tmp_path / "nodes"))))
+    launch.start()
+    _wait_for(markers / "rank3", "rank 3's marker")
+    killed = time.monotonic()
+    cluster.run_on("n2", f"pkill -9 -f {markers}")
+    launch.join(timeout=120)
+    took = time.monotonic() - killed
+    out = result[0]
+    assert out.returncode == 75, out.stderr
+    assert "node n2 lost (ranks 2, 3): its ranks' processes ended without a report" in out.stderr
+    assert took < 15, f"the launch ended {took:.0f} s after the node's processes died"
+    assert not wait_gone(cluster, str(markers)), "launch processes left behind"
+
+
 def test_doctor_checks_every_node_of_a_two_node_allocation(cluster, tmp_path):
     job = tmp_path / "doctor.sh"
     job.write_text(f"#!/bin/bash\ncd {REPO}\nexec parsl-torch doctor\n")
@@ -195,3 +217,34 @@ def test_doctor_checks_every_node_of_a_two_node_allocation(cluster, tmp_path):
     log = (tmp_path / "doctor.out").read_text()
     assert out.returncode == 0, log
     assert "2 ranks agreed (sum 2) on n1, n2" in log
+
+
+def test_fake_pbs_allocates_queues_and_enforces_walltime_like_pbs_pro(cluster, tmp_path):
+    import json
+
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#PBS -l select=2:ncpus=2\n#PBS -l walltime=00:00:03\n"
+                      f"#PBS -o {tmp_path}/out\n#PBS -e {tmp_path}/err\n"
+                      f"hostname; cat $PBS_NODEFILE; echo $PBS_JOBID; sleep 60\n")
+
+    def qstat(*ids):
+        out = subprocess.run(["qstat", "-x", "-f", "-F", "json", *ids], capture_output=True, text=True)
+        return {k: v["job_state"] for k, v in json.loads(out.stdout)["Jobs"].items()}, json.loads(out.stdout)
+
+    first = subprocess.run(["qsub", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    second = subprocess.run(["qsub", "-o", str(tmp_path / "out2"), str(script)], capture_output=True, text=True,
+                            check=True).stdout.strip()  # the command line beats #PBS lines, as with PBS
+    deadline = time.monotonic() + 20
+    while qstat(first)[0][first] != "R" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    states, _ = qstat(first, second)
+    assert states == {first: "R", second: "Q"}, states  # 3 nodes: the second select=2 job waits
+    while qstat(first)[0][first] != "F" and time.monotonic() < deadline + 20:
+        time.sleep(0.2)
+    _, full = qstat(first)
+    assert full["Jobs"][first]["Exit_status"] == -29  # killed at its walltime, as PBS Pro reports it
+    assert (tmp_path / "out").read_text().split()[:4] == ["n1", "n1", "n2", first]
+    subprocess.run(["qdel", second], check=True)
+    time.sleep(1)
+    assert subprocess.run(["qstat", second], capture_output=True, text=True).returncode == 153  # history needs -x
+    assert not wait_gone(cluster, "sleep 60"), "the job's processes outlived it"

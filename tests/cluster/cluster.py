@@ -168,7 +168,9 @@ def _start_node(name: str, nodes: list[str], with_slurm: bool) -> int:
     (node_dir / "unshare.pid").write_text(str(unshare.pid))
     veth = f"pt-{name}"
     sh("ip", "link", "del", veth, check=False)  # a dead node's pair goes away only when the kernel gets to it
-    sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(init_pid))
+    # a fixed MAC per node: a restarted node is found at once through the others' ARP caches
+    mac = f"02:77:00:00:00:{int(name[1:]):02x}"
+    sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "address", mac, "netns", str(init_pid))
     sh("ip", "link", "set", veth, "master", BRIDGE, "up")
     ns = ("nsenter", "-t", str(init_pid), "-n")
     sh(*ns, "ip", "link", "set", "lo", "up")

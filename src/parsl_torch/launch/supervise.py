@@ -48,6 +48,7 @@ NODE_LOST_EXIT = 75
 NODE_TIMEOUT_VAR = "PARSL_TORCH_NODE_TIMEOUT"
 NODE_TIMEOUT_S = 30.0
 LOST_NODE_GRACE_S = 3.0
+_MAX_LINE = 1 << 16
 
 
 def _say(message: str) -> None:
@@ -109,6 +110,10 @@ class _RankListener:
                     self._drop(sock, buffers)
                     continue
                 buffers[sock] += data
+                if len(buffers[sock]) > _MAX_LINE:  # not a shim: nothing it sends is this long
+                    nodes.pop(sock, None)
+                    self._drop(sock, buffers)
+                    continue
                 if sock in nodes:
                     nodes[sock]["seen"] = now
                 while b"\n" in buffers.get(sock, b""):
