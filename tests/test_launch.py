@@ -86,7 +86,7 @@ def test_aurora_two_nodes(tmp_path, fake_bin):
     nf = nodefile(tmp_path, "x4000c0s0b0n0.hostmgmt", "x4000c0s1b0n0.hostmgmt")
     p = plan({"PBS_JOBID": "1.aurora", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]})
     assert list(p.argv) == [str(fake_bin / "mpiexec"), "--envall", "--np", "24", "--ppn", "12",
-                            "--hostfile", nf, "--line-buffer", "--cpu-bind", AURORA_CPU_BIND, *SHIM]
+                            "--hostfile", nf, "--line-buffer", "--pmi=pmix", "--cpu-bind", AURORA_CPU_BIND, *SHIM]
     assert (p.num_nodes, p.ranks_per_node, p.num_ranks, p.launcher) == (2, 12, 24, "mpiexec")
     assert p.env["MASTER_ADDR"] == "x4000c0s0b0n0.hostmgmt"
     assert 0 < int(p.env["MASTER_PORT"]) < 65536
@@ -98,7 +98,9 @@ def test_aurora_duplicated_nodefile_and_fewer_ranks(tmp_path, fake_bin):
     hostfile = p.argv[p.argv.index("--hostfile") + 1]
     assert hostfile != nf and Path(hostfile).read_text().split() == ["a"]
     assert list(p.argv[1:6]) == ["--envall", "--np", "6", "--ppn", "6"]
-    assert list(p.argv[8:13]) == ["--line-buffer", "--depth", "17", "--cpu-bind", "depth"]
+    # ALCF's 6-rank list: per socket, never --depth (which straddles sockets)
+    assert list(p.argv[8:12]) == ["--line-buffer", "--pmi=pmix", "--cpu-bind",
+                                  "list:1-16:17-32:33-48:53-68:69-84:85-100"]
 
 
 def test_polaris_depth_binding(tmp_path, fake_bin):
@@ -106,6 +108,7 @@ def test_polaris_depth_binding(tmp_path, fake_bin):
     p = plan({"PBS_JOBID": "9", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]}, hostname="x3004c0s7b0n0")
     assert list(p.argv) == [str(fake_bin / "mpiexec"), "--envall", "--np", "8", "--ppn", "4", "--hostfile",
                             nf, "--line-buffer", "--depth", "8", "--cpu-bind", "depth", *SHIM]
+    assert p.env["PARSL_TORCH_GPU_ORDER"] == "3,2,1,0"  # ALCF: local rank r uses GPU 3-r
 
 
 def test_frontier_srun(fake_bin):

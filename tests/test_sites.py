@@ -47,48 +47,6 @@ def test_shipped_sites_load_and_auto_picks_local_here():
     assert sites.detect(hostname="x", env={"PARSL_TORCH_SITE": "polaris"}).reason == "PARSL_TORCH_SITE=polaris"
 
 
-def test_aurora_matches_alcf_recipe():
-    from parsl.executors import HighThroughputExecutor, MPIExecutor
-    from parsl.launchers import MpiExecLauncher, SimpleLauncher
-    from parsl.providers import PBSProProvider
-
-    config = build("aurora")
-    assert config.usage_tracking == 0
-    mpi, htex = executors(config)["mpi"], executors(config)["htex"]
-    assert isinstance(mpi, MPIExecutor) and isinstance(mpi.provider.launcher, SimpleLauncher)
-    assert isinstance(htex, HighThroughputExecutor)
-    assert htex.available_accelerators == [f"{g}.{t}" for g in range(6) for t in range(2)]
-    assert htex.cpu_affinity.startswith("list:1-8,105-112:9-16,113-120")
-    p = htex.provider
-    assert isinstance(p, PBSProProvider) and isinstance(p.launcher, MpiExecLauncher)
-    assert (p.launcher.bind_cmd, p.launcher.overrides) == ("--cpu-bind", "--ppn 1")
-    assert p.cpus_per_node == 208 and p.scheduler_options == "#PBS -l filesystems=home:flare"
-    assert "export TMPDIR=/tmp" in p.worker_init
-    assert f"source {sys.prefix}/bin/activate" in p.worker_init  # {python_env}
-    assert (mpi.provider.account, mpi.provider.queue, mpi.provider.nodes_per_block) == ("MyProj", "debug", 2)
-
-
-def test_polaris_matches_parsl_polaris_py():
-    htex = executors(build("polaris"))["htex"]
-    p = htex.provider
-    assert htex.available_accelerators == ["0", "1", "2", "3"] and htex.cpu_affinity == "alternating"
-    assert (p.launcher.bind_cmd, p.launcher.overrides) == ("--cpu-bind", "--depth=64 --ppn 1")
-    assert (p.cpus_per_node, p.select_options) == (64, ":ngpus=4") or p.select_options == "ngpus=4"
-    assert p.scheduler_options == "#PBS -l filesystems=home:eagle"
-
-
-def test_frontier_slurm_provider():
-    from parsl.launchers import SrunLauncher
-    from parsl.providers import SlurmProvider
-
-    config = build("frontier", queue="extended", walltime="02:00:00", nodes=8)
-    mpi, htex = executors(config)["mpi"], executors(config)["htex"]
-    assert isinstance(mpi.provider, SlurmProvider) and mpi.mpi_launcher == "srun"
-    assert (mpi.provider.partition, mpi.provider.walltime, mpi.provider.nodes_per_block) == ("extended", "02:00:00", 8)
-    assert mpi.provider.exclusive and isinstance(htex.provider.launcher, SrunLauncher)
-    assert htex.available_accelerators == [str(i) for i in range(8)]
-
-
 def test_local_site_keeps_idle_parsl_processes_quiet(tmp_path):
     # the ranks of a laptop run need the cores: Parsl's processes wake 10x/s, not 100x/s
     local = executors(sites.load("local").parsl_config(run_dir=tmp_path))

@@ -187,7 +187,7 @@ def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
 
     aurora = Workflow(pt.sites.load("aurora", account="X"), tmp_path)
     assert aurora.ranks_per_node == 12
-    assert aurora.launcher_args(12) == ("--cpu-bind", AURORA_CPU_BIND)
+    assert aurora.launcher_args(12) == ("--pmi=pmix", "--cpu-bind", AURORA_CPU_BIND)
     (tmp_path / "mine.yaml").write_text("name: mine\nscheduler: local\nlaunch:\n  extra_args: [--label]\n")
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
     assert Workflow(pt.sites.load("mine"), tmp_path).launcher_args(2) == ("--label",)

@@ -12,6 +12,11 @@
 
 module load frameworks; source <python_env>/bin/activate; cd $PBS_O_WORKDIR
 export TMPDIR=/tmp
+export CCL_PROCESS_LAUNCHER=pmix
+export CCL_ATL_TRANSPORT=mpi
+export CCL_KVS_MODE=mpi
+export FI_MR_CACHE_MONITOR=userfaultfd
+export ZE_FLAT_DEVICE_HIERARCHY=FLAT
 
 export JOBNAME="parsl.mpi.block-0.<time>"
 

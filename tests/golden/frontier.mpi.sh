@@ -7,14 +7,16 @@
 #SBATCH --nodes=2
 #SBATCH --time=60
 #SBATCH --ntasks-per-node=1
-
+#SBATCH --network=disable_rdzv_get
 #SBATCH --exclusive
 #SBATCH --partition=batch
 #SBATCH --account=MyProj
 
 
-module load PrgEnv-gnu rocm; source <python_env>/bin/activate
-export MIOPEN_USER_DB_PATH=/tmp/miopen
+module load PrgEnv-gnu rocm rccl-net-plugin craype-accel-amd-gfx90a; source <python_env>/bin/activate
+export NCCL_SOCKET_IFNAME=hsn0
+export MIOPEN_USER_DB_PATH=/tmp/miopen-cache
+export MIOPEN_CUSTOM_CACHE_DIR=/tmp/miopen-cache
 
 
 export JOBNAME="parsl.mpi.block-0.<time>"

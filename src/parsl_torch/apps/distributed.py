@@ -97,7 +97,7 @@ class DistributedApp:
         stage = wf.stage_name(stage or self.name)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **self.env}
+        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **wf.rank_env(), **self.env}
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()),
                             wf.launcher_args(ppn))
         outputs = [wf.place(o, stage_dir) for o in outputs]

@@ -60,6 +60,12 @@ class Workflow:
         extra = self.site.spec.launch.extra_args
         return tuple(extra) if extra is not None else tuple(binding_args(self.site.spec.machine, ranks_per_node))
 
+    def rank_env(self) -> dict[str, str]:
+        """What the site's machine needs in every rank's environment (the site's
+        ``environment`` reaches the ranks through the workers' environment)."""
+        machine = get_machine(self.site.spec.machine)
+        return machine.rank_env() if machine else {}
+
     def stage_name(self, base: str) -> str:
         """``base``, then ``base-1``, ``base-2``... in call order (the same on every rerun)."""
         with self._lock:

@@ -20,6 +20,7 @@ from ..common.environ import path_with_python_bin
 from ..core.device import get_backend, get_torch_device_type
 from ..core.topology import env_topology
 from ..errors import ConfigError, ParslTorchError, StageError
+from ..launch.machines import get_machine
 from ..launch.plan import LaunchRequest, plan_launch
 from ..launch.schedulers import all_launchers
 from ..launch.supervise import supervise
@@ -76,6 +77,8 @@ def _launch(args: argparse.Namespace) -> int:
     request = LaunchRequest(tuple(command), args.n, args.ppn, args.nodes, args.launcher)
     detection = sites.detect_job()
     plan = plan_launch(request, detection)
+    # the site file's environment (oneCCL on Aurora, NCCL on Frontier...) reaches the ranks here too
+    plan = dataclasses.replace(plan, env={**sites.rank_environment(), **plan.env})
     shown = " ".join([*(f"{k}={v}" for k, v in plan.env.items()), shlex.join(plan.argv)])
     if args.dry_run:
         print(shown)
@@ -115,11 +118,35 @@ def _sites_list(args: argparse.Namespace) -> int:
 
 
 def _sites_show(args: argparse.Namespace) -> int:
+    """The resolved settings as YAML, each line commented with where its value came from,
+    then what the ranks get: the environment and the machine's launch flags."""
     import yaml
 
     site = _load_site(args)
+    origins = site.provenance()
     print(f"# {site.path}")
-    print(yaml.safe_dump(json.loads(json.dumps(site.settings())), sort_keys=False), end="")
+
+    def show(data: dict, prefix: str = "", indent: str = "") -> None:
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                print(f"{indent}{key}:")
+                show(value, f"{path}.", indent + "  ")
+            else:
+                text = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
+                print(f"{indent}{text}  # {origins.get(path, 'default')}")
+
+    show(json.loads(json.dumps(site.settings())))
+    spec, machine = site.spec, get_machine(site.spec.machine)
+    print("# exported to every rank (stages: through the workers; parsl-torch launch: unless already set):")
+    for key, value in spec.environment.items():
+        print(f"#   {key}={value}  ({origins[f'environment.{key}']})")
+    for key, value in (machine.rank_env() if machine else {}).items():
+        print(f"#   {key}={value}  (machine {machine.name})")
+    if machine and spec.launch.extra_args is None:
+        ppn = spec.launch.ranks_per_node or machine.accelerators_per_node
+        print(f"# launch flags for {ppn} ranks per node (machine {machine.name}): "
+              f"{shlex.join(machine.binding_args(ppn))}")
     return 0
 
 

@@ -50,8 +50,23 @@ def _fix_rocm_visibility(torch) -> None:
         del os.environ["CUDA_VISIBLE_DEVICES"]
 
 
+def device_index(local_rank: int, count: int, order: str | None = None) -> int:
+    """Accelerator of ``local_rank``: ``local_rank % count``, or the machine's order
+    (PARSL_TORCH_GPU_ORDER, e.g. Polaris "3,2,1,0": its NUMA layout) when it covers ``count``."""
+    index = local_rank % count
+    if order:
+        try:
+            gpus = [int(g) for g in order.split(",")]
+        except ValueError:
+            raise ConfigError(f"PARSL_TORCH_GPU_ORDER={order!r}: give device indices, e.g. 3,2,1,0") from None
+        if sorted(gpus) == list(range(count)):  # a narrowed CUDA_VISIBLE_DEVICES: the plain order
+            index = gpus[index]
+    return index
+
+
 def get_torch_device(local_rank: int | None = None):
-    """This rank's ``torch.device``: accelerator ``local_rank % count``, or cpu/mps."""
+    """This rank's ``torch.device``: accelerator ``local_rank % count`` (in the machine's
+    order, see ``device_index``), or cpu/mps."""
     import torch
 
     kind = get_torch_device_type()
@@ -64,7 +79,7 @@ def get_torch_device(local_rank: int | None = None):
                 f"device type {kind!r} was chosen but no {kind} device is visible "
                 f"(check CUDA_VISIBLE_DEVICES / ZE_AFFINITY_MASK, or set TORCH_DEVICE=cpu)"
             )
-        return torch.device(kind, local_rank % count)
+        return torch.device(kind, device_index(local_rank, count, os.environ.get("PARSL_TORCH_GPU_ORDER")))
     return torch.device(kind)
 
 

@@ -14,21 +14,44 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-#: ALCF's binding for 12 ranks per Aurora node, one per GPU tile (8 cores each, skipping 0 and 52)
+#: set by launches on machines with a gpu_order; read by core.device (which cannot import this layer)
+GPU_ORDER_VAR = "PARSL_TORCH_GPU_ORDER"
+
+#: ALCF's binding for 12 ranks per Aurora node, one per GPU tile (8 cores each, skipping 0 and 52).
+#: Source: ALCF "Running jobs on Aurora" (argonne-lcf/user-guides docs/aurora/running-jobs-aurora.md):
+#: --cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100
 AURORA_CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+#: the cores ALCF's lists use on each Aurora socket (cores 0 and 52 are reserved for system services)
+_AURORA_SOCKETS = ((1, 48), (53, 100))
+
+
+def aurora_cpu_list(ppn: int) -> str:
+    """Per-socket CPU lists for ``ppn`` ranks: half the ranks on each socket, each a block of that
+    socket's cores. ALCF: "explicit list binding ... is needed here to avoid binding a MPI rank to a
+    logical core on different socket than the GPU ... (as would happen if cpu_bind=depth was used)".
+    12 ranks gives ALCF's 12-rank list, 6 ranks its 6-rank list (list:1-16:17-32:33-48:53-68:69-84:85-100)."""
+    per_socket = (-(-ppn // 2), ppn // 2)
+    blocks = []
+    for (first, last), ranks in zip(_AURORA_SOCKETS, per_socket):
+        size = (last - first + 1) // ranks if ranks else 0
+        blocks += [f"{first + i * size}-{first + (i + 1) * size - 1}" for i in range(ranks)]
+    return "list:" + ":".join(blocks)
 
 
 def _aurora(ppn: int) -> list[str]:
-    # ALCF's list for one rank per tile; else spread the 104 usable cores evenly
-    return ["--cpu-bind", AURORA_CPU_BIND] if ppn == 12 else ["--depth", str(104 // ppn), "--cpu-bind", "depth"]
+    # --pmi=pmix: ALCF's PyTorch page launches with "mpiexec --pmi=pmix --envall", and oneCCL's
+    # CCL_PROCESS_LAUNCHER=pmix (the site file's environment) needs that PMI
+    return ["--pmi=pmix", "--cpu-bind", aurora_cpu_list(ppn)]
 
 
 def _polaris(ppn: int) -> list[str]:
+    # ALCF "Using GPUs on Polaris" (docs/polaris/running-jobs/using-gpus.md): --depth=${NDEPTH} --cpu-bind depth
     return ["--depth", str(max(1, 32 // ppn)), "--cpu-bind", "depth"]
 
 
 def _frontier(ppn: int) -> list[str]:
-    # 8 GCDs, 56 usable cores: 7 per rank, the GPU closest to them
+    # OLCF Frontier user guide (systems/frontier_user_guide.rst): "srun -N1 -n8 -c7 --gpus-per-task=1
+    # --gpu-bind=closest", 7 cores "due to core specialization" (-S 8), the GCD closest to them
     return ["--cpus-per-task", "7", "--gpus-per-task", "1", "--gpu-bind", "closest"]
 
 
@@ -42,6 +65,13 @@ class Machine:
     accelerators_per_node: int  # the default ranks per node
     device: str  # cuda | xpu
     binding: Callable[[int], list[str]] = _no_binding  # ranks per node -> the launcher's binding flags
+    #: accelerator of local rank r: gpu_order[r % len] (empty: r % count), for NUMA layouts where
+    #: the cores ``binding`` gives rank r are closest to another GPU than r
+    gpu_order: tuple[int, ...] = ()
+
+    def rank_env(self) -> dict[str, str]:
+        """What every rank on this machine needs in its environment from the launch."""
+        return {GPU_ORDER_VAR: ",".join(map(str, self.gpu_order))} if self.gpu_order else {}
 
     def binding_args(self, ranks_per_node: int) -> list[str]:
         """The launcher flags that bind ``ranks_per_node`` ranks to CPUs and accelerators."""
@@ -51,7 +81,10 @@ class Machine:
 MACHINES: dict[str, Machine] = {m.name: m for m in (
     Machine("aurora", 12, "xpu", _aurora),
     Machine("sunspot", 12, "xpu", _aurora),  # Aurora's test system, the same node
-    Machine("polaris", 4, "cuda", _polaris),
+    # ALCF's set_affinity_gpu_polaris.sh: gpu=$((num_gpus - 1 - PMI_LOCAL_RANK % num_gpus)), "need to
+    # assign GPUs in reverse order due to topology": with --cpu-bind depth local rank 0 has cores 0-7,
+    # closest to GPU 3 (the same page's list: GPU 3 <-> cores 0-7, ..., GPU 0 <-> cores 24-31)
+    Machine("polaris", 4, "cuda", _polaris, gpu_order=(3, 2, 1, 0)),
     Machine("frontier", 8, "cuda", _frontier),  # torch's ROCm build calls its devices cuda
     Machine("perlmutter", 4, "cuda"),
 )}

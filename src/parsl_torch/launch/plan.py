@@ -100,7 +100,7 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
     nodes = nodes[:num_nodes]
     start = scheduler.rank_launch(request.launcher, num_nodes, ppn, n, nodes, machine, env)
     _check_executable(start.argv[0])
-    extra = {k: v for k, v in start.env.items() if k not in env}
+    extra = {k: v for k, v in {**(machine.rank_env() if machine else {}), **start.env}.items() if k not in env}
     if "MASTER_PORT" not in env:
         extra["MASTER_PORT"] = str(free_port())
     command = (python or sys.executable, "-m", SHIM, "--", *request.command)

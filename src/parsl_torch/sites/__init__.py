@@ -101,12 +101,44 @@ def detect_job(env: Mapping[str, str] | None = None, hostname: str | None = None
                             why=f"site {choice.name}: {choice.reason}")
 
 
+def rank_environment(env: Mapping[str, str] | None = None, hostname: str | None = None) -> dict[str, str]:
+    """The ``environment`` of the site file this host matches, for ``parsl-torch launch``
+    to export to the ranks (the stages get it through the workers); values already in ``env`` win."""
+    env = os.environ if env is None else env
+    path = available(env).get(detect(hostname, env).name)
+    if path is None:
+        return {}
+    return {k: v for k, v in read_spec(path).environment.items() if k not in env}
+
+
 @dataclass(frozen=True)
 class Site:
-    """A loaded site: its settings (``spec``) and the file they came from."""
+    """A loaded site: its settings (``spec``), the file they came from, and
+    where overridden settings came from (dotted field -> "argument" or "environment VAR")."""
 
     spec: SiteSpec
     path: Path
+    overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def provenance(self) -> dict[str, str]:
+        """Every setting (dotted path) -> where its value comes from: an override,
+        this site file, or the schema's default."""
+        import yaml
+
+        raw = yaml.safe_load(self.path.read_text()) or {}
+
+        def in_file(path: str) -> bool:
+            node: Any = raw
+            for part in path.split("."):
+                if not isinstance(node, Mapping) or part not in node:
+                    return False
+                node = node[part]
+            return True
+
+        origins = {}
+        for path in _leaves(self.settings()):
+            origins[path] = self.overrides.get(path) or (f"file {self.path.name}" if in_file(path) else "default")
+        return origins
 
     @property
     def name(self) -> str:
@@ -142,10 +174,13 @@ def load(name: str = "auto", *, account: str | None = None, queue: str | None = 
     spec = read_spec(files[name])
     given = {"account": account, "queue": queue, "walltime": walltime, "nodes": nodes}
     changes: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     for key, var in _OVERRIDES.items():
         value = given[key] if given[key] is not None else env.get(var)
         if value is None or value == "":
             continue
+        field_name = "nodes_per_block" if key == "nodes" else key
+        origins[f"provider.{field_name}"] = "argument" if given[key] is not None else f"environment {var}"
         if key == "nodes":
             try:
                 value = int(value)
@@ -159,7 +194,20 @@ def load(name: str = "auto", *, account: str | None = None, queue: str | None = 
     if changes:
         provider = dataclasses.replace(spec.provider, **changes)
         spec = parse_site({**_plain(spec), "provider": _plain(provider)}, f"{files[name]} (with overrides)")
-    return Site(spec, files[name])
+    return Site(spec, files[name], origins)
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of the settings that hold values (a mapping with entries is a section)."""
+    paths = []
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value and key not in ("environment", "env_markers"):
+            paths += _leaves(value, f"{prefix}{key}.")
+        elif isinstance(value, Mapping) and value:
+            paths += [f"{prefix}{key}.{k}" for k in value]
+        else:
+            paths.append(f"{prefix}{key}")
+    return paths
 
 
 def _plain(obj: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ a task needs it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -54,15 +55,17 @@ def _address(spec: SiteSpec) -> dict[str, Any]:
                         f"nodes, or set address_interface: null") from None
 
 
-def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks: int, max_blocks: int) -> Any:
-    """The scheduler's Parsl provider for blocks of ``nodes_per_block`` nodes."""
+def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks: int, max_blocks: int,
+             queue: str | None = None) -> Any:
+    """The scheduler's Parsl provider for blocks of ``nodes_per_block`` nodes (in ``queue``, default the site's)."""
     import parsl.providers
 
     scheduler = get_scheduler(spec.scheduler)
     cls = getattr(parsl.providers, scheduler.parsl_provider)
     nodes = min(nodes_per_block, scheduler.max_nodes_per_block or nodes_per_block)
+    settings = dataclasses.replace(spec.provider, queue=queue) if queue else spec.provider
     return cls(nodes_per_block=nodes, init_blocks=init_blocks, max_blocks=max_blocks, worker_init=worker_init(spec),
-               launcher=launcher, **scheduler.provider_options(spec.provider))
+               launcher=launcher, **scheduler.provider_options(settings))
 
 
 def mpi_provider(spec: SiteSpec) -> Any:
@@ -77,7 +80,7 @@ def htex_provider(spec: SiteSpec) -> Any:
     # no block (batch job, or local worker pool) until a single-process task arrives
     launcher = get_scheduler(spec.scheduler).htex_launcher(spec.htex.launcher_overrides)
     return provider(spec, launcher, nodes_per_block=spec.htex.nodes_per_block, init_blocks=0,
-                    max_blocks=spec.htex.max_blocks)
+                    max_blocks=spec.htex.max_blocks, queue=spec.htex.queue)
 
 
 def mpi_executor(spec: SiteSpec) -> Any:

@@ -58,6 +58,7 @@ class HTEXSpec:
     """Parsl's HighThroughputExecutor for single-process work (one worker per accelerator)."""
 
     enabled: bool = True
+    queue: str | None = None  # its own queue (default: provider.queue); Aurora's debug takes one job per user
     max_workers_per_node: int | None = None
     accelerators: tuple[str, ...] = ()  # one worker pinned to each (CUDA_VISIBLE_DEVICES, ZE_AFFINITY_MASK...)
     cpu_affinity: str = "none"
