@@ -205,3 +205,45 @@ def test_shipped_function_carries_the_package_by_reference():
     shipped = ShippedFunction.of(namespace["scale"])
     assert shipped.load()(3) == 3
     assert len(shipped.blob) < 4000, len(shipped.blob)
+
+
+def test_run_lock_names_its_holder_and_a_stale_one_is_taken_over(tmp_path, monkeypatch):
+    import json
+    import socket
+
+    from parsl_torch.apps import runlock
+
+    with runlock.RunLock(tmp_path):
+        holder = json.loads((tmp_path / ".lock").read_text())
+        assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid()
+        with pytest.raises(ConfigError, match=f"in use by another workflow: host {socket.gethostname()}, "
+                                              f"PID {os.getpid()}, since "):
+            runlock.RunLock(tmp_path).__enter__()
+    assert not (tmp_path / ".lock").exists()
+    # a dead process on this host: taken over at once
+    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 7,
+                                                "started": "1", "since": "then"}))
+    with runlock.RunLock(tmp_path) as lock:
+        assert json.loads((tmp_path / ".lock").read_text())["token"] == lock.token
+    # another host: in use while touched recently, stale after STALE_S
+    (tmp_path / ".lock").write_text(json.dumps({"host": "login9", "pid": 1, "since": "then"}))
+    with pytest.raises(ConfigError, match="host login9, PID 1"):
+        runlock.RunLock(tmp_path).__enter__()
+    old = time.time() - runlock.STALE_S - 5
+    os.utime(tmp_path / ".lock", (old, old))
+    with runlock.RunLock(tmp_path):
+        pass
+
+
+def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatch):
+    from parsl_torch.apps import identity
+
+    f, cache = tmp_path / "data.bin", tmp_path / "parsl" / identity.DIGESTS
+    f.write_bytes(b"a" * 100)
+    first = identity.file_digest(f, cache)
+    assert first == identity.file_digest(f, cache) and str(f) in cache.read_text()
+    f.write_bytes(b"b" * 100)
+    assert identity.file_digest(f, cache) != first
+    monkeypatch.setenv(identity.INPUT_HASH_VAR, "stat")
+    assert identity.file_digest(f, cache).startswith("stat:")
+    assert identity.file_digest(tmp_path / "nope", cache) == "missing"

@@ -25,7 +25,9 @@ from typing import Any
 
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
 from ..errors import ConfigError
+from . import identity
 from .futures import StageFuture
+from .memo import stage_components, use_digest_cache
 from .payload import PAYLOAD, RESULT, STDERR, STDOUT, ShippedFunction, StageOptions, accepted_kwargs, plain_files
 from .remote import submit_remote
 from .workflow import current_workflow
@@ -40,6 +42,10 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
     it reads them from the call (redirection, the MPI task's nodes)."""
     py = shlex.quote(sys.executable)
+    # who this call is: its ranks resume a checkpoint only if it was written under the same identity
+    use_digest_cache(identity.digest_cache(Path(opts.stage_dir).parent))
+    call = identity.call_id(stage_components(opts, args, {**kwargs, "inputs": inputs}))
+    identity.forget_call(opts.stage_dir)  # from now on the directory holds this run's files
     if fn is not None:
         import dill
 
@@ -54,7 +60,7 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
         rank_cmd = f"{py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
     else:
         rank_cmd = shlex.join([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script])
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in opts.env)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (*opts.env, (identity.CALL_ID_VAR, call)))
     timeout = f"--timeout {opts.walltime} " if opts.walltime else ""
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {env} {py} -m {SUPERVISE} {timeout}"
@@ -94,15 +100,15 @@ class DistributedApp:
         ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
         wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
         check_inputs(stage or self.name, inputs)
-        stage = wf.stage_name(stage or self.name)
+        stage = wf.stage_name(stage or self.name, explicit=stage is not None)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
         env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **wf.rank_env(), **self.env}
+        shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()),
-                            wf.launcher_args(ppn))
+                            wf.launcher_args(ppn), identity.code_digest(shipped and shipped.blob, self.script))
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
-        shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
         app_future = _bash_app()(shipped, self.script, opts, *args, inputs=list(inputs),
                                  outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
                                  parsl_resource_specification=spec, **kwargs)
@@ -148,7 +154,8 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     script works). Its future resolves to 0, the exit code; ``args`` may hold Files.
     """
     py = python or sys.executable
-    command = [py, "-m", str(script)] if module else [py, os.fspath(script)]
+    # the ranks start in the stage's directory: a relative script path means the caller's
+    command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]
     name = str(script).rsplit(".", 1)[-1] if module else Path(script).stem
     return DistributedApp(None, script=[*command, *args], name=name, num_nodes=num_nodes,
                           ranks_per_node=ranks_per_node, walltime=walltime, env=env)

@@ -75,6 +75,7 @@ class StageOptions:
     walltime: float | None
     env: tuple[tuple[str, str], ...]
     launcher_args: tuple[str, ...]  # the site's binding flags, after $PARSL_MPI_PREFIX
+    code: str = ""  # digest of the function's bytes or the script's content (apps.identity)
 
     @property
     def num_ranks(self) -> int:

@@ -99,7 +99,7 @@ def submit_remote(wf: Any, builtin: str, config: dict[str, Any], *, inputs: Sequ
     files under the site's ``remote_run_dir``/<run dir name>/<stage>."""
     nodes, ppn = num_nodes or 1, ranks_per_node or wf.ranks_per_node
     wf.check_resources(stage or builtin, nodes, ppn)
-    name = wf.stage_name(stage or builtin)
+    name = wf.stage_name(stage or builtin, explicit=stage is not None)
     g = wf.site.spec.globus
     remote_dir = f"{g.remote_run_dir.rstrip('/')}/{wf.run_dir.name}/{name}"
     outputs = [wf.place(o, Path(remote_dir)) for o in outputs]

@@ -26,7 +26,8 @@ from ..core.log import get_logger
 from ..errors import ConfigError
 from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import get_scheduler
-from .memo import register_memo_ids
+from .memo import register_memo_ids, stage_memoizer
+from .runlock import LOCK, RunLock
 
 MARKER = ".parsl-torch-run"
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
@@ -52,6 +53,7 @@ class Workflow:
         machine = get_machine(spec.machine)
         self.ranks_per_node = spec.launch.ranks_per_node or (machine.accelerators_per_node if machine else 1)
         self._names: Counter[str] = Counter()
+        self._taken: set[str] = set()
         self._lock = threading.Lock()
         self.log = get_logger("parsl_torch.workflow")
 
@@ -66,12 +68,23 @@ class Workflow:
         machine = get_machine(self.site.spec.machine)
         return machine.rank_env() if machine else {}
 
-    def stage_name(self, base: str) -> str:
-        """``base``, then ``base-1``, ``base-2``... in call order (the same on every rerun)."""
+    def stage_name(self, base: str, explicit: bool = False) -> str:
+        """A name no other stage of this run has: ``base``, then ``base-1``, ``base-2``... in
+        call order (the same on every rerun). An explicit name (``stage=``) already taken is an
+        error: two stages would share one directory and overwrite each other's files."""
         with self._lock:
+            if explicit:
+                if base in self._taken:
+                    raise ConfigError(f"stage name {base!r} is already used in this workflow: give each "
+                                      f"call its own stage= (or leave it out for {base}-1, {base}-2, ...)")
+                self._taken.add(base)
+                return base
             n = self._names[base]
-            self._names[base] += 1
-        return base if n == 0 else f"{base}-{n}"
+            while (name := base if n == 0 else f"{base}-{n}") in self._taken:
+                n += 1
+            self._names[base] = n + 1
+            self._taken.add(name)
+            return name
 
     def place(self, item: Any, stage_dir: Path) -> Any:
         """An output File (or path) with a relative name moved into the stage's directory."""
@@ -112,13 +125,18 @@ class Workflow:
         future.add_done_callback(done)
 
 
-def _prepare(run_dir: Path, fresh: bool) -> None:
+def _check_ours(run_dir: Path) -> None:
     if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / MARKER).exists():
         raise ConfigError(f"run directory {run_dir} exists and was not made by parsl-torch: "
                           f"pick a new --run-dir (nothing there was touched)")
-    if fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _prepare(run_dir: Path, fresh: bool) -> None:
+    """Under the run directory's lock: start over if asked (the lock stays), mark it ours."""
+    if fresh:
+        for entry in run_dir.iterdir():
+            if entry.name != LOCK:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     (run_dir / MARKER).touch()
 
 
@@ -135,23 +153,25 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     Executor (tests).
     """
     import parsl
-    from parsl.dataflow.memoization import BasicMemoizer
     from parsl.utils import get_all_checkpoints
 
     loaded = sites.load(site, **site_overrides)
     run_dir = Path(run_dir).absolute()
-    _prepare(run_dir, fresh)
-    parsl_dir = run_dir / "parsl"
-    memoizer = BasicMemoizer(checkpoint_files=get_all_checkpoints(str(parsl_dir)), checkpoint_mode="task_exit")
-    config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
-                                 retries=retries)
-    register_memo_ids()
-    wf = Workflow(loaded, run_dir)
-    wf.log.info("workflow on site %r, run directory %s", loaded.name, run_dir)
-    token = _current.set(wf)
-    try:
-        with parsl.load(config) as dfk:
-            yield wf
-            dfk.wait_for_current_tasks()
-    finally:
-        _current.reset(token)
+    _check_ours(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
+        _prepare(run_dir, fresh)
+        parsl_dir = run_dir / "parsl"
+        memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
+        config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
+                                     retries=retries)
+        register_memo_ids()
+        wf = Workflow(loaded, run_dir)
+        wf.log.info("workflow on site %r, run directory %s", loaded.name, run_dir)
+        token = _current.set(wf)
+        try:
+            with parsl.load(config) as dfk:
+                yield wf
+                dfk.wait_for_current_tasks()
+        finally:
+            _current.reset(token)

@@ -15,14 +15,16 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 FORMAT = "parsl-torch/checkpoint-1"
 
 
-def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dict[str, Any]) -> None:
-    """Collective: every rank calls it; rank 0 writes ``path`` (tmp file, then rename)."""
+def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dict[str, Any],
+         call: str | None = None) -> None:
+    """Collective: every rank calls it; rank 0 writes ``path`` (tmp file, then rename).
+    ``call``: the identity of the stage call that trains (only it may resume from here)."""
     model_sd, optim_sd = get_state_dict(model, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save({"format": FORMAT, "step": step, "model_config": model_config,
+        torch.save({"format": FORMAT, "step": step, "model_config": model_config, "call": call,
                     "model": model_sd, "optimizer": optim_sd}, tmp)
         os.replace(tmp, path)
     dist.barrier()

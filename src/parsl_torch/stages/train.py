@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..apps.distributed import distributed_app, submit_builtin
+from ..apps.identity import CALL_ID_VAR
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.log import get_logger
@@ -99,8 +100,14 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     history = History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
                          descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
     start = 0
-    if Path(checkpoint_path).exists():
-        state = ckpt.read(checkpoint_path)
+    call = os.environ.get(CALL_ID_VAR)
+    state = ckpt.read(checkpoint_path) if Path(checkpoint_path).exists() else None
+    if state is not None and state.get("call") != call:
+        # a checkpoint of another call of this stage (another config, code or input): never resume it
+        logger.info("[%s] %s was written by another call of this stage: training from step 0", stage,
+                    checkpoint_path)
+        state = None
+    if state is not None:
         check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
         ckpt.restore(state, model, opt)
         start = state["step"]
@@ -123,7 +130,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             history.sync()  # the history on disk covers every step the checkpoint does
             history.flush()
-            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model))
+            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call)
     final = loss.detach().float().reshape(1).to(device)
     if dist.is_initialized():
         dist.all_reduce(final)

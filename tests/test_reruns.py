@@ -1,0 +1,184 @@
+"""Reruns that are never stale nor another call's: the reproductions of issue 13,
+run as a user runs them (a workflow script, rerun with edits, in one run directory)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import clean_env
+
+pytestmark = pytest.mark.slow
+
+SCALE = """
+import sys
+import parsl_torch as pt
+
+K = int(sys.argv[1])
+
+
+@pt.distributed_app(ranks_per_node=2)
+def scale(x):
+    return x * K
+
+
+with pt.workflow(site="local", run_dir=sys.argv[3]):
+    print("result", scale(int(sys.argv[2])).result())
+"""
+
+
+def run(script: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                         env=clean_env(), cwd=script.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def result(out: subprocess.CompletedProcess) -> str:
+    return next(line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith("result "))
+
+
+def test_a_changed_global_a_new_argument_and_a_b_a_never_return_a_stale_result(tmp_path):
+    script = tmp_path / "wf.py"
+    script.write_text(SCALE)
+    runs = str(tmp_path / "runs")
+    assert result(run(script, "1", "3", runs)) == "3"
+    again = run(script, "1", "3", runs)
+    assert result(again) == "3" and "[scale] skipped" in again.stderr  # nothing changed
+    changed = run(script, "5", "3", runs)  # the function's global K changed
+    assert result(changed) == "15"
+    assert "[scale] runs again: code of `scale` changed" in changed.stderr
+    assert result(run(script, "5", "4", runs)) == "20"  # B
+    back = run(script, "5", "3", runs)  # A again: B's files are in the stage directory
+    assert result(back) == "15"
+    assert "the files in scale/ are from another call of it (arguments changed)" in back.stderr
+
+
+SCRIPT_STAGE = """
+import sys
+import parsl_torch as pt
+from parsl.data_provider.files import File
+
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    up = pt.script_app("writer.py", args=[sys.argv[2]], ranks_per_node=1)(outputs=["up.txt"])
+    down = pt.script_app("reader.py", ranks_per_node=1)(inputs=[up.outputs[0], File(sys.argv[3])],
+                                                       outputs=["down.txt"])
+    down.result()
+    print("result", open(down.outputs[0].result().filepath).read())
+"""
+WRITER = """
+import os, sys
+if int(os.environ["RANK"]) == 0:
+    open("up.txt", "w").write(sys.argv[1])
+"""
+READER = """
+import os
+if int(os.environ["RANK"]) == 0:
+    up = open("../{up}/up.txt").read()
+    extra = open("{extra}").read()
+    open("down.txt", "w").write(up + "+" + extra)
+"""
+
+
+def test_edited_scripts_changed_inputs_and_rerun_upstreams_rerun_what_depends_on_them(tmp_path):
+    extra = tmp_path / "extra.txt"
+    extra.write_text("x")
+    (tmp_path / "wf.py").write_text(SCRIPT_STAGE)
+    (tmp_path / "writer.py").write_text(WRITER)
+    (tmp_path / "reader.py").write_text(READER.format(up="writer", extra=extra))
+    runs = str(tmp_path / "runs")
+    wf = tmp_path / "wf.py"
+    assert result(run(wf, runs, "a", str(extra))) == "a+x"
+    same = run(wf, runs, "a", str(extra))
+    assert result(same) == "a+x" and "[writer] skipped" in same.stderr and "[reader] skipped" in same.stderr
+    extra.write_text("y")  # an input's content, same path
+    changed = run(wf, runs, "a", str(extra))
+    assert result(changed) == "a+y" and "[writer] skipped" in changed.stderr
+    assert f"[reader] runs again: input {extra} changed" in changed.stderr
+    upstream = run(wf, runs, "b", str(extra))  # the upstream runs again and writes other content
+    assert result(upstream) == "b+y"
+    assert f"[reader] runs again: input {tmp_path}/runs/writer/up.txt changed" in upstream.stderr
+    (tmp_path / "reader.py").write_text(READER.format(up="writer", extra=extra) + "\n# edited\n")
+    edited = run(wf, runs, "b", str(extra))
+    assert "[reader] runs again: code of `reader.py` changed" in edited.stderr and "[writer] skipped" in edited.stderr
+
+
+TRAIN = """
+import sys
+import parsl_torch as pt
+from parsl_torch.stages.train import train
+
+cfg = {"steps": 4, "checkpoint_every": 2, "log_every": 2, "lr": float(sys.argv[2]),
+       "model": {"kind": "mlp", "vocab_size": 16, "dim": 16, "seq_len": 8}, "data": {"batch_size": 8}}
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    out = train(cfg, ranks_per_node=2).result()
+    print("result", out["final_loss"], out["resumed_from"])
+"""
+
+
+def test_train_never_resumes_a_checkpoint_of_another_config(tmp_path):
+    import h5py
+
+    wf = tmp_path / "wf.py"
+    wf.write_text(TRAIN)
+    runs = tmp_path / "runs"
+    run(wf, str(runs), "0.001")
+    second = run(wf, str(runs), "0.05")
+    loss, resumed = result(second).split()
+    assert resumed == "0" and loss != "nan"
+    logs = "".join(p.read_text() for p in (runs / "train").glob("std*.txt"))  # the ranks' log
+    assert "was written by another call of this stage: training from step 0" in logs
+    with h5py.File(runs / "train" / "train.h5") as f:
+        assert list(f["step"][:]) == [0, 1, 2, 3]
+        assert set(f["lr"][:]) == {0.05}
+
+
+def test_two_workflows_on_one_run_directory_the_second_fails_at_once_naming_the_first(tmp_path):
+    wf = tmp_path / "wf.py"
+    wf.write_text(textwrap.dedent("""
+        import sys, time
+        import parsl_torch as pt
+        with pt.workflow(site="local", run_dir=sys.argv[1]):
+            print("holding", flush=True)
+            time.sleep(float(sys.argv[2]))
+    """))
+    runs = str(tmp_path / "runs")
+    first = subprocess.Popen([sys.executable, str(wf), runs, "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=clean_env(), cwd=tmp_path)
+    assert first.stdout.readline().strip() == "holding"
+    t0 = time.monotonic()
+    second = subprocess.run([sys.executable, str(wf), runs, "0"], capture_output=True, text=True, env=clean_env(),
+                            cwd=tmp_path, timeout=60)
+    assert second.returncode != 0 and time.monotonic() - t0 < 15
+    assert "is in use by another workflow: host " in second.stderr and f"PID {first.pid}" in second.stderr
+    first.kill()  # a crashed holder: its lock must not need hand cleanup
+    first.wait()
+    third = subprocess.run([sys.executable, str(wf), runs, "0"], capture_output=True, text=True, env=clean_env(),
+                           cwd=tmp_path, timeout=120)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert not (tmp_path / "runs" / ".lock").exists()
+
+
+def test_an_explicit_stage_name_already_taken_is_an_error(tmp_path, monkeypatch):
+    import parsl_torch as pt
+    from parsl_torch.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+
+    @pt.distributed_app(ranks_per_node=1)
+    def noop():
+        return 1
+
+    with pt.workflow(site="local", run_dir="runs/names"):
+        assert noop(stage="s").stage == "s"
+        with pytest.raises(ConfigError, match="stage name 's' is already used"):
+            noop(stage="s")
+        assert noop(stage="noop-1").stage == "noop-1"
+        assert noop().stage == "noop" and noop().stage == "noop-2"  # auto names skip the taken one
+        with pytest.raises(ConfigError, match="'noop-2' is already used"):
+            noop(stage="noop-2")
