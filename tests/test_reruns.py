@@ -182,3 +182,36 @@ def test_an_explicit_stage_name_already_taken_is_an_error(tmp_path, monkeypatch)
         assert noop().stage == "noop" and noop().stage == "noop-2"  # auto names skip the taken one
         with pytest.raises(ConfigError, match="'noop-2' is already used"):
             noop(stage="noop-2")
+
+
+def test_progress_lines_and_status_of_a_running_then_finished_run(tmp_path):
+    import yaml
+
+    from .conftest import BIN
+
+    repo = Path(__file__).parent.parent
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({"steps": 400, "checkpoint_every": 25, "log_every": 100,
+                                                         "model": {"kind": "mlp", "vocab_size": 16, "dim": 16,
+                                                                   "seq_len": 8}}))
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump({"model": {"kind": "mlp", "vocab_size": 16, "dim": 16,
+                                                                  "seq_len": 8}, "batches": 2}))
+    run_dir = tmp_path / "run"
+    env = clean_env(PARSL_TORCH_PROGRESS_EVERY="1")
+    proc = subprocess.Popen([str(BIN / "parsl-torch"), "run", str(repo / "workflows" / "train_eval.py"), "--run-dir",
+                             str(run_dir), "--train-config", str(tmp_path / "train.yaml"), "--eval-config",
+                             str(tmp_path / "eval.yaml")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=repo)
+    seen = ""
+    while proc.poll() is None and "[train] running step" not in seen:
+        status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True,
+                                env=env)
+        seen = status.stdout if "[train]" in status.stdout else seen
+        time.sleep(0.3)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "[train] running step" in seen and "/400 loss=" in seen and "running (host" in seen
+    assert "parsl-torch: progress" in err and "[train] running step" in err  # plain lines: not a terminal
+    final = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True,
+                           env=env)
+    assert final.returncode == 0 and "[train] done step 400/400" in final.stdout
+    assert "[evaluate] done" in final.stdout and ", finished " in final.stdout

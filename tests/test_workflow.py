@@ -110,6 +110,10 @@ def test_faults_fail_the_stage_fast_and_leave_nothing(tmp_path, fault, expected)
     # the history up to the failure is kept
     partial = run_dir / "train" / "train.h5.partial"
     assert pt.read_history(partial).steps.max() >= 19
+    # parsl-torch status names the failed stage and its error line
+    status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True)
+    assert status.returncode == 1 and re.search(r"\[train\] failed .*- " + expected, status.stdout), status.stdout
+    assert "[evaluate] failed" in status.stdout and "did not run: a stage it depends on failed" in status.stdout
 
 
 @pytest.mark.slow
@@ -247,3 +251,16 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
     monkeypatch.setenv(identity.INPUT_HASH_VAR, "stat")
     assert identity.file_digest(f, cache).startswith("stat:")
     assert identity.file_digest(tmp_path / "nope", cache) == "missing"
+
+
+def test_a_script_stage_is_identified_by_its_content(tmp_path):
+    from parsl_torch.apps import identity
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    first = identity.code_digest(None, ["python", str(script), 120, tmp_path])  # any argument types
+    assert first == identity.code_digest(None, ["python", str(script), "other", "args"])
+    script.write_text("print(2)\n")
+    assert identity.code_digest(None, ["python", str(script)]) != first
+    assert identity.code_digest(None, ["python", "-m", "json.tool"]) != identity.code_digest(None, ["python", "-m",
+                                                                                                    "json"])

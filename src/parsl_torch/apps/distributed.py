@@ -30,6 +30,7 @@ from .futures import StageFuture
 from .memo import stage_components, use_digest_cache
 from .payload import PAYLOAD, RESULT, STDERR, STDOUT, ShippedFunction, StageOptions, accepted_kwargs, plain_files
 from .remote import submit_remote
+from .status import STARTED
 from .workflow import current_workflow
 
 
@@ -46,6 +47,8 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
     use_digest_cache(identity.digest_cache(Path(opts.stage_dir).parent))
     call = identity.call_id(stage_components(opts, args, {**kwargs, "inputs": inputs}))
     identity.forget_call(opts.stage_dir)  # from now on the directory holds this run's files
+    _keep_earlier_attempt(opts.stage_dir)
+    Path(opts.stage_dir, STARTED).touch()  # parsl-torch status: the stage is running
     if fn is not None:
         import dill
 
@@ -67,11 +70,25 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
             f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} -- {rank_cmd}")
 
 
-@functools.lru_cache(maxsize=1)
-def _bash_app():
+def _keep_earlier_attempt(stage_dir: str) -> None:
+    """Each attempt gets its own stdout/stderr: an earlier attempt's (a Parsl retry, a rerun)
+    become ``stdout.1.txt``, ``stderr.1.txt``, ... before Parsl opens the files for this one."""
+    logs = [Path(stage_dir, name) for name in (STDOUT, STDERR)]
+    if not any(p.exists() and p.stat().st_size for p in logs):
+        return
+    n = 1
+    while any(p.with_suffix(f".{n}.txt").exists() for p in logs):
+        n += 1
+    for p in logs:
+        if p.exists():
+            p.rename(p.with_suffix(f".{n}.txt"))
+
+
+@functools.lru_cache(maxsize=None)
+def _bash_app(label: str = "mpi", cache: bool = True):
     from parsl import bash_app
 
-    return bash_app(_stage_command, executors=["mpi"], cache=True, ignore_for_cache=["stdout", "stderr"])
+    return bash_app(_stage_command, executors=[label], cache=cache, ignore_for_cache=["stdout", "stderr"])
 
 
 class DistributedApp:
@@ -109,7 +126,7 @@ class DistributedApp:
                             wf.launcher_args(ppn), identity.code_digest(shipped and shipped.blob, self.script))
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
-        app_future = _bash_app()(shipped, self.script, opts, *args, inputs=list(inputs),
+        app_future = _bash_app(wf.mpi_label, wf.memoize)(shipped, self.script, opts, *args, inputs=list(inputs),
                                  outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
                                  parsl_resource_specification=spec, **kwargs)
         future = StageFuture(stage, app_future, stage_dir / STDERR,

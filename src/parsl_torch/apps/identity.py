@@ -92,7 +92,7 @@ def code_digest(blob: bytes | None, script: Sequence[str] | None) -> str:
     """A shipped function's bytes, or the content of the script (or ``-m`` module) a stage runs."""
     if blob is not None:
         return _sha(blob)
-    words = [os.fspath(w) for w in script or ()]
+    words = [os.fspath(w) if isinstance(w, (str, os.PathLike)) else str(w) for w in script or ()]
     if "-m" in words[:2] and len(words) > words.index("-m") + 1:
         module = words[words.index("-m") + 1]
         with contextlib.suppress(ImportError, ValueError, AttributeError):

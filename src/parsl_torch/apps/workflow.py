@@ -26,8 +26,10 @@ from ..core.log import get_logger
 from ..errors import ConfigError
 from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import get_scheduler
+from . import status
 from .memo import register_memo_ids, stage_memoizer
 from .runlock import LOCK, RunLock
+from .status import StatusFile
 
 MARKER = ".parsl-torch-run"
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
@@ -44,9 +46,15 @@ def current_workflow(stage: str) -> Workflow:
 class Workflow:
     """The run in progress: its site, directory, stage names and progress."""
 
-    def __init__(self, site: sites.Site, run_dir: Path) -> None:
+    def __init__(self, site: sites.Site, run_dir: Path, mpi_label: str = "mpi") -> None:
         self.site = site
         self.run_dir = run_dir
+        #: the executor stages run on; "<site>.mpi" in a Parsl config of the user's own, where
+        #: stages always run (that config's memoizer cannot know a stage's directory)
+        self.mpi_label = mpi_label
+        self.memoize = mpi_label == "mpi"
+        self._futures: list[Any] = []
+        self.status = StatusFile(run_dir, site.name)
         spec = site.spec
         self.scheduler = get_scheduler(spec.scheduler)
         self.remote = self.scheduler.remote  # stages run through a Globus Compute endpoint
@@ -109,20 +117,64 @@ class Workflow:
             raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
                               f"ask for fewer nodes or raise the site's nodes (--nodes / PARSL_TORCH_NODES)")
 
+    def wait(self) -> None:
+        """Wait for every stage of this workflow (not the other tasks of the user's Parsl)."""
+        for future in list(self._futures):
+            with contextlib.suppress(Exception):
+                future.exception()
+
     def track(self, future: Any, ranks: int) -> None:
+        self._futures.append(future)
         started = time.monotonic()
         self.log.info("[%s] submitted: %d rank(s)", future.stage, ranks)
+        self.status.stage(future.stage, state="waiting", submitted_at=time.time(), ranks=ranks)
 
         def done(f: Any) -> None:
             took = time.monotonic() - started
             if f.exception() is not None:
-                self.log.error("[%s] FAILED after %.1f s: %s", f.stage, took, str(f.exception()).splitlines()[0])
+                line = str(f.exception()).splitlines()[0]
+                self.log.error("[%s] FAILED after %.1f s: %s", f.stage, took, line)
+                self.status.stage(f.stage, state="failed", error=line)
             elif f.from_cache:
                 self.log.info("[%s] skipped: finished in an earlier run of %s", f.stage, self.run_dir)
+                self.status.stage(f.stage, state="skipped")
             else:
                 self.log.info("[%s] done in %.1f s", f.stage, took)
+                self.status.stage(f.stage, state="done", seconds=round(took, 1))
 
         future.add_done_callback(done)
+
+
+#: pt.workflow's keywords that change the site, as for sites.load
+SITE_OVERRIDES = ("account", "queue", "walltime", "nodes")
+#: parsl.Config settings the workflow owns: the stages' guarantees rest on them
+OWNED_SETTINGS = {"executors": "the site's executors run the stages", "run_dir": "it is <run_dir>/parsl",
+                  "memoizer": "stage reruns are decided by parsl-torch's memoizer"}
+
+
+def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(site overrides, parsl.Config settings); anything else is an error, before anything is made."""
+    import inspect
+
+    from parsl.config import Config
+
+    config_params = set(inspect.signature(Config).parameters)
+    site, config, unknown = {}, {}, []
+    for key, value in settings.items():
+        if key in SITE_OVERRIDES:
+            site[key] = value
+        elif key in OWNED_SETTINGS:
+            raise ConfigError(f"pt.workflow({key}=...): the workflow sets this parsl.Config setting itself "
+                              f"({OWNED_SETTINGS[key]}); leave it out")
+        elif key in config_params:
+            config[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(f"pt.workflow: unknown keyword(s) {', '.join(sorted(unknown))}: use a site override "
+                          f"({', '.join(SITE_OVERRIDES)}) or a parsl.Config setting (e.g. monitoring, "
+                          f"retry_handler, max_idletime)")
+    return site, config
 
 
 def _check_ours(run_dir: Path) -> None:
@@ -142,12 +194,14 @@ def _prepare(run_dir: Path, fresh: bool) -> None:
 
 @contextlib.contextmanager
 def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
-             retries: int = 0, gc_executor: Any = None, **site_overrides: Any) -> Iterator[Workflow]:
+             retries: int = 0, gc_executor: Any = None, **settings: Any) -> Iterator[Workflow]:
     """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
 
     ``retries``: times Parsl reruns a failed stage (the built-in train stage
-    resumes from its last checkpoint). ``site_overrides``: account, queue,
-    walltime, nodes, as for ``pt.sites.load``. On a Globus Compute site the
+    resumes from its last checkpoint). Other keywords are site overrides
+    (account, queue, walltime, nodes, as for ``pt.sites.load``) or
+    ``parsl.Config`` settings (``monitoring=MonitoringHub(...)``,
+    ``retry_handler``, ``max_idletime``, ...). On a Globus Compute site the
     stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
     records stay here. ``gc_executor`` replaces the site's Globus Compute
     Executor (tests).
@@ -155,23 +209,73 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     import parsl
     from parsl.utils import get_all_checkpoints
 
+    site_overrides, config_settings = _split_settings(settings)
     loaded = sites.load(site, **site_overrides)
+    users_dfk = _loaded_dfk()
+    if users_dfk is not None:  # stages run on the site's executors in the user's own config
+        _check_users_dfk(users_dfk, loaded, retries=retries, gc_executor=gc_executor, settings=config_settings)
     run_dir = Path(run_dir).absolute()
     _check_ours(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
         _prepare(run_dir, fresh)
-        parsl_dir = run_dir / "parsl"
-        memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
-        config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
-                                     retries=retries)
         register_memo_ids()
-        wf = Workflow(loaded, run_dir)
-        wf.log.info("workflow on site %r, run directory %s", loaded.name, run_dir)
+        wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi")
+        wf.log.info("workflow on site %r, run directory %s%s", loaded.name, run_dir,
+                    " (in your own Parsl config: stages always run)" if users_dfk else "")
         token = _current.set(wf)
+        watching = _watch_progress(run_dir)
         try:
+            if users_dfk is not None:
+                yield wf
+                wf.wait()
+                return
+            parsl_dir = run_dir / "parsl"
+            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
+            config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
+                                         retries=retries, **config_settings)
             with parsl.load(config) as dfk:
                 yield wf
                 dfk.wait_for_current_tasks()
         finally:
+            wf.status.finish()
+            watching.set()
             _current.reset(token)
+
+
+def _watch_progress(run_dir: Path) -> threading.Event:
+    """With PARSL_TORCH_PROGRESS set (``parsl-torch run`` sets it), show the stages as they go:
+    a live table on a terminal, else plain lines every PARSL_TORCH_PROGRESS_EVERY s (default 30)."""
+    stop = threading.Event()
+    if os.environ.get("PARSL_TORCH_PROGRESS"):
+        import sys
+
+        every = float(os.environ.get("PARSL_TORCH_PROGRESS_EVERY", "30") or 30)
+        threading.Thread(target=status.watch, args=(run_dir, stop, every, sys.stderr.isatty()),
+                         daemon=True).start()
+    return stop
+
+
+def _loaded_dfk() -> Any:
+    """The DataFlowKernel the user loaded (``parsl.load``), or None."""
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+    from parsl.errors import NoDataFlowKernelError
+
+    try:
+        return DataFlowKernelLoader.dfk()
+    except NoDataFlowKernelError:
+        return None
+
+
+def _check_users_dfk(dfk: Any, site: sites.Site, **ours: Any) -> None:
+    """Under a DataFlowKernel the user loaded: it must hold the site's executors, and the settings
+    of Parsl's own config are theirs. Checked before anything is made."""
+    given = [k for k, v in {"retries": ours["retries"], "gc_executor": ours["gc_executor"],
+                            **ours["settings"]}.items() if v]
+    if given:
+        raise ConfigError(f"Parsl is already loaded (parsl.load): set {', '.join(given)} in your own "
+                          f"parsl.Config, not in pt.workflow")
+    if site.mpi_label not in dfk.executors:
+        raise ConfigError(f"Parsl is already loaded without site {site.name!r}'s executors: add "
+                          f"pt.sites.load({site.name!r}).executors() to your parsl.Config (labels "
+                          f"{site.mpi_label!r}, ...), or let pt.workflow load Parsl (no parsl.load around it)")

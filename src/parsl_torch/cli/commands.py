@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .. import sites
+from ..apps import status as run_status
 from ..apps.remote import make_executor, probe
 from ..common.environ import path_with_python_bin
 from ..core.device import get_backend, get_torch_device_type
@@ -162,6 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"workflow script {script} does not exist")
     # Parsl starts its workers by name: this environment's bin must come first
     os.environ["PATH"] = path_with_python_bin()
+    os.environ.setdefault("PARSL_TORCH_PROGRESS", "1")  # the workflow shows its stages as they go
     sys.argv = [str(script), *args.script_args]
     try:
         runpy.run_path(str(script), run_name="__main__")
@@ -171,6 +173,26 @@ def _run(args: argparse.Namespace) -> int:
         print(f"parsl-torch: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    """A run's stages from its files: state, progress, error line, directory."""
+    try:
+        data, rows = run_status.read(args.run_dir)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(json.dumps({**data, "stages": [dataclasses.asdict(r) for r in rows]}, indent=2))
+    elif sys.stdout.isatty():
+        from rich.console import Console
+
+        Console().print(run_status.table(data, rows))
+    else:
+        when = f"finished {data['finished']}" if data.get("finished") else \
+            f"running (host {data.get('host')}, PID {data.get('pid')})"
+        print(f"{args.run_dir}: site {data.get('site')}, started {data.get('started')}, {when}")
+        print(run_status.plain(data, rows))
+    return 1 if any(r.state == "failed" for r in rows) else 0
 
 
 def _endpoint_config(args: argparse.Namespace) -> int:
@@ -234,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
     run.set_defaults(func=_run)
+    status = sub.add_parser("status", help="the stages of a run (running or finished) and their progress",
+                            usage="parsl-torch status RUN_DIR [--json]")
+    status.add_argument("run_dir")
+    status.add_argument("--json", action="store_true", help="machine-readable")
+    status.set_defaults(func=_status)
 
     doctor = sub.add_parser("doctor", help="check this environment; exit 1 on errors")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

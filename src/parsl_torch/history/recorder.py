@@ -39,6 +39,9 @@ from .sinks import CSVSink, SafeSinks, WandbSink, setup_wandb
 from .stats import STATS, cross_rank_stats, distributed_world, union_keys
 
 _NAN = math.nan
+#: beside the history file: its progress, for parsl-torch run / status (rank 0, at most every PROGRESS_S)
+PROGRESS_SUFFIX = ".progress.json"
+PROGRESS_S = 2.0
 
 
 def default_history_path(name: str) -> Path:
@@ -87,6 +90,8 @@ class History:
             self._meta.setdefault(k, {})["description"] = v
         self._rank = get_rank()
         self._start = utc_now()
+        self._last_progress = 0.0
+        self._unreported: _Block | None = None
         self._steps: list[int] = []
         self._cols: dict[str, list[float]] = {}
         self._next_step = 0
@@ -151,8 +156,31 @@ class History:
                     "sync; the file keeps rank 0's steps", self.name, max_rows - rows)
         if self._rank == 0:
             self._blocks.append(block)
+            self._progress(block)
             if time.monotonic() - self._last_flush >= self.flush_every:
                 self.flush()
+
+    def _progress(self, block: _Block, force: bool = False) -> None:
+        """Rank 0, at a sync, at most every PROGRESS_S (and at finalize): ``<history>.progress.json``
+        (step, total, the loss or first metric) for ``parsl-torch run`` and ``status``. No collective."""
+        now = time.time()
+        if not len(block.steps) or (now - self._last_progress < PROGRESS_S and not force):
+            self._unreported = block if len(block.steps) else self._unreported
+            return
+        self._unreported = None
+        self._last_progress = now
+        metric = "loss" if "loss" in block.keys else (block.keys[0] if block.keys else None)
+        values = block.stats.get("mean", block.values) if block.stats else block.values
+        row = block.keys.index(metric) if metric else 0
+        total = self.config.get("steps")  # the built-in stages record their config
+        progress = {"step": int(block.steps[-1]), "total": total if isinstance(total, int) else None,
+                    "metric": metric, "value": float(values[row, -1]) if metric else None,
+                    "time": now}
+        target = Path(str(self._target(None)) + PROGRESS_SUFFIX)
+        with contextlib.suppress(OSError):
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_text(json.dumps(progress))
+            os.replace(tmp, target)
 
     def _take_pending(self) -> _Block:
         """The rows recorded since the last sync as one block; starts a new one."""
@@ -212,6 +240,8 @@ class History:
         final = self._target(path)
         self.sync()
         if self._rank == 0:
+            if self._unreported is not None:  # the last steps, whatever the throttle said
+                self._progress(self._unreported, force=True)
             self.flush()
             staged = self._writer.partial
             _check_dir(final, where="finalize", partial=staged)

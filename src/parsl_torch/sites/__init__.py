@@ -152,6 +152,18 @@ class Site:
         of one built from the site's endpoint (tests inject one here)."""
         return build.parsl_config(self.spec, run_dir, gc_executor, **config_kwargs)
 
+    def executors(self) -> list[Any]:
+        """The site's executors for a parsl.Config of your own, labelled ``<site>.mpi`` and
+        ``<site>.htex``: stages called inside ``pt.workflow(site=...)`` under your
+        ``parsl.load(config)`` run on them."""
+        build.require_account(self.spec, "submit jobs")
+        return build.site_executors(self.spec, prefix=f"{self.name}.")
+
+    @property
+    def mpi_label(self) -> str:
+        """The label of this site's MPI executor in a parsl.Config of your own."""
+        return f"{self.name}.{build.MPI_LABEL}"
+
     def render(self, executor: str = "mpi") -> str:
         """The batch script Parsl would submit for one block; nothing is submitted."""
         return build.render(self.spec, executor)

@@ -11,6 +11,7 @@ a task needs it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import sys
@@ -83,17 +84,38 @@ def htex_provider(spec: SiteSpec) -> Any:
                     max_blocks=spec.htex.max_blocks, queue=spec.htex.queue)
 
 
-def mpi_executor(spec: SiteSpec) -> Any:
+@functools.lru_cache(maxsize=1)
+def _site_mpi_executor_class() -> type:
     from parsl.executors import MPIExecutor
 
+    class SiteMPIExecutor(MPIExecutor):
+        """Parsl's MPIExecutor, which also takes an ordinary app (no resource specification):
+        Parsl hands an app without ``executors=`` to any executor of the config, and a plain
+        MPIExecutor fails it. Such an app goes to the site's single-process executor (``htex``)
+        when there is one, else runs as one process on one node of this executor's block."""
+
+        single_process: Any = None
+
+        def submit(self, func, resource_specification, *args, **kwargs):
+            if not resource_specification:
+                if self.single_process is not None:
+                    return self.single_process.submit(func, resource_specification, *args, **kwargs)
+                resource_specification = {"num_nodes": 1, "ranks_per_node": 1, "num_ranks": 1}
+            return super().submit(func, resource_specification, *args, **kwargs)
+
+    return SiteMPIExecutor
+
+
+def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL) -> Any:
     prov = mpi_provider(spec)
     max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
         else spec.mpi.max_workers_per_block
-    return MPIExecutor(label=MPI_LABEL, provider=prov, mpi_launcher=spec.mpi.launcher,
-                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms, **_address(spec))
+    return _site_mpi_executor_class()(label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
+                                      max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
+                                      **_address(spec))
 
 
-def htex_executor(spec: SiteSpec) -> Any:
+def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
     from parsl.executors import HighThroughputExecutor
 
     h = spec.htex
@@ -103,7 +125,16 @@ def htex_executor(spec: SiteSpec) -> Any:
         kwargs["available_accelerators"] = list(h.accelerators)
     if h.max_workers_per_node:
         kwargs["max_workers_per_node"] = h.max_workers_per_node
-    return HighThroughputExecutor(label=HTEX_LABEL, provider=htex_provider(spec), **kwargs, **_address(spec))
+    return HighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
+
+
+def site_executors(spec: SiteSpec, prefix: str = "") -> list[Any]:
+    """The site's executors, labelled ``prefix + "mpi"`` and ``prefix + "htex"`` (a prefix lets
+    several sites' executors sit in one parsl.Config)."""
+    mpi = mpi_executor(spec, prefix + MPI_LABEL)
+    htex = htex_executor(spec, prefix + HTEX_LABEL) if spec.htex.enabled else None
+    mpi.single_process = htex
+    return [mpi, *([htex] if htex else [])]
 
 
 def require_account(spec: SiteSpec, action: str) -> None:
@@ -131,9 +162,9 @@ def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = 
     if get_scheduler(spec.scheduler).remote:
         executors = [globus_executor(spec, gc_executor)]
     else:
-        executors = [mpi_executor(spec), *([htex_executor(spec)] if spec.htex.enabled else [])]
-    return Config(executors=executors, run_dir=str(run_dir), usage_tracking=0,
-                  strategy_period=spec.strategy_period, **config_kwargs)
+        executors = site_executors(spec)
+    settings = {"usage_tracking": 0, "strategy_period": spec.strategy_period, **config_kwargs}
+    return Config(executors=executors, run_dir=str(run_dir), **settings)
 
 
 def render(spec: SiteSpec, executor: str = MPI_LABEL) -> str:

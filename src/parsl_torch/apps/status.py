@@ -1,0 +1,148 @@
+"""A run's stages and their progress, from files only: ``<run_dir>/status.json``
+(the workflow writes it as stages change state), ``<stage>/.started`` (written
+when a stage's command starts) and ``*.progress.json`` beside each history file
+(rank 0, at its syncs). ``parsl-torch run`` shows it live, ``parsl-torch status
+RUN_DIR`` from another shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+STATUS = "status.json"
+STARTED = ".started"
+_lock = threading.Lock()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class StatusFile:
+    """The workflow's side: one record per stage, rewritten atomically on each change."""
+
+    def __init__(self, run_dir: Path, site: str) -> None:
+        self.path = run_dir / STATUS
+        self.data: dict[str, Any] = {"site": site, "host": os.uname().nodename, "pid": os.getpid(),
+                                     "started": _now(), "finished": None, "stages": {}}
+        self._write()
+
+    def stage(self, name: str, **fields: Any) -> None:
+        with _lock:
+            self.data["stages"].setdefault(name, {}).update(fields, updated=_now())
+            self._write()
+
+    def finish(self) -> None:
+        with _lock:
+            self.data["finished"] = _now()
+            self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(f"{STATUS}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class StageRow:
+    name: str
+    state: str  # waiting | running | done | skipped | failed
+    progress: str  # "step 120/200 loss=0.41 ETA 0:01:05", or ""
+    error: str
+    directory: str
+
+
+def _progress(stage_dir: Path, started: float | None) -> str:
+    files = sorted(stage_dir.glob("*.progress.json"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return ""
+    try:
+        p = json.loads(files[-1].read_text())
+    except (OSError, ValueError):
+        return ""
+    step, total = p.get("step", 0), p.get("total")
+    text = f"step {step + 1}/{total}" if total else f"step {step + 1}"
+    if p.get("metric") is not None and p.get("value") is not None:
+        text += f" {p['metric']}={p['value']:.4g}"
+    if total and started and step + 1 < total:
+        rate = (p["time"] - started) / (step + 1)
+        text += f" ETA {int(rate * (total - step - 1)) // 60}:{int(rate * (total - step - 1)) % 60:02d}"
+    return text
+
+
+def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
+    """The run's header (site, host, pid, started, finished) and a row per stage."""
+    run_dir = Path(run_dir)
+    try:
+        data = json.loads((run_dir / STATUS).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{run_dir} has no {STATUS}: not a parsl-torch run directory, or no workflow "
+                                f"has started there") from None
+    rows = []
+    for name, s in data.get("stages", {}).items():
+        stage_dir = run_dir / name
+        started_file = stage_dir / STARTED
+        started = started_file.stat().st_mtime if started_file.exists() else None
+        state = s.get("state", "waiting")
+        if state == "waiting" and started and started >= s.get("submitted_at", 0):
+            state = "running"
+        progress = _progress(stage_dir, started) if state in ("running", "failed", "done") else ""
+        rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir)))
+    return data, rows
+
+
+def plain(data: dict[str, Any], rows: list[StageRow]) -> str:
+    """One line per stage (logs, CI, batch jobs)."""
+    lines = []
+    for r in rows:
+        extra = f" {r.progress}" if r.progress else ""
+        error = f" - {r.error}" if r.error else ""
+        lines.append(f"[{r.name}] {r.state}{extra}{error}")
+    return "\n".join(lines)
+
+
+def table(data: dict[str, Any], rows: list[StageRow]) -> Any:
+    """A rich Table (terminals)."""
+    from rich.table import Table
+
+    when = f"finished {data['finished']}" if data.get("finished") else "running"
+    t = Table(title=f"site {data.get('site')}, {when}")
+    for column in ("stage", "state", "progress", "error / directory"):
+        t.add_column(column)
+    colours = {"done": "green", "skipped": "cyan", "failed": "red", "running": "yellow", "waiting": "white"}
+    for r in rows:
+        t.add_row(r.name, f"[{colours.get(r.state, 'white')}]{r.state}[/]", r.progress, r.error or r.directory)
+    return t
+
+
+def watch(run_dir: Path, stop: threading.Event, every: float, tty: bool) -> None:
+    """Show the run until ``stop``: a live table on a terminal, else a plain block every ``every`` s."""
+    if tty:
+        from rich.console import Console
+        from rich.live import Live
+
+        with Live(console=Console(stderr=True), refresh_per_second=2, transient=False) as live:
+            while not stop.wait(1.0):
+                try:
+                    live.update(table(*read(run_dir)))
+                except (OSError, ValueError):
+                    continue
+            live.update(table(*read(run_dir)))
+        return
+    last = 0.0
+    while not stop.wait(1.0):
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            try:
+                text = plain(*read(run_dir))
+            except (OSError, ValueError):
+                continue
+            if text:
+                print(f"parsl-torch: progress\n{text}", file=sys.stderr, flush=True)

@@ -1,0 +1,93 @@
+"""parsl-torch around the user's own Parsl: Config settings through pt.workflow,
+a site's executors in the user's own config, ordinary apps on our configs."""
+
+from __future__ import annotations
+
+import pytest
+
+import parsl_torch as pt
+from parsl_torch.errors import ConfigError
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pt.distributed_app(ranks_per_node=2)
+def world():
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def test_parsl_config_settings_pass_through_and_monitoring_sees_the_stage(tmp_path, monkeypatch):
+    import sqlite3
+
+    from parsl.monitoring import MonitoringHub
+
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "monitoring.db"
+    hub = MonitoringHub(hub_address="127.0.0.1", logging_endpoint=f"sqlite:///{db}",
+                        resource_monitoring_enabled=False)
+    with pt.workflow(site="local", run_dir="runs/mon", monitoring=hub, max_idletime=60):
+        assert world().result(timeout=180) == 2
+    with sqlite3.connect(db) as con:
+        names = [row[0] for row in con.execute("select task_func_name from task")]
+    assert "_stage_command" in names  # parsl-visualize shows the stage
+
+
+def test_bad_keywords_fail_before_anything_is_made(tmp_path):
+    for kwargs, message in (({"monitorin": 1}, "unknown keyword\\(s\\) monitorin"),
+                            ({"executors": []}, "the workflow sets this parsl.Config setting itself")):
+        with pytest.raises(ConfigError, match=message):
+            with pt.workflow(site="local", run_dir=tmp_path / "runs", **kwargs):
+                pass
+        assert not (tmp_path / "runs").exists()
+
+
+def test_ordinary_apps_work_on_our_configs_every_time(tmp_path, monkeypatch):
+    from parsl import python_app
+
+    @python_app
+    def square(x):
+        return x * x
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # Parsl ships test functions by reference to this module
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "sites" / "nohtex.yaml").write_text("name: nohtex\nscheduler: local\nstrategy_period: 0.5\n"
+                                                    "htex: {enabled: false}\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path / "sites"))
+    for site in ("local", "nohtex"):  # with a single-process executor, and without one
+        with pt.workflow(site=site, run_dir=f"runs/{site}"):
+            assert [square(i).result(timeout=120) for i in range(20)] == [i * i for i in range(20)]
+
+
+def test_stages_under_the_users_own_parsl_config(tmp_path, monkeypatch):
+    import parsl
+    from parsl import python_app
+    from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    site = pt.sites.load("local")
+
+    @python_app(executors=["mine"])
+    def mine():
+        return "mine"
+
+    config = Config(executors=[ThreadPoolExecutor(label="mine"), *site.executors()], strategy_period=0.5,
+                    run_dir=str(tmp_path / "runinfo"))
+    with parsl.load(config):
+        with pt.workflow(site="local", run_dir="runs/own") as wf:
+            assert wf.mpi_label == "local.mpi"
+            assert world().result(timeout=180) == 2 and mine().result() == "mine"
+    with parsl.load(Config(executors=[ThreadPoolExecutor(label="mine")], run_dir=str(tmp_path / "ri2"))):
+        with pytest.raises(ConfigError, match="already loaded without site 'local'"):
+            with pt.workflow(site="local", run_dir="runs/other"):
+                pass
+        with pytest.raises(ConfigError, match="set retries in your own parsl.Config"):
+            with pt.workflow(site="local", run_dir="runs/other", retries=2):
+                pass
+    assert not (tmp_path / "runs" / "other").exists()
