@@ -165,10 +165,9 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
         lost_at = time.monotonic()
         cluster.module.lose_node("n2")
 
-        def watch_stderr() -> None:  # the first attempt's error, before the retry overwrites it
-            stderr = wf.run_dir / "train" / "stderr.txt"
+        def watch_stderr() -> None:  # when the first attempt names the node (its log: stderr.1.txt after the retry)
             while time.monotonic() - lost_at < 60 and not errors:
-                text = stderr.read_text() if stderr.exists() else ""
+                text = "".join(p.read_text() for p in (wf.run_dir / "train").glob("stderr*.txt"))
                 if "node n2 lost" in text:
                     errors.append(text)
                     errors.append(f"{time.monotonic() - lost_at:.1f}")
@@ -182,6 +181,7 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     assert "node n2 lost (ranks 2, 3): no heartbeat" in errors[0]
     assert float(errors[1]) < 40, f"named {errors[1]} s after the loss: later than the collective timeout"
     assert result["resumed_from"] == 6 and result["world_size"] == 4
+    assert "node n2 lost" in (wf.run_dir / "train" / "stderr.1.txt").read_text()  # each attempt its own log
     history = pt.read_history(result["history"])
     assert history.attrs["hostname"] == "n3"  # the retry ran on the nodes that remained: n3, n1
     assert list(history.steps) == list(range(10))  # no step lost or repeated

@@ -3,6 +3,7 @@ run as a user runs them (a workflow script, rerun with edits, in one run directo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -215,3 +216,45 @@ def test_progress_lines_and_status_of_a_running_then_finished_run(tmp_path):
                            env=env)
     assert final.returncode == 0 and "[train] done step 400/400" in final.stdout
     assert "[evaluate] done" in final.stdout and ", finished " in final.stdout
+
+
+def _carrying(needle: str) -> list[str]:
+    """Processes whose command line or environment mentions ``needle``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle.encode() in blob:
+            found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+    return found
+
+
+def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_path):
+    import signal
+
+    wf = tmp_path / "wf.py"
+    wf.write_text(TRAIN.replace('"steps": 4', '"steps": int(sys.argv[3])'))
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, str(wf), str(runs), "0.001", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not list((runs / "train").glob("*.progress.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list((runs / "train").glob("*.progress.json")), "training never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while (left := _carrying(str(runs))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"still running after the workflow died: {left}"
+    try:
+        again = run(wf, str(runs), "0.001", "4", timeout=120)  # another call (steps changed): from step 0
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"rerun hung: {exc.stderr!r}\n{_carrying(str(runs))}\n"
+                             + "".join(p.read_text()[-2000:] for p in (runs / "train").glob("std*"))) from None
+    loss, resumed = result(again).split()
+    assert resumed == "0" and loss != "nan"

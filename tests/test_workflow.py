@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -176,13 +177,22 @@ def test_bad_config_on_the_command_line_is_one_line_exit_2(tmp_path):
 
 
 def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
+    import json
+    import stat
+
     from parsl_torch.apps.distributed import _stage_command
     from parsl_torch.apps.payload import StageOptions
 
-    opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("A", "1"),), ("--cpu-bind", "list:1-8:9-16"))
+    opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
     cmd = _stage_command(None, ["python", "train.py"], opts)
-    assert "-m parsl_torch.launch.supervise --timeout 600.0 --ranks 24 -- $PARSL_MPI_PREFIX --cpu-bind list:1-8:9-16 " in cmd
-    assert cmd.startswith(f"cd {tmp_path} && A=1 ") and cmd.endswith("-m parsl_torch.launch.shim -- python train.py")
+    assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --ranks 24 -- $PARSL_MPI_PREFIX "
+            "--cpu-bind list:1-8:9-16 ") in cmd
+    assert cmd.startswith(f"cd {tmp_path} && ") and cmd.endswith("-m parsl_torch.launch.shim -- python train.py")
+    # the environment is off the command line (Parsl echoes it into stderr.txt), in a private file
+    assert "s3cr3t" not in cmd
+    env_file = tmp_path / ".env.json"
+    assert json.loads(env_file.read_text())["WANDB_API_KEY"] == "s3cr3t"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
 
 
 def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
@@ -215,7 +225,7 @@ def test_run_lock_names_its_holder_and_a_stale_one_is_taken_over(tmp_path, monke
     import json
     import socket
 
-    from parsl_torch.apps import runlock
+    from parsl_torch.common import runlock
 
     with runlock.RunLock(tmp_path):
         holder = json.loads((tmp_path / ".lock").read_text())
@@ -264,3 +274,36 @@ def test_a_script_stage_is_identified_by_its_content(tmp_path):
     assert identity.code_digest(None, ["python", str(script)]) != first
     assert identity.code_digest(None, ["python", "-m", "json.tool"]) != identity.code_digest(None, ["python", "-m",
                                                                                                     "json"])
+
+
+@pytest.mark.slow
+def test_values_that_would_reach_a_shell_are_refused_with_the_field_named(tmp_path, local_workflow):
+    hello = tmp_path / "hello.py"
+    hello.write_text("print('hi')\n")
+    for kwargs, message in (({"env": {"X=1; touch PWNED; Y": "v"}}, "env key 'X=1; touch PWNED; Y' is not a variable"),
+                            ({"walltime": "1; touch PWNED;"}, "walltime='1; touch PWNED;' must be a number"),
+                            ({"walltime": float("nan")}, "walltime=nan must be a number"),
+                            ({"walltime": -1}, "walltime=-1 must be a number")):
+        with pytest.raises(ConfigError, match=re.escape(message) if "=" in message else message):
+            pt.script_app(hello, **kwargs)()
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_redaction_covers_names_flags_and_urls_but_not_authors():
+    from parsl_torch.common.metadata import REDACTED, redact
+
+    got = redact({"author": "Ada", "passphrase": "p1", "pwd": "p2", "access_key": "p3", "hf_token": "p4",
+                  "key": "p5", "bearer": "p6", "keys_seen": 3, "db": "postgres://me:p7@host/db",
+                  "args": ["--api-key", "p8", "--lr", "3e-4", "--token=p9"], "WANDB_API_KEY": "p10"})
+    assert got["author"] == "Ada" and got["keys_seen"] == 3 and got["args"][2:4] == ["--lr", "3e-4"]
+    text = repr(got)
+    assert not any(f"p{i}'" in text or f"p{i}@" in text for i in range(1, 11)), text
+    assert got["db"] == f"postgres://me:{REDACTED}@host/db"
+
+
+def test_sites_show_hides_secret_environment_values(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mine.yaml").write_text("name: mine\nscheduler: local\nenvironment: {WANDB_API_KEY: s3cr3t, A: b}\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    assert pt.cli.main(["sites", "show", "mine"]) == 0
+    out = capsys.readouterr().out
+    assert "s3cr3t" not in out and "WANDB_API_KEY=***" in out and "A=b" in out

@@ -15,6 +15,8 @@ its return value). The call returns a ``StageFuture`` (``futures``).
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
 import shlex
 import sys
@@ -24,11 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
+from ..common.records import ENV_NAME
 from ..errors import ConfigError
 from . import identity
 from .futures import StageFuture
 from .memo import stage_components, use_digest_cache
-from .payload import PAYLOAD, RESULT, STDERR, STDOUT, ShippedFunction, StageOptions, accepted_kwargs, plain_files
+from .payload import (
+    ENV_FILE,
+    PAYLOAD,
+    RESULT,
+    STDERR,
+    STDOUT,
+    ShippedFunction,
+    StageOptions,
+    accepted_kwargs,
+    plain_files,
+)
 from .remote import submit_remote
 from .status import STARTED
 from .workflow import current_workflow
@@ -58,16 +71,25 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
         result = os.path.join(opts.stage_dir, RESULT)
         if os.path.exists(result):
             os.unlink(result)  # a stale value must never pass for this run's
-        with open(payload, "wb") as f:
+        with _private(payload) as f:  # the call's arguments may hold secrets
             dill.dump((fn, args, kwargs), f)
         rank_cmd = f"{py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
     else:
         rank_cmd = shlex.join([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script])
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (*opts.env, (identity.CALL_ID_VAR, call)))
-    timeout = f"--timeout {opts.walltime} " if opts.walltime else ""
+    # the stage's environment goes to the supervisor in a private file, not on the command line,
+    # which Parsl echoes into stderr.txt (and so into errors): its values may be secrets
+    env_file = os.path.join(opts.stage_dir, ENV_FILE)
+    with _private(env_file) as f:
+        f.write(json.dumps(dict((*opts.env, (identity.CALL_ID_VAR, call)))).encode())
+    timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     binding = shlex.join(opts.launcher_args)
-    return (f"cd {shlex.quote(opts.stage_dir)} && {env} {py} -m {SUPERVISE} {timeout}"
+    return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
             f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} -- {rank_cmd}")
+
+
+def _private(path: str):
+    """``path`` opened for writing, readable by its owner only (0600), truncated."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
 
 
 def _keep_earlier_attempt(stage_dir: str) -> None:
@@ -115,6 +137,8 @@ class DistributedApp:
                               f"with a shared file system")
         nodes = num_nodes or self.num_nodes
         ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
+        walltime = check_walltime(stage or self.name, walltime if walltime is not None else self.walltime)
+        check_env(stage or self.name, self.env)
         wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
         check_inputs(stage or self.name, inputs)
         stage = wf.stage_name(stage or self.name, explicit=stage is not None)
@@ -122,7 +146,7 @@ class DistributedApp:
         stage_dir.mkdir(parents=True, exist_ok=True)
         env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **wf.rank_env(), **self.env}
         shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
-        opts = StageOptions(str(stage_dir), nodes, ppn, walltime or self.walltime, tuple(env.items()),
+        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()),
                             wf.launcher_args(ppn), identity.code_digest(shipped and shipped.blob, self.script))
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
@@ -133,6 +157,26 @@ class DistributedApp:
                              stage_dir / RESULT if self.fn is not None else None)
         wf.track(future, nodes * ppn)
         return future
+
+
+def check_walltime(stage: str, walltime: Any) -> float | None:
+    """Seconds, a finite number > 0 (None: no limit)."""
+    if walltime is None:
+        return None
+    if isinstance(walltime, bool) or not isinstance(walltime, (int, float)) or not 0 < walltime < math.inf:
+        raise ConfigError(f"stage {stage!r}: walltime={walltime!r} must be a number of seconds > 0 (or None "
+                          f"for no limit)")
+    return float(walltime)
+
+
+def check_env(stage: str, env: dict[str, Any]) -> None:
+    """Variable names (letters, digits, _), string values."""
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise ConfigError(f"stage {stage!r}: env key {key!r} is not a variable name: use letters, digits "
+                              f"and _, not starting with a digit")
+        if not isinstance(value, str) or "\0" in value:
+            raise ConfigError(f"stage {stage!r}: env[{key!r}] must be a string without NUL bytes")
 
 
 def check_inputs(stage: str, inputs: Sequence) -> None:

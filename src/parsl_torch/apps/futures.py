@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ..common.metadata import redact_text
 from ..errors import StageError
 
 _TAIL_LINES = 25
@@ -68,7 +69,7 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
 
     if isinstance(exc, DependencyError):
         return StageError(f"stage {stage!r} did not run: a stage it depends on failed ({exc})")
-    tail = stderr_tail(stderr) if stderr else ""
+    tail = redact_text(stderr_tail(stderr)) if stderr else ""
     ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
     timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)
     lost = re.search(r"parsl-torch: (node \S+ lost \([^)]*\)[^;\n]*)", tail)

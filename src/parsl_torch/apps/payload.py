@@ -19,6 +19,8 @@ from typing import Any
 
 #: files in <run_dir>/<stage>/: the shipped call, rank 0's return value, the stage's output
 PAYLOAD, RESULT, STDOUT, STDERR = "payload.pkl", "result.pkl", "stdout.txt", "stderr.txt"
+#: the stage's environment for its supervisor (0600: values may be secrets)
+ENV_FILE = ".env.json"
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
+from ..common.runlock import LOCK, RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
 from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import get_scheduler
-from . import status
+from . import status, watchdog
 from .memo import register_memo_ids, stage_memoizer
-from .runlock import LOCK, RunLock
 from .status import StatusFile
 
 MARKER = ".parsl-torch-run"
@@ -234,13 +234,30 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
             memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
             config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
                                          retries=retries, **config_settings)
-            with parsl.load(config) as dfk:
-                yield wf
-                dfk.wait_for_current_tasks()
+            with _everything_ends_with_this_process():
+                with parsl.load(config) as dfk:
+                    yield wf
+                    dfk.wait_for_current_tasks()
         finally:
             wf.status.finish()
             watching.set()
             _current.reset(token)
+
+
+@contextlib.contextmanager
+def _everything_ends_with_this_process() -> Iterator[None]:
+    """What Parsl starts from here (interchange, local worker pools, stages) carries a token
+    that a watchdog process kills when this process ends, however it ends."""
+    import secrets
+
+    token = secrets.token_hex(12)
+    dog = watchdog.start(token)
+    os.environ[watchdog.WORKFLOW_VAR] = token
+    try:
+        yield
+    finally:
+        os.environ.pop(watchdog.WORKFLOW_VAR, None)
+        watchdog.stop(dog)
 
 
 def _watch_progress(run_dir: Path) -> threading.Event:

@@ -18,6 +18,7 @@ from .. import sites
 from ..apps import status as run_status
 from ..apps.remote import make_executor, probe
 from ..common.environ import path_with_python_bin
+from ..common.metadata import redact
 from ..core.device import get_backend, get_torch_device_type
 from ..core.topology import env_topology
 from ..errors import ConfigError, ParslTorchError, StageError
@@ -137,10 +138,10 @@ def _sites_show(args: argparse.Namespace) -> int:
                 text = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
                 print(f"{indent}{text}  # {origins.get(path, 'default')}")
 
-    show(json.loads(json.dumps(site.settings())))
+    show(redact(json.loads(json.dumps(site.settings()))))
     spec, machine = site.spec, get_machine(site.spec.machine)
     print("# exported to every rank (stages: through the workers; parsl-torch launch: unless already set):")
-    for key, value in spec.environment.items():
+    for key, value in redact(dict(spec.environment)).items():
         print(f"#   {key}={value}  ({origins[f'environment.{key}']})")
     for key, value in (machine.rank_env() if machine else {}).items():
         print(f"#   {key}={value}  (machine {machine.name})")

@@ -13,6 +13,7 @@ SUPERVISE = "parsl_torch.launch.supervise"  # fail fast, time out, leave nothing
 SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for each rank
 STAGE_MAIN = "parsl_torch.apps.stage_main"  # one rank of a distributed_app
 CLI = "parsl_torch.cli"  # the parsl-torch command
+WATCHDOG = "parsl_torch.apps.watchdog"  # ends what a workflow started when the workflow dies
 STAGES_PACKAGE = "parsl_torch.stages"  # built-in stage NAME runs as python -m parsl_torch.stages.NAME
 
 

@@ -9,16 +9,53 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-_SECRET = re.compile(r"secret|token|passw|api[_-]?key|credential|private[_-]?key|auth", re.I)
 REDACTED = "***"
+#: words that make a name secret (the name is split at _ - . / and camelCase)
+_SECRET_WORDS = {"secret", "secrets", "token", "tokens", "password", "passwd", "passphrase", "pwd", "pass",
+                 "apikey", "credential", "credentials", "bearer", "key", "auth", "authorization", "cookie",
+                 "signature", "privatekey", "accesskey"}
+_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]*):(?P<password>[^/\s@]*)@")
+_FLAG = re.compile(r"^(?P<flag>--?[A-Za-z0-9_.-]+)=(?P<value>.*)$", re.S)
+
+
+def is_secret_name(name: Any) -> bool:
+    """A name (config key, variable, flag) that holds a secret: api_key, WANDB_API_KEY, hfToken,
+    --api-key, db.password, pwd, ... but not author, keys_seen or monkey."""
+    words = [w.lower() for w in _WORD.findall(str(name))]
+    joined = "".join(words)
+    return any(w in _SECRET_WORDS for w in words) or any(
+        s in joined for s in ("apikey", "accesskey", "privatekey", "secretkey", "password", "passphrase"))
+
+
+def redact_text(text: str) -> str:
+    """``text`` with passwords in URLs (scheme://user:PASSWORD@host) replaced by ***."""
+    return _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
 
 
 def redact(value: Any) -> Any:
-    """A copy of ``value`` with every entry whose key looks secret replaced by ***."""
+    """A copy of ``value`` with secrets replaced by ***: entries whose key names a secret,
+    the value after a secret flag in an argument list (``["--api-key", X]``, ``--token=X``),
+    and passwords inside URLs. The one redaction for logs, errors, history attributes,
+    reports and ``sites show``."""
     if isinstance(value, Mapping):
-        return {k: REDACTED if _SECRET.search(str(k)) else redact(v) for k, v in value.items()}
+        return {k: REDACTED if is_secret_name(k) else redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
+        out: list[Any] = []
+        hide_next = False
+        for item in value:
+            if hide_next:
+                out.append(REDACTED)
+                hide_next = False
+                continue
+            if isinstance(item, str) and (m := _FLAG.match(item)) and is_secret_name(m["flag"]):
+                out.append(f"{m['flag']}={REDACTED}")
+                continue
+            hide_next = isinstance(item, str) and item.startswith("-") and is_secret_name(item)
+            out.append(redact(item))
+        return out
+    if isinstance(value, str):
+        return redact_text(value)
     return value
 
 

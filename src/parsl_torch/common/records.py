@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+#: a name that becomes an environment variable (and a shell word)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _type_name(tp: Any) -> str:

@@ -52,11 +52,23 @@ def default_history_path(name: str) -> Path:
 def _as_float(key: str, value: Any) -> float:
     try:
         return float(value)
+    except OverflowError:
+        raise ConfigError(f"metric {key!r}: the value is too large for a float") from None
     except (TypeError, ValueError):
         shape = getattr(value, "shape", None)
         what = f"a tensor/array of shape {tuple(shape)}" if shape not in (None, ()) else repr(value)
         raise ConfigError(f"metric {key!r} is {what}, not a number: pass a scalar "
                           f"(e.g. loss.item()) or leave it out of update()") from None
+
+
+def _as_step(value: Any) -> int:
+    try:
+        step = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"step {value!r} is not a whole number") from None
+    if step != value and not isinstance(value, str) or step < 0:
+        raise ConfigError(f"step {value!r}: use a whole number >= 0")
+    return step
 
 
 class History:
@@ -91,6 +103,7 @@ class History:
         self._rank = get_rank()
         self._start = utc_now()
         self._last_progress = 0.0
+        self._keys: dict[str, str] = {}  # metric -> its dataset name in the file
         self._unreported: _Block | None = None
         self._steps: list[int] = []
         self._cols: dict[str, list[float]] = {}
@@ -110,13 +123,18 @@ class History:
         accepted; NaN and inf are recorded as they are.
         """
         cols, n = self._cols, len(self._steps)
-        parts = []
+        row = {}  # checked before anything is recorded: a bad entry must not leave half a row
         for k, v in metrics.items():
             if k == "step":
-                step = int(v) if step is None else step
+                step = _as_step(v) if step is None else step
                 continue
-            if type(v) is not float:
-                v = _as_float(k, v)
+            if k not in self._keys:
+                self._add_key(k)
+            row[k] = v if type(v) is float else _as_float(k, v)
+        if step is not None and type(step) is not int:
+            step = _as_step(step)
+        parts = []
+        for k, v in row.items():
             col = cols.get(k)
             if col is None:
                 col = cols[k] = [_NAN] * n
@@ -135,6 +153,27 @@ class History:
         if self.sync_every and n + 1 >= self.sync_every:
             self.sync()
         return f"step={step} " + " ".join(parts)
+
+    def _add_key(self, key: Any) -> None:
+        """A metric seen for the first time: a name the file can hold, not clashing with another."""
+        from .h5file import dataset_name
+
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(f"metric name {key!r}: use a non-empty string")
+        if key in self._keys:
+            return
+        name = dataset_name(key)
+        if name in (".", "..") or name.startswith(".") or name == "step":
+            raise ConfigError(f"metric name {key!r} cannot be stored (it would be {name!r} in the file): rename it")
+        taken = {n: k for k, n in self._keys.items()}
+        statistics = {f"{n}_{s}": k for k, n in self._keys.items() for s in STATS}
+        own_stats = {f"{name}_{s}" for s in STATS}
+        clash = taken.get(name) or statistics.get(name) or next(
+            (k for k, n in self._keys.items() if n in own_stats), None)
+        if clash is not None:
+            raise ConfigError(f"metric name {key!r} clashes with {clash!r} in the file (as {name!r} or its "
+                              f"statistics _mean/_min/_max/_std): rename one of them")
+        self._keys[key] = name
 
     def sync(self) -> None:
         """Cross-rank statistics of the pending rows; rank 0 appends them to the file.

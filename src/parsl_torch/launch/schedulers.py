@@ -215,9 +215,10 @@ class Local(Scheduler):
     def worker_init(self, local_slots: int) -> list[str]:
         # Parsl starts workers by name: this Python's bin must come first. Parsl's
         # MPI mode takes a block's nodes from PBS_NODEFILE (or Slurm); without a
-        # scheduler there is none: list this host once per slot
+        # scheduler there is none: list this host once per slot, in a file beside the
+        # block's submit script (in the run directory: nothing left in /tmp)
         return [f'export PATH={shlex.quote(str(python_bin()))}:"$PATH"',
-                'export PBS_NODEFILE="$(mktemp -t parsl-torch-nodes.XXXXXX)"; '
+                'export PBS_NODEFILE="$(readlink -f "$0").nodes"; : > "$PBS_NODEFILE"; '
                 f'for _ in $(seq {local_slots}); do hostname >> "$PBS_NODEFILE"; done']
 
 

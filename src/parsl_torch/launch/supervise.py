@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..common.entrypoints import SUPERVISE
+from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from ..errors import ConfigError
 from .plan import LaunchPlan
@@ -48,6 +49,9 @@ NODE_LOST_EXIT = 75
 NODE_TIMEOUT_VAR = "PARSL_TORCH_NODE_TIMEOUT"
 NODE_TIMEOUT_S = 30.0
 LOST_NODE_GRACE_S = 3.0
+#: the workflow that started a stage is gone: nobody will use its result
+ORPHANED_EXIT = 143
+OWNER_CHECK_S = 3.0
 _MAX_LINE = 1 << 16
 
 
@@ -232,8 +236,10 @@ def _node_loss_within(events: queue.Queue, wait: float) -> tuple[str, dict] | No
     return None
 
 
-def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S) -> int:
-    """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost."""
+def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S,
+              owner: LockWatch | None = None) -> int:
+    """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost.
+    ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped."""
     events: queue.Queue[tuple[str, object]] = queue.Queue()
     listener = _RankListener(events, node_timeout_from_env({**os.environ, **plan.env}))
     env = {**os.environ, **plan.env, NOTIFY_VAR: listener.address}
@@ -244,6 +250,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     threading.Thread(target=lambda: events.put(("exit", proc.wait())), daemon=True).start()
     deadline = time.monotonic() + timeout if timeout else None
     others = f"the other {plan.num_ranks - 1} rank(s)" if plan.num_ranks else "the other ranks"
+    next_owner_check = time.monotonic() + OWNER_CHECK_S
 
     def node_lost(kind: str, node: dict) -> int:
         _say(f"{describe_node_loss(kind, node)}; stopping {others}")
@@ -282,6 +289,12 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 _say(f"received {signal.Signals(received[0]).name}; stopping {plan.num_ranks} rank(s)")
                 _stop(proc, grace)
                 return 128 + received[0]
+            if owner is not None and time.monotonic() > next_owner_check:
+                next_owner_check = time.monotonic() + OWNER_CHECK_S
+                if why := owner.gone():
+                    _say(f"{why}; stopping {plan.num_ranks} rank(s)")
+                    _stop(proc, grace)
+                    return ORPHANED_EXIT
             if deadline and time.monotonic() > deadline:
                 _say(f"timed out after {timeout:g} s; stopping {plan.num_ranks} rank(s)")
                 _stop(proc, grace)
@@ -310,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {SUPERVISE}")
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--ranks", type=int, default=0, help="for messages only")
+    parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
     opts = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
@@ -318,8 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     # shell would make concurrent stages on one node share a port
     hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
     env = {"MASTER_ADDR": hosts[0] or "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if opts.env_file:
+        with open(opts.env_file) as f:
+            env = {**json.load(f), **env}
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0, (), env)
-    return supervise(plan, timeout=opts.timeout)
+    run_dir = env.get("PARSL_TORCH_RUN_DIR")
+    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None)
 
 
 if __name__ == "__main__":

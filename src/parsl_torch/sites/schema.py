@@ -13,16 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..common.records import build_dataclass
+from ..common.records import ENV_NAME, build_dataclass
 from ..errors import SiteError
 from ..launch.machines import MACHINES
 from ..launch.schedulers import SCHEDULERS
 
 #: Parsl's MPIExecutor ``mpi_launcher`` values (how $PARSL_MPI_PREFIX starts ranks)
 MPI_LAUNCHERS = ("mpiexec", "srun", "aprun")
-#: a name that becomes a shell word (an environment variable)
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WALLTIME = re.compile(r"^\d+:[0-5]\d:[0-5]\d$")
+#: accounts, queues, partitions, QOS: they reach qsub/sbatch through a shell (Parsl runs them so)
+_SCHEDULER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
+#: a Slurm constraint expression (features with & | [ ] * , : and counts)
+_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|\[\]*:,()!-]+$")
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,18 @@ def _check(spec: SiteSpec) -> None:
                         "(endpoint_id, remote_run_dir)")
     if spec.mpi.launcher not in MPI_LAUNCHERS:
         raise SiteError(f"mpi.launcher: {spec.mpi.launcher!r} is not one of {', '.join(MPI_LAUNCHERS)}")
+    for path, value, pattern in (("provider.account", spec.provider.account, _SCHEDULER_NAME),
+                                 ("provider.queue", spec.provider.queue, _SCHEDULER_NAME),
+                                 ("provider.qos", spec.provider.qos, _SCHEDULER_NAME),
+                                 ("htex.queue", spec.htex.queue, _SCHEDULER_NAME),
+                                 ("provider.constraint", spec.provider.constraint, _CONSTRAINT)):
+        if value is not None and not pattern.match(value):
+            allowed = "_.@+-" if pattern is _SCHEDULER_NAME else "_.&|[]*:,()!-"
+            raise SiteError(f"{path}: {value!r} is not a valid name here: use letters, digits and {allowed} "
+                            f"(it reaches the scheduler's command line)")
+    if "\n" in spec.provider.select_options:
+        raise SiteError("provider.select_options: a newline would add a line to the batch script: keep it on "
+                        "one line")
     if not _WALLTIME.match(spec.provider.walltime):
         raise SiteError(f"provider.walltime: {spec.provider.walltime!r} is not HH:MM:SS")
     for path, value in (("provider.nodes_per_block", spec.provider.nodes_per_block),
@@ -148,10 +162,10 @@ def _check(spec: SiteSpec) -> None:
             raise SiteError(f"{path}: must be 0 or more, got {value}")
     if spec.launch.ranks_per_node is not None and spec.launch.ranks_per_node < 1:
         raise SiteError(f"launch.ranks_per_node: must be at least 1, got {spec.launch.ranks_per_node}")
-    if spec.poll_period_ms <= 0:
-        raise SiteError(f"poll_period_ms: must be > 0 milliseconds, got {spec.poll_period_ms}")
-    if spec.strategy_period <= 0:
-        raise SiteError(f"strategy_period: must be > 0 seconds, got {spec.strategy_period}")
+    if not 0 < spec.poll_period_ms <= 60_000:
+        raise SiteError(f"poll_period_ms: must be > 0 and at most 60000 milliseconds, got {spec.poll_period_ms}")
+    if not 0 < spec.strategy_period <= 3600:  # inf or nan would kill Parsl's strategy thread: a hang
+        raise SiteError(f"strategy_period: must be > 0 and at most 3600 seconds, got {spec.strategy_period}")
     for i, pattern in enumerate(spec.hostnames):
         try:
             re.compile(pattern)

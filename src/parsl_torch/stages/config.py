@@ -71,6 +71,7 @@ class DataConfig:
         if self.kind == "file" and not Path(self.path).is_file():
             raise ConfigError(f"path: {self.path} does not exist")
         at_least(self, 1, "batch_size")
+        at_least(self, 0, "seed")
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, config_class: type, stage: str) -> Any:

@@ -13,6 +13,7 @@ history has no lost or duplicated steps.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -32,6 +33,8 @@ from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
 STAGE = "train"
+#: FSDP compute dtypes (mixed precision)
+DTYPES = ("bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         strategy = check_strategy(self.strategy)
         at_least(self, 1, "steps", "checkpoint_every", "log_every")
-        if not self.lr > 0:
-            raise ConfigError(f"lr: must be > 0, got {self.lr!r}")
+        if not 0 < self.lr < math.inf:
+            raise ConfigError(f"lr: must be a finite number > 0, got {self.lr!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)} (or leave it out: fp32)")
+        if self.tp_size is not None and self.tp_size < 2:
+            raise ConfigError(f"tp_size: must be at least 2 (ranks per tensor-parallel group), got {self.tp_size}")
+        at_least(self, 0, "seed")
         if self.tp_size is not None and strategy != "fsdp+tp":
             raise ConfigError(f"tp_size: applies to strategy fsdp+tp, not {self.strategy!r}: remove it or "
                               f"change strategy")

@@ -46,6 +46,39 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _start_time(pid) in (None, started)
 
 
+class LockWatch:
+    """For a stage's supervisor: is the workflow that holds ``<run_dir>/.lock`` now (the one that
+    started this stage) still there? Gone when the lock is removed or taken by another
+    workflow, when its process is gone (same host), or when it stopped touching it."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = Path(run_dir) / LOCK
+        self.holder = self._read()
+
+    def _read(self) -> dict | None:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else None
+        return None
+
+    def gone(self) -> str | None:
+        """Why the workflow is gone, or None while it is there (None too if there never was a lock)."""
+        if self.holder is None:
+            return None
+        now = self._read()
+        if now is None or now.get("token") != self.holder.get("token"):
+            return f"the workflow that started it (host {self.holder.get('host')}, PID {self.holder.get('pid')}) " \
+                   f"has ended: its run directory lock is gone"
+        if now.get("host") == socket.gethostname() and isinstance(now.get("pid"), int) \
+                and not _alive(now["pid"], now.get("started")):
+            return f"the workflow that started it (PID {now['pid']}) is gone"
+        with contextlib.suppress(OSError):
+            if time.time() - self.path.stat().st_mtime > STALE_S:
+                return f"the workflow that started it (host {now.get('host')}) has not touched its lock for " \
+                       f"{STALE_S:.0f} s"
+        return None
+
+
 class RunLock:
     """``with RunLock(run_dir):`` holds the run directory or fails at once naming the holder."""
 
