@@ -363,3 +363,41 @@ def test_hydra_gets_no_pals_only_flag(tmp_path):
     p = plan({"PBS_JOBID": "1", "PBS_NODEFILE": str(nodefile), "PARSL_TORCH_MPIEXEC": str(BIN / "mpiexec"),
               "PATH": os.environ["PATH"]}, hostname="laptop")
     assert "--line-buffer" not in p.argv and "--hostfile" in p.argv
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "--timeout", "-1", "--", "true"], "--timeout -1: give the seconds"),
+    (["launch", "--timeout", "nan", "--", "true"], "--timeout nan: give the seconds"),
+    (["launch", "-n", "100000", "--", "true"], "more than 1024 is no machine's"),
+])
+def test_launch_refuses_absurd_numbers_before_starting_anything(argv, message, monkeypatch, capsys):
+    monkeypatch.setenv("PARSL_TORCH_SCHEDULER", "local")
+    assert cli(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_slow_client_does_not_hold_up_a_failure_report():
+    import queue
+    import socket
+
+    from parsl_torch.launch.supervise import _RankListener
+
+    events = queue.Queue()
+    listener = _RankListener(events, node_timeout=60)
+    host_port, token = listener.address.rsplit(":", 1)
+    port = int(host_port.rsplit(":", 1)[1])
+    try:
+        slow = socket.create_connection(("127.0.0.1", port))
+        slow.sendall(b"{")  # a client that never finishes its line
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((json.dumps({"token": token, "rank": 1, "host": "h", "code": 3}) + "\n").encode())
+        kind, report = events.get(timeout=5)
+        assert kind == "report" and report["rank"] == 1 and time.monotonic() - t0 < 2
+        with socket.create_connection(("127.0.0.1", port)) as s:  # a report without the token is ignored
+            s.sendall((json.dumps({"token": "guess", "rank": 2, "host": "h", "code": 3}) + "\n").encode())
+        with pytest.raises(queue.Empty):
+            events.get(timeout=1)
+        slow.close()
+    finally:
+        listener.close()

@@ -250,3 +250,10 @@ def test_pbs_site_end_to_end_against_fake_qsub(tmp_path, monkeypatch, workers_im
     assert ranks == ["rank 0", "rank 1"]
     submitted = next((tmp_path / "pbs").glob("*.args")).read_text()
     assert submitted.startswith("-q debug -A lab ")
+
+
+def test_a_site_file_that_is_not_utf8_is_one_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "latin.yaml").write_bytes("name: latin\nscheduler: local\ndescription: caf\xe9\n".encode("latin-1"))
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    with pytest.raises(SiteError, match=r"latin.yaml: is not UTF-8 text \(byte \d+\): save it as UTF-8"):
+        sites.load("latin")

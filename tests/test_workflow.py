@@ -307,3 +307,11 @@ def test_sites_show_hides_secret_environment_values(tmp_path, monkeypatch, capsy
     assert pt.cli.main(["sites", "show", "mine"]) == 0
     out = capsys.readouterr().out
     assert "s3cr3t" not in out and "WANDB_API_KEY=***" in out and "A=b" in out
+
+
+def test_a_run_directory_that_is_a_file_is_one_clear_error(tmp_path):
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        with pt.workflow(site="local", run_dir=tmp_path / "runs"):
+            pass
+    assert (tmp_path / "runs").read_text() == "not a directory"

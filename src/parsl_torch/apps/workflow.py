@@ -26,6 +26,7 @@ from ..common.runlock import LOCK, RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
 from ..launch.machines import binding_args, get_machine
+from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import get_scheduler
 from . import status, watchdog
 from .memo import register_memo_ids, stage_memoizer
@@ -108,6 +109,9 @@ class Workflow:
         for name, value in (("num_nodes", num_nodes), ("ranks_per_node", ranks_per_node)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"stage {stage!r}: {name}={value!r} must be a positive int")
+        if ranks_per_node > MAX_RANKS_PER_NODE:
+            raise ConfigError(f"stage {stage!r}: ranks_per_node={ranks_per_node} is more than any node holds "
+                              f"(at most {MAX_RANKS_PER_NODE})")
         if self.remote:
             return  # the endpoint's own configuration decides
         limit = self.scheduler.max_nodes_per_block or spec.provider.nodes_per_block
@@ -178,6 +182,9 @@ def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 
 def _check_ours(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} is a file, not a directory: pick another --run-dir "
+                          f"(nothing there was touched)")
     if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / MARKER).exists():
         raise ConfigError(f"run directory {run_dir} exists and was not made by parsl-torch: "
                           f"pick a new --run-dir (nothing there was touched)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import runpy
 import shlex
@@ -76,6 +77,8 @@ def _launch(args: argparse.Namespace) -> int:
     command = list(args.command)
     if args.module:
         command = [sys.executable, "-m", args.module, *command]
+    if args.timeout is not None and not 0 < args.timeout < math.inf:
+        raise ConfigError(f"--timeout {args.timeout:g}: give the seconds before every rank is stopped, > 0")
     request = LaunchRequest(tuple(command), args.n, args.ppn, args.nodes, args.launcher)
     detection = sites.detect_job()
     plan = plan_launch(request, detection)

@@ -51,6 +51,10 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
 
 
+#: no machine runs more ranks than this on one node: a larger count is a typo
+MAX_RANKS_PER_NODE = 1024
+
+
 def resolve_shape(request: LaunchRequest, available_nodes: int, default_ppn: int) -> tuple[int, int, int]:
     """(num_nodes, ranks_per_node, num_ranks) from what was asked and what the job has."""
     for flag, value in (("-n", request.num_ranks), ("--ppn", request.ranks_per_node),
@@ -69,6 +73,9 @@ def resolve_shape(request: LaunchRequest, available_nodes: int, default_ppn: int
         ppn = math.ceil(n / nodes)
     else:
         nodes = nodes or math.ceil(n / ppn)
+    if ppn > MAX_RANKS_PER_NODE:
+        raise ConfigError(f"{ppn} ranks per node (from -n {n} over {nodes} node(s)): more than "
+                          f"{MAX_RANKS_PER_NODE} is no machine's; check -n, --ppn and --nodes")
     if nodes > available_nodes or n > nodes * ppn:
         raise ConfigError(f"-n {n} does not fit {nodes} node(s) x {ppn} ranks per node "
                           f"(the job has {available_nodes} node(s)): lower -n or raise --ppn/--nodes")

@@ -58,6 +58,8 @@ def read_spec(path: Path) -> SiteSpec:
         raise SiteError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
     except OSError as exc:
         raise SiteError(f"{path}: cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SiteError(f"{path}: is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     spec = parse_site(data, str(path))
     if spec.name != path.stem:
         raise SiteError(f"{path}: name: {spec.name!r} differs from the file name; use name: {path.stem}")

@@ -87,6 +87,9 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, config_clas
             source = yaml.safe_load(Path(source).read_text()) or {}
         except OSError as exc:
             raise ConfigError(f"stage {stage!r}: config file {where}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"stage {stage!r}: config file {where} is not UTF-8 text (byte {exc.start}): "
+                              f"save it as UTF-8") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"stage {stage!r}: {where} is not valid YAML: {exc}") from None
     if not isinstance(source, Mapping):

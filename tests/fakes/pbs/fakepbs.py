@@ -100,9 +100,12 @@ def qsub(argv: list[str]) -> int:
            "script": str(script), "stdout": options.get("-o", f"{script}.o{seq}"),
            "stderr": options.get("-e", f"{script}.e{seq}"), "workdir": os.getcwd(),
            "queue": options.get("-q", "workq"), "env": dict(os.environ), "exec_host": [], "submitted": time.time()})
+    # the runner stands in for the PBS server, which is nobody's child: it must not carry what
+    # the submitting process marks its own children with (parsl-torch's workflow token)
+    server_env = {k: v for k, v in os.environ.items() if k != "PARSL_TORCH_WORKFLOW"}
     runner = subprocess.Popen([sys.executable, __file__, "run", job_id], stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                              env={**os.environ, "FAKE_PBS_DIR": str(STATE)})
+                              env={**server_env, "FAKE_PBS_DIR": str(STATE)})
     (STATE / f"{job_id}.runner").write_text(str(runner.pid))
     print(job_id)
     return 0
