@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import os
 import subprocess
 import sys
@@ -212,3 +213,23 @@ def test_cross_rank_statistics_are_exact(tmp_path, launcher):
     ds = pt.load_history(tmp_path / "h.h5")
     assert float(ds["loss_mean"].sel(step=4)) == 4.5
     assert (tmp_path / "h-plots" / "loss.png").exists()
+
+
+@pytest.mark.parametrize("metrics, message", [
+    ({1: 2.0}, "metric name 1: use a non-empty string"),
+    ({"": 2.0}, "metric name '': use a non-empty string"),
+    ({".": 2.0}, "cannot be stored"),
+    ({"x/y": 1.0, "x.y": 2.0}, "'x.y' clashes with 'x/y'"),
+    ({"loss": 1.0, "loss_mean": 2.0}, "'loss_mean' clashes with 'loss'"),
+    ({"big": 10 ** 400}, "the value is too large for a float"),
+    ({"step": "abc", "loss": 1.0}, "step 'abc' is not a whole number"),
+])
+def test_bad_metric_names_and_values_are_refused_before_the_row_is_recorded(tmp_path, metrics, message):
+    h = pt.History("t", path=tmp_path / "h.h5", sync_every=0)
+    h.update({"ok": 1.0})
+    with pytest.raises(pt.ConfigError, match=re.escape(message)):
+        h.update(metrics)
+    h.update({"ok": 2.0})
+    path = h.finalize(plot=False)
+    data = pt.read_history(path)
+    assert list(data.steps) == [0, 1] and list(data.metrics["ok"]) == [1.0, 2.0]  # nothing half-recorded

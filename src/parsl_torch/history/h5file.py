@@ -44,6 +44,24 @@ def dataset_name(metric: str) -> str:
     return metric.replace("/", ".")
 
 
+def checked_dataset_name(metric: Any, known: dict[str, str], stats: tuple[str, ...]) -> str:
+    """``metric``'s dataset name, or a ConfigError when the file cannot hold it apart from the
+    ``known`` metrics (metric -> dataset name) and their statistics: nothing is dropped silently."""
+    if not isinstance(metric, str) or not metric.strip():
+        raise ConfigError(f"metric name {metric!r}: use a non-empty string")
+    if metric in known:
+        return known[metric]
+    name = dataset_name(metric)
+    if name.startswith(".") or name == "step":
+        raise ConfigError(f"metric name {metric!r} cannot be stored (it would be {name!r} in the file): rename it")
+    own_stats = {f"{name}_{s}" for s in stats}
+    for other, other_name in known.items():
+        if other_name == name or name in {f"{other_name}_{s}" for s in stats} or other_name in own_stats:
+            raise ConfigError(f"metric name {metric!r} clashes with {other!r} in the file (as {name!r} or "
+                              f"its statistics _{'/_'.join(stats)}): rename one of them")
+    return name
+
+
 def partial_path(final: Path) -> Path:
     return final.with_name(final.name + ".partial")
 

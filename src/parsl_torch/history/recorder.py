@@ -33,7 +33,7 @@ from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
 from ..errors import ConfigError
-from .h5file import H5Writer, partial_path, read_history
+from .h5file import H5Writer, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
 from .sinks import CSVSink, SafeSinks, WandbSink, setup_wandb
 from .stats import STATS, cross_rank_stats, distributed_world, union_keys
@@ -156,24 +156,7 @@ class History:
 
     def _add_key(self, key: Any) -> None:
         """A metric seen for the first time: a name the file can hold, not clashing with another."""
-        from .h5file import dataset_name
-
-        if not isinstance(key, str) or not key.strip():
-            raise ConfigError(f"metric name {key!r}: use a non-empty string")
-        if key in self._keys:
-            return
-        name = dataset_name(key)
-        if name in (".", "..") or name.startswith(".") or name == "step":
-            raise ConfigError(f"metric name {key!r} cannot be stored (it would be {name!r} in the file): rename it")
-        taken = {n: k for k, n in self._keys.items()}
-        statistics = {f"{n}_{s}": k for k, n in self._keys.items() for s in STATS}
-        own_stats = {f"{name}_{s}" for s in STATS}
-        clash = taken.get(name) or statistics.get(name) or next(
-            (k for k, n in self._keys.items() if n in own_stats), None)
-        if clash is not None:
-            raise ConfigError(f"metric name {key!r} clashes with {clash!r} in the file (as {name!r} or its "
-                              f"statistics _mean/_min/_max/_std): rename one of them")
-        self._keys[key] = name
+        self._keys[key] = checked_dataset_name(key, self._keys, STATS)
 
     def sync(self) -> None:
         """Cross-rank statistics of the pending rows; rank 0 appends them to the file.
