@@ -233,3 +233,28 @@ def test_bad_metric_names_and_values_are_refused_before_the_row_is_recorded(tmp_
     path = h.finalize(plot=False)
     data = pt.read_history(path)
     assert list(data.steps) == [0, 1] and list(data.metrics["ok"]) == [1.0, 2.0]  # nothing half-recorded
+
+
+@pytest.mark.slow
+def test_a_partial_history_opens_after_a_kill_at_any_instant(tmp_path):
+    """SIGKILL at 50 random instants of a process that flushes at every step: the partial file
+    always opens and holds the steps 0..n-1 of its last completed flush."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(7)
+    script = os.path.join(os.path.dirname(__file__), "ranks", "flush_forever.py")
+    for i in range(50):
+        final = tmp_path / f"h{i}.h5"
+        proc = subprocess.Popen([sys.executable, script, str(final)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+        while not os.path.exists(f"{final}.ready") and proc.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        partial = tmp_path / f"h{i}.h5.partial"
+        if partial.exists():
+            data = pt.read_history(partial)
+            assert list(data.steps) == list(range(len(data.steps))), f"kill {i}: steps {data.steps[:5]}..."
+            assert data.attrs["status"] == "running"

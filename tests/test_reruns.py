@@ -245,10 +245,21 @@ def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_
     while not list((runs / "train").glob("*.progress.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list((runs / "train").glob("*.progress.json")), "training never started"
+    from parsl_torch.apps.watchdog import _processes, descendants
+
+    started = descendants(proc.pid, _processes())  # Parsl's interchange renames itself: find it by parentage
+    assert len(started) >= 2, started  # at least Parsl's two interchanges (the worker pool is a grandchild
+    # that the provider's shell leaves behind: it carries the token, and the run directory in its arguments)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 30
-    while (left := _carrying(str(runs))) and time.monotonic() < deadline:
+
+    def alive() -> list[int]:
+        table = _processes()
+        return [pid for pid, start in started.items() if pid in table and table[pid][1] == start
+                and "watchdog" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+
+    while (left := alive() or _carrying(str(runs))) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"still running after the workflow died: {left}"
     try:
@@ -258,3 +269,41 @@ def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_
                              + "".join(p.read_text()[-2000:] for p in (runs / "train").glob("std*"))) from None
     loss, resumed = result(again).split()
     assert resumed == "0" and loss != "nan"
+
+
+def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
+    """A child that overwrote its environment (setproctitle, as Parsl's interchange does) carries no
+    token: the watchdog still ends it when the workflow dies, and leaves a live workflow's children."""
+    import signal
+
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent("""
+        import os, subprocess, sys, time
+        from parsl_torch.apps import watchdog
+        dog = watchdog.start("tok")
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})  # no token
+        print(child.pid, flush=True)
+        if sys.argv[1] == "normal":
+            time.sleep(2)
+            watchdog.stop(dog)
+            print("stopped", flush=True)
+        time.sleep(600)
+    """))
+    for mode in ("crash", "normal"):
+        proc = subprocess.Popen([sys.executable, str(parent), mode], stdout=subprocess.PIPE, text=True,
+                                env=clean_env(), cwd=tmp_path)
+        child = int(proc.stdout.readline())
+        if mode == "crash":
+            time.sleep(2)  # the watchdog notes the child
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not Path(f"/proc/{child}").exists(), "the dead workflow's child survived"
+        else:
+            assert proc.stdout.readline().strip() == "stopped"
+            assert Path(f"/proc/{child}").exists(), "a live workflow's own child was killed"
+            os.kill(child, signal.SIGKILL)
+            proc.kill()
+            proc.wait()

@@ -3,15 +3,20 @@
 A workflow exports PARSL_TORCH_WORKFLOW=TOKEN before Parsl starts anything,
 so Parsl's interchange, the local worker pools, the stages' supervisors and
 their local ranks all carry it. This process waits on a pipe from the
-workflow; when it closes (the workflow ended, however: even SIGKILL), it
-kills every process on this host carrying the token. Stages on other nodes
-stop themselves when the workflow's run-directory lock goes away (see
-``launch.supervise``).
+workflow, noting the workflow's descendants every second (Parsl's
+interchange renames itself with setproctitle, which overwrites its
+environment: the token alone would miss it). When the pipe closes (the
+workflow ended, however: even SIGKILL), it kills the descendants it noted
+(if still the same processes) and every process on this host carrying the
+token. Stages on other nodes stop themselves when the workflow's
+run-directory lock goes away (see ``launch.supervise``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -24,10 +29,45 @@ WORKFLOW_VAR = "PARSL_TORCH_WORKFLOW"
 
 
 def start(token: str) -> subprocess.Popen:
-    """The watchdog for the workflow ``token``; close its stdin to end it (then it reaps)."""
+    """The watchdog for this workflow (``token``); close its stdin to end it (then it reaps)."""
     env = {k: v for k, v in os.environ.items() if k != WORKFLOW_VAR}  # it must not carry the token
-    return subprocess.Popen([sys.executable, "-m", WATCHDOG, token], stdin=subprocess.PIPE, env=env,
-                            start_new_session=True)  # Ctrl-C in the terminal must not kill it first
+    return subprocess.Popen([sys.executable, "-m", WATCHDOG, token, str(os.getpid())], stdin=subprocess.PIPE,
+                            env=env, start_new_session=True)  # Ctrl-C in the terminal must not kill it first
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) of every process."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                fields = open(f"/proc/{entry.name}/stat").read().rsplit(")", 1)[1].split()
+                table[int(entry.name)] = (int(fields[1]), fields[19])
+            except (OSError, IndexError, ValueError):
+                continue
+    return table
+
+
+def _running(pid: int, start: str) -> bool:
+    """``pid`` is still the process that started at ``start``, and not a zombie."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
+    """pid -> start time of every process below ``root``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = table[pid][1]
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def stop(watchdog: subprocess.Popen) -> None:
@@ -42,14 +82,26 @@ def stop(watchdog: subprocess.Popen) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print(f"usage: python -m {WATCHDOG} TOKEN (started by pt.workflow)", file=sys.stderr)
+    if len(argv) != 2 or not argv[1].isdigit():
+        print(f"usage: python -m {WATCHDOG} TOKEN WORKFLOW_PID (started by pt.workflow)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while sys.stdin.buffer.read(65536):
-        pass
+    workflow = int(argv[1])
+    workflow_start = _processes().get(workflow, (0, ""))[1]
+    noted: dict[int, str] = {}
+    while not select.select([sys.stdin], [], [], 1.0)[0] or os.read(sys.stdin.fileno(), 65536):
+        table = _processes()
+        noted = {pid: start for pid, start in {**noted, **descendants(workflow, table)}.items()
+                 if pid in table and table[pid][1] == start}  # forget the ended ones
+    if _running(workflow, workflow_start):
+        noted = {}  # the workflow ended its block normally: leave its other children alone
     # twice: a process killed in the first sweep may have started a child meanwhile
     for _ in range(2):
+        table = _processes()
+        for pid, start in noted.items():
+            if pid in table and table[pid][1] == start and pid != os.getpid():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         reap(f"{WORKFLOW_VAR}={argv[0]}")
         time.sleep(0.5)
     return 0

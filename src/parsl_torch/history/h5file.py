@@ -15,14 +15,16 @@ their dimension, so ``xarray.open_dataset(path, engine="h5netcdf")`` indexes
 them by step. A metric name with ``/`` is stored with ``.`` instead (the
 original is the dataset's ``long_name``).
 
-Crash safety: the writer appends to ``<final>.partial`` and closes it after
-each flush, so a killed run leaves a file readable up to its last flush
-(status "running") and nothing at the final path; ``finish`` moves it into
-place atomically.
+Crash safety: each flush writes into a copy of ``<final>.partial``
+(``.partial.tmp``) and swaps it in with an atomic rename, so a process killed
+at any instant, even inside HDF5, leaves a partial file that opens and holds
+every row up to its last completed flush (status "running"), and nothing at
+the final path; ``finish`` moves it into place atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -77,12 +79,22 @@ class H5Writer:
         import h5py
 
         self._h5py = h5py
-        with h5py.File(self.partial, "w") as f:
+        with self._swap(fresh=True) as f:
             f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "status": "running",
                             "steps": 0, **attrs})
             step = f.create_dataset("step", shape=(0,), maxshape=(None,), dtype="i8",
                                     chunks=(_CHUNK,), **_COMPRESSION)
             step.make_scale("step")
+
+    @contextlib.contextmanager
+    def _swap(self, fresh: bool = False):
+        """The partial file, open for writing as a copy that replaces it only once complete."""
+        work = self.partial.with_name(self.partial.name + ".tmp")
+        if not fresh:
+            shutil.copyfile(self.partial, work)
+        with self._h5py.File(work, "w" if fresh else "a") as f:
+            yield f
+        os.replace(work, self.partial)
 
     def _reopen(self) -> None:
         """After ``finish``, further writes work on a fresh copy of the final file."""
@@ -97,7 +109,7 @@ class H5Writer:
         columns = {dataset_name(k): (k, None, v) for k, v in values.items()}
         for k, per_stat in stats.items():
             columns.update({f"{dataset_name(k)}_{s}": (k, s, v) for s, v in per_stat.items()})
-        with self._h5py.File(self.partial, "a") as f:
+        with self._swap() as f:
             f["step"].resize((n1,))
             f["step"][n0:n1] = steps
             for name, (metric, stat, _) in columns.items():
@@ -124,7 +136,7 @@ class H5Writer:
 
     def set_attrs(self, attrs: dict[str, Any]) -> None:
         self._reopen()
-        with self._h5py.File(self.partial, "a") as f:
+        with self._swap() as f:
             f.attrs.update(attrs)
 
     def finish(self, final: Path) -> Path:
