@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import re
 import os
+import re
 import subprocess
 import sys
 
@@ -258,3 +258,15 @@ def test_a_partial_history_opens_after_a_kill_at_any_instant(tmp_path):
             data = pt.read_history(partial)
             assert list(data.steps) == list(range(len(data.steps))), f"kill {i}: steps {data.steps[:5]}..."
             assert data.attrs["status"] == "running"
+
+
+def test_a_history_damaged_in_the_middle_is_one_clear_error(tmp_path):
+    h = pt.History("c", path=tmp_path / "h.h5", sync_every=0)
+    for i in range(20000):
+        h.update({"a": float(i), "b": 2.0})
+    path = h.finalize(plot=False)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3: len(data) // 3 + 4000] = b"\xab" * 4000
+    path.write_bytes(bytes(data))
+    with pytest.raises(pt.ConfigError, match="is damaged and cannot be read"):
+        pt.read_history(path)

@@ -186,7 +186,15 @@ def _open_checked(path: str | os.PathLike):
 
 
 def read_history(path: str | os.PathLike) -> HistoryData:
-    """Read a history file with h5py alone; a clear ConfigError for foreign files."""
+    """Read a history file with h5py alone; a clear ConfigError for foreign or damaged files."""
+    try:
+        return _read(path)
+    except (OSError, KeyError, ValueError) as exc:  # h5py's errors for a file damaged inside
+        raise ConfigError(f"{path} is damaged and cannot be read ({type(exc).__name__}: {exc}); an earlier "
+                          f"copy may be beside it (.partial)") from None
+
+
+def _read(path: str | os.PathLike) -> HistoryData:
     with _open_checked(path) as f:
         attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
         for key in ("config", "versions", "nodes"):
