@@ -239,8 +239,25 @@ def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_
     wf = tmp_path / "wf.py"
     wf.write_text(TRAIN.replace('"steps": 4', '"steps": int(sys.argv[3])'))
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, str(wf), str(runs), "0.001", "100000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
+    proc = subprocess.Popen([sys.executable, str(wf), str(runs), "0.001", "100000"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=clean_env(), cwd=tmp_path)
+    try:
+        _kill_and_check(proc, runs)
+    finally:
+        if proc.poll() is None:  # a failed check must not leave a 100000-step training behind
+            os.kill(proc.pid, signal.SIGKILL)
+    try:
+        again = run(wf, str(runs), "0.001", "4", timeout=120)  # another call (steps changed): from step 0
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"rerun hung: {exc.stderr!r}\n{_carrying(str(runs))}\n"
+                             + "".join(p.read_text()[-2000:] for p in (runs / "train").glob("std*"))) from None
+    loss, resumed = result(again).split()
+    assert resumed == "0" and loss != "nan"
+
+
+def _kill_and_check(proc: subprocess.Popen, runs: Path) -> None:
+    import signal
+
     deadline = time.monotonic() + 120
     while not list((runs / "train").glob("*.progress.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -262,13 +279,6 @@ def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_
     while (left := alive() or _carrying(str(runs))) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"still running after the workflow died: {left}"
-    try:
-        again = run(wf, str(runs), "0.001", "4", timeout=120)  # another call (steps changed): from step 0
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"rerun hung: {exc.stderr!r}\n{_carrying(str(runs))}\n"
-                             + "".join(p.read_text()[-2000:] for p in (runs / "train").glob("std*"))) from None
-    loss, resumed = result(again).split()
-    assert resumed == "0" and loss != "nan"
 
 
 def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
