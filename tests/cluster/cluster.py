@@ -349,6 +349,9 @@ def main(argv: list[str]) -> int:
     elif args.cmd == "down":
         down()
     elif args.cmd == "status":
+        if not (STATE / "cluster.json").exists():
+            print(f"cluster: none running (no {STATE / 'cluster.json'})")
+            return 1
         record = json.loads((STATE / "cluster.json").read_text())
         for name in record["nodes"]:
             state = f"processes={len(node_pids(name))}" if node_alive(name) else "DOWN"
