@@ -123,23 +123,31 @@ class History:
         accepted; NaN and inf are recorded as they are.
         """
         cols, n = self._cols, len(self._steps)
-        row = {}  # checked before anything is recorded: a bad entry must not leave half a row
-        for k, v in metrics.items():
-            if k == "step":
-                step = _as_step(v) if step is None else step
-                continue
-            if k not in self._keys:
-                self._add_key(k)
-            row[k] = v if type(v) is float else _as_float(k, v)
-        if step is not None and type(step) is not int:
-            step = _as_step(step)
         parts = []
-        for k, v in row.items():
-            col = cols.get(k)
-            if col is None:
-                col = cols[k] = [_NAN] * n
-            col.append(v)
-            parts.append(f"{k}={v:.6g}")
+        created = None
+        try:
+            for k, v in metrics.items():
+                if k == "step":
+                    step = _as_step(v) if step is None else step
+                    continue
+                if type(v) is not float:
+                    v = _as_float(k, v)
+                col = cols.get(k)
+                if col is None:
+                    if k not in self._keys:
+                        self._add_key(k)
+                    col = cols[k] = [_NAN] * n
+                    created = [*(created or ()), k]
+                col.append(v)
+                parts.append(f"{k}={v:.6g}")
+            if step is not None and type(step) is not int:
+                step = _as_step(step)
+        except ConfigError:  # a bad entry must not leave half a row behind
+            for k in created or ():
+                del cols[k]
+            for col in cols.values():
+                del col[n:]
+            raise
         if len(cols) != len(parts):  # a metric recorded before is missing now
             for col in cols.values():
                 if len(col) == n:
