@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..common.files import write_atomic
+
 INPUT_HASH_VAR = "PARSL_TORCH_INPUT_HASH"
 #: the call's identity, exported to its ranks (a checkpoint resumes only under the same one)
 CALL_ID_VAR = "PARSL_TORCH_CALL_ID"
@@ -83,9 +85,7 @@ def _read_cache(cache: Path | None) -> dict[str, Any]:
 
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def code_digest(blob: bytes | None, script: Sequence[str] | None) -> str:

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..common.files import write_atomic
+
 STATUS = "status.json"
 STARTED = ".started"
 _lock = threading.Lock()
@@ -45,9 +47,7 @@ class StatusFile:
             self._write()
 
     def _write(self) -> None:
-        tmp = self.path.with_name(f"{STATUS}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(self.data, indent=1))
 
 
 @dataclass

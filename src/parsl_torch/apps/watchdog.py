@@ -23,6 +23,7 @@ import sys
 import time
 
 from ..common.entrypoints import WATCHDOG
+from ..common.procs import proc_stat
 from ..launch.supervise import reap
 
 WORKFLOW_VAR = "PARSL_TORCH_WORKFLOW"
@@ -37,24 +38,14 @@ def start(token: str) -> subprocess.Popen:
 
 def _processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, start time) of every process."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                fields = open(f"/proc/{entry.name}/stat").read().rsplit(")", 1)[1].split()
-                table[int(entry.name)] = (int(fields[1]), fields[19])
-            except (OSError, IndexError, ValueError):
-                continue
-    return table
+    stats = {int(e.name): proc_stat(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
+    return {pid: (s.ppid, s.start) for pid, s in stats.items() if s is not None}
 
 
 def _running(pid: int, start: str) -> bool:
     """``pid`` is still the process that started at ``start``, and not a zombie."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[19] == start and fields[0] != "Z"
+    stat = proc_stat(pid)
+    return stat is not None and stat.start == start and stat.state != "Z"
 
 
 def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:

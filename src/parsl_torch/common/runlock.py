@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ConfigError
+from .procs import proc_stat
 
 LOCK = ".lock"
 HEARTBEAT_S = 30.0
@@ -29,11 +30,9 @@ STALE_S = 300.0
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (tells a reused PID apart)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    """The process's start time (tells a reused PID apart)."""
+    stat = proc_stat(pid)
+    return stat.start if stat else None
 
 
 def _alive(pid: int, started: str | None) -> bool:

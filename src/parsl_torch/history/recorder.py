@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..common.files import write_atomic
 from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..core.device import get_torch_device_type
 from ..core.log import get_logger
@@ -206,11 +207,8 @@ class History:
         progress = {"step": int(block.steps[-1]), "total": total if isinstance(total, int) else None,
                     "metric": metric, "value": float(values[row, -1]) if metric else None,
                     "time": now}
-        target = Path(str(self._target(None)) + PROGRESS_SUFFIX)
         with contextlib.suppress(OSError):
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_text(json.dumps(progress))
-            os.replace(tmp, target)
+            write_atomic(str(self._target(None)) + PROGRESS_SUFFIX, json.dumps(progress))
 
     def _take_pending(self) -> _Block:
         """The rows recorded since the last sync as one block; starts a new one."""

@@ -1,0 +1,17 @@
+"""Small files that readers in other processes poll (status, progress, digests):
+written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a reader
+    (or a crash) never sees half a file. The temporary name is unique per process and thread."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
