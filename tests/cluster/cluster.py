@@ -267,8 +267,10 @@ def node_pids(name: str) -> list[int]:
 
 
 def node_alive(name: str) -> bool:
+    """The node's PID 1 runs (and is ours: a lost node's PID may have been reused by then)."""
     try:
-        return _alive(node_init_pid(name))
+        pid = node_init_pid(name)
+        return _alive(pid) and b"node_init.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return False
 
@@ -277,14 +279,14 @@ def lose_node(name: str) -> None:
     """Lose a node as a powered-off node is lost: its link goes down first (no
     resets reach anyone), then its PID 1 is killed (everything in it ends)."""
     sh("ip", "link", "set", f"pt-{name}", "down")
-    os.kill(node_init_pid(name), signal.SIGKILL)
+    _kill(node_init_pid(name), "node_init.py")
 
 
 def restart_node(name: str) -> None:
     """A lost node comes back (a replaced node with the same name)."""
     record = json.loads((STATE / "cluster.json").read_text())
     if node_alive(name):
-        os.kill(node_init_pid(name), signal.SIGKILL)
+        _kill(node_init_pid(name), "node_init.py")
     for _ in range(100):
         if not node_alive(name):
             break
