@@ -27,6 +27,7 @@ On it:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -304,10 +305,10 @@ def down(quiet: bool = False) -> None:
     record_file = STATE / "cluster.json"
     record = json.loads(record_file.read_text()) if record_file.exists() else {"init": {}, "slurmctld": None}
     for pid_file in (STATE / "pbs").glob("*.runner") if (STATE / "pbs").exists() else ():
-        try:
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+        with contextlib.suppress(OSError, ValueError):  # a runner that ended long ago: its PID may be another's
+            pid = int(pid_file.read_text())
+            if b"fakepbs.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.killpg(pid, signal.SIGKILL)
     for pid in record["init"].values():
         _kill(pid, "node_init.py")
     for node_dir in (STATE / "nodes").glob("*") if (STATE / "nodes").exists() else ():
