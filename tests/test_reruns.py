@@ -291,7 +291,8 @@ def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
         import os, subprocess, sys, time
         from parsl_torch.apps import watchdog
         dog = watchdog.start("tok")
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})  # no token
+        # no token, and a title as Parsl's interchange sets it
+        child = subprocess.Popen(["bash", "-c", "exec -a 'parsl: fake interchange' sleep 600"], env={})
         print(child.pid, flush=True)
         if sys.argv[1] == "normal":
             time.sleep(2)

@@ -3,9 +3,9 @@
 A workflow exports PARSL_TORCH_WORKFLOW=TOKEN before Parsl starts anything,
 so Parsl's interchange, the local worker pools, the stages' supervisors and
 their local ranks all carry it. This process waits on a pipe from the
-workflow, noting the workflow's descendants every second (Parsl's
-interchange renames itself with setproctitle, which overwrites its
-environment: the token alone would miss it). When the pipe closes (the
+workflow, noting every second the workflow's descendants that Parsl renamed
+(its interchange calls setproctitle, which overwrites its environment: the
+token alone would miss it). When the pipe closes (the
 workflow ended, however: even SIGKILL), it kills the descendants it noted
 (if still the same processes) and every process on this host carrying the
 token. Stages on other nodes stop themselves when the workflow's
@@ -40,6 +40,16 @@ def _processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, start time) of every process."""
     stats = {int(e.name): proc_stat(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
     return {pid: (s.ppid, s.start) for pid, s in stats.items() if s is not None}
+
+
+def _renamed_by_parsl(pid: int) -> bool:
+    """Parsl's processes that set their title ("parsl: HTEX interchange"): only these are noted,
+    never the workflow process's other children (a notebook's, a test runner's)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"parsl: ")
+    except OSError:
+        return False
 
 
 def _running(pid: int, start: str) -> bool:
@@ -82,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     noted: dict[int, str] = {}
     while not select.select([sys.stdin], [], [], 1.0)[0] or os.read(sys.stdin.fileno(), 65536):
         table = _processes()
-        noted = {pid: start for pid, start in {**noted, **descendants(workflow, table)}.items()
+        found = {pid: start for pid, start in descendants(workflow, table).items() if _renamed_by_parsl(pid)}
+        noted = {pid: start for pid, start in {**noted, **found}.items()
                  if pid in table and table[pid][1] == start}  # forget the ended ones
     if _running(workflow, workflow_start):
         noted = {}  # the workflow ended its block normally: leave its other children alone
