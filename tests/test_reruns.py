@@ -283,17 +283,23 @@ def _kill_and_check(proc: subprocess.Popen, runs: Path) -> None:
 
 def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
     """A child that overwrote its environment (setproctitle, as Parsl's interchange does) carries no
-    token: the watchdog still ends it when the workflow dies, and leaves a live workflow's children."""
+    token: the watchdog still ends it when the workflow dies, and leaves a live workflow's children.
+    A helper the workflow process started itself inside the block (multiprocessing's resource tracker
+    carries the token) survives a normal end and dies with a dead workflow; a token carrier further
+    down (a worker left by a pool) dies either way."""
     import signal
 
     parent = tmp_path / "parent.py"
     parent.write_text(textwrap.dedent("""
         import os, subprocess, sys, time
         from parsl_torch.apps import watchdog
-        dog = watchdog.start("tok")
+        dog = watchdog.start(sys.argv[1])  # a token per mode: the first one's watchdog may still sweep
         # no token, and a title as Parsl's interchange sets it
         child = subprocess.Popen(["bash", "-c", "exec -a 'parsl: fake interchange' sleep 600"], env={})
-        print(child.pid, flush=True)
+        tok = {"PARSL_TORCH_WORKFLOW": sys.argv[1]}
+        helper = subprocess.Popen(["sleep", "600"], env=tok)
+        shell = subprocess.Popen(["bash", "-c", "sleep 600 & echo $!; wait"], env=tok, stdout=subprocess.PIPE)
+        print(child.pid, helper.pid, int(shell.stdout.readline()), flush=True)
         if sys.argv[1] == "normal":
             time.sleep(2)
             watchdog.stop(dog)
@@ -303,18 +309,33 @@ def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
     for mode in ("crash", "normal"):
         proc = subprocess.Popen([sys.executable, str(parent), mode], stdout=subprocess.PIPE, text=True,
                                 env=clean_env(), cwd=tmp_path)
-        child = int(proc.stdout.readline())
+        child, helper, worker = map(int, proc.stdout.readline().split())
+
+        def gone(pid: int) -> bool:
+            deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return not _alive(pid)
+
         if mode == "crash":
             time.sleep(2)  # the watchdog notes the child
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-            deadline = time.monotonic() + 10
-            while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not Path(f"/proc/{child}").exists(), "the dead workflow's child survived"
+            assert gone(child), "the dead workflow's child survived"
+            assert gone(helper) and gone(worker), "a dead workflow's token carrier survived"
         else:
             assert proc.stdout.readline().strip() == "stopped"
-            assert Path(f"/proc/{child}").exists(), "a live workflow's own child was killed"
-            os.kill(child, signal.SIGKILL)
+            assert gone(worker), "a token carrier below the workflow's children survived its end"
+            assert _alive(child), "a live workflow's own child was killed"
+            assert _alive(helper), "the workflow process's own helper (a resource tracker) was killed"
+            for pid in (child, helper):
+                os.kill(pid, signal.SIGKILL)
             proc.kill()
             proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    from parsl_torch.common.procs import proc_stat
+
+    stat = proc_stat(pid)
+    return stat is not None and stat.state != "Z"

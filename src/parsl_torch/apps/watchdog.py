@@ -8,7 +8,9 @@ workflow, noting every second the workflow's descendants that Parsl renamed
 token alone would miss it). When the pipe closes (the
 workflow ended, however: even SIGKILL), it kills the descendants it noted
 (if still the same processes) and every process on this host carrying the
-token. Stages on other nodes stop themselves when the workflow's
+token; after a normal end, the workflow process's own direct children are
+spared (Parsl has ended its pools by then; what is left there is the
+caller's, e.g. multiprocessing's resource tracker). Stages on other nodes stop themselves when the workflow's
 run-directory lock goes away (see ``launch.supervise``).
 """
 
@@ -95,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         found = {pid: start for pid, start in descendants(workflow, table).items() if _renamed_by_parsl(pid)}
         noted = {pid: start for pid, start in {**noted, **found}.items()
                  if pid in table and table[pid][1] == start}  # forget the ended ones
+    spare: frozenset[int] = frozenset()
     if _running(workflow, workflow_start):
-        noted = {}  # the workflow ended its block normally: leave its other children alone
+        # the workflow ended its block normally: what it still runs itself (a multiprocessing
+        # resource tracker started inside the block, a notebook's helpers) is its own to end
+        noted = {}
+        spare = frozenset(pid for pid, (ppid, _) in _processes().items() if ppid == workflow)
     # twice: a process killed in the first sweep may have started a child meanwhile
     for _ in range(2):
         table = _processes()
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             if pid in table and table[pid][1] == start and pid != os.getpid():
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-        reap(f"{WORKFLOW_VAR}={argv[0]}")
+        reap(f"{WORKFLOW_VAR}={argv[0]}", spare)
         time.sleep(0.5)
     return 0
 

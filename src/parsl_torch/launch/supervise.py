@@ -191,12 +191,13 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def reap(token: str) -> int:
-    """SIGKILL local processes whose environment carries ``token``; returns how many."""
+def reap(token: str, spare: frozenset[int] = frozenset()) -> int:
+    """SIGKILL local processes whose environment carries ``token`` (not those in ``spare``);
+    returns how many."""
     killed = 0
     needle = token.encode()
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid() or int(entry.name) in spare:
             continue
         try:
             if needle in (entry / "environ").read_bytes():
