@@ -315,3 +315,44 @@ def test_a_run_directory_that_is_a_file_is_one_clear_error(tmp_path):
         with pt.workflow(site="local", run_dir=tmp_path / "runs"):
             pass
     assert (tmp_path / "runs").read_text() == "not a directory"
+
+
+def test_a_dangling_or_unwritable_run_directory_is_one_clear_error(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="is a link to .*nowhere, which does not exist"):
+        with pt.workflow(site="local", run_dir=tmp_path / "link"):
+            pass
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot create run directory .*file/runs: Not a directory"):
+        with pt.workflow(site="local", run_dir=tmp_path / "file" / "runs"):
+            pass
+
+
+@pytest.mark.slow
+def test_workflows_in_one_process_leave_no_open_files(tmp_path):
+    """A notebook or a sweep driver runs many workflows: each must close what it opened (Parsl leaves
+    its parsl.log open)."""
+    def fds() -> set[str]:
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return found
+
+    for i in range(3):
+        with pt.workflow(site="local", run_dir=tmp_path / f"r{i}"):
+            pass
+        opened = {f for f in fds() if str(tmp_path) in f}
+        assert not opened, f"still open after workflow {i}: {opened}"
+
+
+@pytest.mark.slow
+def test_a_symlinked_run_directory_is_used_and_fresh_keeps_the_link(tmp_path):
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "runs").symlink_to(tmp_path / "scratch")
+    for fresh in (False, True):
+        with pt.workflow(site="local", run_dir=tmp_path / "runs", fresh=fresh):
+            pass
+    assert (tmp_path / "runs").is_symlink() and (tmp_path / "scratch" / "status.json").exists()

@@ -182,6 +182,9 @@ def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 
 def _check_ours(run_dir: Path) -> None:
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise ConfigError(f"run directory {run_dir} is a link to {os.readlink(run_dir)}, which does not exist: "
+                          f"create that directory or pick another --run-dir")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} is a file, not a directory: pick another --run-dir "
                           f"(nothing there was touched)")
@@ -223,7 +226,10 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
         _check_users_dfk(users_dfk, loaded, retries=retries, gc_executor=gc_executor, settings=config_settings)
     run_dir = Path(run_dir).absolute()
     _check_ours(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create run directory {run_dir}: {exc.strerror}: pick another --run-dir") from None
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
         _prepare(run_dir, fresh)
         register_memo_ids()
@@ -241,10 +247,16 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
             memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
             config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
                                          retries=retries, **config_settings)
+            parsl_log: list = []
             with _everything_ends_with_this_process():
-                with parsl.load(config) as dfk:
-                    yield wf
-                    dfk.wait_for_current_tasks()
+                try:
+                    with parsl.load(config) as dfk:
+                        parsl_log = _file_handlers("parsl", parsl_dir)
+                        yield wf
+                        dfk.wait_for_current_tasks()
+                finally:
+                    for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:
+                        handler.close()        # one fd more per workflow in a notebook or a sweep driver
         finally:
             wf.status.finish()
             watching.set()
@@ -265,6 +277,13 @@ def _everything_ends_with_this_process() -> Iterator[None]:
     finally:
         os.environ.pop(watchdog.WORKFLOW_VAR, None)
         watchdog.stop(dog)
+
+
+def _file_handlers(logger: str, under: Path) -> list:
+    import logging
+
+    return [h for h in logging.getLogger(logger).handlers
+            if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(under)]
 
 
 def _watch_progress(run_dir: Path) -> threading.Event:
