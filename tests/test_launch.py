@@ -401,3 +401,21 @@ def test_a_slow_client_does_not_hold_up_a_failure_report():
         slow.close()
     finally:
         listener.close()
+
+
+def test_the_report_listener_listens_only_where_the_ranks_are():
+    import queue
+    import socket
+
+    from parsl_torch.launch.supervise import _RankListener, listen_address
+
+    here = socket.gethostname()
+    assert listen_address(("localhost",)) == listen_address((here, here)) == ("127.0.0.1", "127.0.0.1")
+    name, bind = listen_address((here, "some-other-node"))
+    assert name == here and bind in ("", socket.gethostbyname(here))
+    listener = _RankListener(queue.Queue(), node_timeout=60, nodes=("localhost",))
+    try:
+        assert listener.server.getsockname()[0] == "127.0.0.1"  # not reachable from other hosts
+        assert listener.address.startswith("127.0.0.1:")
+    finally:
+        listener.close()

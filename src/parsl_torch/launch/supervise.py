@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..common.entrypoints import SUPERVISE
@@ -59,6 +59,23 @@ def _say(message: str) -> None:
     print(f"parsl-torch: {message}", file=sys.stderr, flush=True)
 
 
+LOCAL_NAMES = ("", "localhost", "127.0.0.1")
+
+
+def listen_address(nodes: Sequence[str]) -> tuple[str, str]:
+    """(name the ranks connect to, address to bind) for the ranks' reports: loopback when every
+    rank runs on this host; else this host's name and the address it resolves to (the one the
+    other nodes reach it by); every interface only if that name resolves to loopback here."""
+    here = socket.gethostname()
+    if all(node in (*LOCAL_NAMES, here, here.split(".")[0]) for node in nodes):
+        return "127.0.0.1", "127.0.0.1"
+    try:
+        address = socket.gethostbyname(here)
+    except OSError:
+        return here, ""
+    return here, "" if address.startswith("127.") else address
+
+
 class _RankListener:
     """The ranks' shims talk to this one socket (JSON lines carrying the token):
 
@@ -72,11 +89,12 @@ class _RankListener:
     One thread with ``selectors``: a node costs one connection, not a thread.
     """
 
-    def __init__(self, events: queue.Queue, node_timeout: float) -> None:
+    def __init__(self, events: queue.Queue, node_timeout: float, nodes: Sequence[str] = ()) -> None:
         self.token = secrets.token_hex(12)
-        self.server = socket.create_server(("", 0))
+        host, bind = listen_address(nodes)
+        self.server = socket.create_server((bind, 0))
         self.server.setblocking(False)
-        self.address = f"{socket.gethostname()}:{self.server.getsockname()[1]}:{self.token}"
+        self.address = f"{host}:{self.server.getsockname()[1]}:{self.token}"
         self.events, self.node_timeout = events, node_timeout
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.server, selectors.EVENT_READ)
@@ -242,7 +260,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost.
     ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped."""
     events: queue.Queue[tuple[str, object]] = queue.Queue()
-    listener = _RankListener(events, node_timeout_from_env({**os.environ, **plan.env}))
+    listener = _RankListener(events, node_timeout_from_env({**os.environ, **plan.env}), plan.nodes)
     env = {**os.environ, **plan.env, NOTIFY_VAR: listener.address}
     received: list[int] = []
     handlers = {sig: signal.signal(sig, lambda s, _f: received.append(s))
@@ -336,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.env_file:
         with open(opts.env_file) as f:
             env = {**json.load(f), **env}
-    plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0, (), env)
+    plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0,
+                      tuple(h for h in hosts if h), env)
     run_dir = env.get("PARSL_TORCH_RUN_DIR")
     return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None)
 

@@ -74,6 +74,25 @@ class DataConfig:
         at_least(self, 0, "seed")
 
 
+def check_data_fits_model(data: DataConfig, model: ModelConfig) -> None:
+    """A token file must be a 1-D integer array longer than one sequence (checked from its header:
+    the file is not read), else every rank fails at its first batch."""
+    if data.kind != "file":
+        return
+    import numpy as np
+
+    try:
+        tokens = np.load(data.path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"data.path: {data.path} is not a readable .npy array ({exc})") from None
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise ConfigError(f"data.path: {data.path} holds a {tokens.dtype} array of shape {tokens.shape}; "
+                          f"expected a 1-D array of integer token ids")
+    if len(tokens) <= model.seq_len:
+        raise ConfigError(f"data.path: {data.path} holds {len(tokens)} tokens, too few for one sequence of "
+                          f"model.seq_len={model.seq_len} (needs at least {model.seq_len + 1})")
+
+
 def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, config_class: type, stage: str) -> Any:
     """A checked ``config_class`` record from a YAML file, a mapping, or one already built."""
     if isinstance(source, config_class):

@@ -16,7 +16,7 @@ from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.ranks import get_world_size
 from ..errors import ConfigError
-from .config import DataConfig, ModelConfig, as_dict, at_least, check_strategy, load_config
+from .config import DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_strategy, load_config
 from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
@@ -35,6 +35,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_strategy(self.strategy)
         at_least(self, 1, "batches")
+        check_data_fits_model(self.data, self.model)
 
 
 def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage: str = STAGE) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from ..core.dist import exit_process
 from ..core.log import get_logger
 from ..core.ranks import get_rank, get_world_size
 from ..errors import ConfigError
-from .config import DataConfig, ModelConfig, as_dict, at_least, check_strategy, load_config
+from .config import DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_strategy, load_config
 from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
@@ -62,6 +62,7 @@ class TrainConfig:
         if self.tp_size is not None and self.tp_size < 2:
             raise ConfigError(f"tp_size: must be at least 2 (ranks per tensor-parallel group), got {self.tp_size}")
         at_least(self, 0, "seed")
+        check_data_fits_model(self.data, self.model)
         if self.tp_size is not None and strategy != "fsdp+tp":
             raise ConfigError(f"tp_size: applies to strategy fsdp+tp, not {self.strategy!r}: remove it or "
                               f"change strategy")
