@@ -289,6 +289,34 @@ def test_values_that_would_reach_a_shell_are_refused_with_the_field_named(tmp_pa
     assert not (tmp_path / "PWNED").exists()
 
 
+@pytest.mark.slow
+def test_secrets_given_to_a_stage_are_in_no_file_a_run_writes_but_its_private_ones(tmp_path, monkeypatch):
+    """A secret in a stage's arguments and in its environment, a failing stage: grep every file the
+    run wrote (parsl.log included) and the error text; only the 0600 call files may hold them."""
+    import stat
+
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+
+    @pt.distributed_app(ranks_per_node=2, env={"WANDB_API_KEY": "ENVSECRET42"})
+    def leaky(cfg):
+        raise RuntimeError(f"bad config keys: {sorted(cfg)}")
+
+    with pytest.raises(StageError) as failed:
+        with pt.workflow(site="local", run_dir=tmp_path / "run"):
+            leaky({"wandb_api_key": "ARGSECRET42", "lr": 0.1}).result()
+    assert "bad config keys" in str(failed.value)
+    private = {"payload.pkl", ".env.json"}
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            if path.name in private:
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+            else:
+                assert b"ARGSECRET42" not in data and b"ENVSECRET42" not in data, path
+    assert "SECRET42" not in str(failed.value)
+    assert (tmp_path / "run" / "parsl").is_dir()
+
+
 def test_redaction_covers_names_flags_and_urls_but_not_authors():
     from parsl_torch.common.metadata import REDACTED, redact
 

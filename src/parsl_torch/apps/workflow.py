@@ -252,6 +252,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                 try:
                     with parsl.load(config) as dfk:
                         parsl_log = _file_handlers("parsl", parsl_dir)
+                        for handler in parsl_log:
+                            handler.addFilter(_without_task_arguments)
                         yield wf
                         dfk.wait_for_current_tasks()
                 finally:
@@ -277,6 +279,14 @@ def _everything_ends_with_this_process() -> Iterator[None]:
     finally:
         os.environ.pop(watchdog.WORKFLOW_VAR, None)
         watchdog.stop(dog)
+
+
+def _without_task_arguments(record: Any) -> bool:
+    """Parsl's HTEX logs each task's arguments at DEBUG (100 characters of each): a stage's
+    arguments may hold secrets (an API key in a config dict), so parsl.log gets the line without."""
+    if record.name.startswith("parsl.executors") and " with args " in str(record.msg):
+        record.msg = str(record.msg).split(" with args ", 1)[0] + " with args (not logged: they may hold secrets)"
+    return True
 
 
 def _file_handlers(logger: str, under: Path) -> list:
