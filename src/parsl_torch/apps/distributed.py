@@ -120,7 +120,7 @@ class DistributedApp:
                  num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.fn, self.script = fn, tuple(script) if script else None
-        self.name = name or (fn.__name__ if fn else Path(self.script[-1]).stem)
+        self.name = name or fn.__name__  # a script's name is given by script_app
         self.num_nodes, self.ranks_per_node = num_nodes, ranks_per_node
         self.walltime, self.env = walltime, dict(env or {})
         if fn is not None:
@@ -207,19 +207,49 @@ def distributed_app(fn: Callable | None = None, *, name: str | None = None, num_
 
 
 def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequence[Any] = (),
-               num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
-               env: dict[str, str] | None = None, python: str | None = None) -> DistributedApp:
+               name: str | None = None, num_nodes: int = 1, ranks_per_node: int | None = None,
+               walltime: float | None = None, env: dict[str, str] | None = None,
+               python: str | None = None) -> DistributedApp:
     """A stage that runs an existing script (or ``module=True``: ``python -m``) on every rank.
 
     Every rank gets the torchrun variables (an unmodified torchrun-style
-    script works). Its future resolves to 0, the exit code; ``args`` may hold Files.
+    script works) and starts in the stage's directory, so what it writes under
+    a relative name is the stage's; the script path and the ``args`` that name
+    an existing file or directory are taken from where the workflow runs.
+    ``name``: the stage name (default: the script's stem; its folder's name
+    for generic stems such as ``main.py``). Its future resolves to None.
     """
     py = python or sys.executable
-    # the ranks start in the stage's directory: a relative script path means the caller's
     command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]
-    name = str(script).rsplit(".", 1)[-1] if module else Path(script).stem
-    return DistributedApp(None, script=[*command, *args], name=name, num_nodes=num_nodes,
+    return DistributedApp(None, script=[*command, *(caller_path(a) for a in args)],
+                          name=name or script_stage_name(script, module), num_nodes=num_nodes,
                           ranks_per_node=ranks_per_node, walltime=walltime, env=env)
+
+
+#: script stems that say nothing about the script: the stage is named after its folder
+GENERIC_STEMS = ("main", "__main__", "run", "script", "app", "cli")
+
+
+def script_stage_name(script: str | os.PathLike, module: bool) -> str:
+    """``mingpt/main.py`` -> ``mingpt``; ``pkg.train`` -> ``train``; ``pkg.__main__`` -> ``pkg``."""
+    parts = str(script).split(".") if module else [*Path(os.path.abspath(script)).parent.parts[-1:],
+                                                     Path(script).stem]
+    if len(parts) > 1 and parts[-1] in GENERIC_STEMS and parts[-2] not in ("", os.sep):
+        return parts[-2]
+    return parts[-1]
+
+
+def caller_path(arg: Any) -> Any:
+    """An argument naming an existing file or directory relative to the caller (``data/x.npy``,
+    ``--data=data/x.npy``, a ``Path``) made absolute: the ranks start in the stage's directory."""
+    if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
+        return os.path.abspath(arg)
+    if not isinstance(arg, str) or not arg or os.path.isabs(arg):
+        return arg
+    flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    if value and not os.path.isabs(value) and os.path.exists(value):
+        return f"{flag}{eq}{os.path.abspath(value)}"
+    return arg
 
 
 def submit_builtin(builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,

@@ -64,11 +64,17 @@ def stderr_tail(path: Path, lines: int = _TAIL_LINES) -> str:
 
 def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
     """One error that says which stage, which rank, what exit code, and shows stderr's tail."""
-    from parsl.app.errors import BashExitFailure
+    from parsl.app.errors import BashExitFailure, MissingOutputs
     from parsl.dataflow.errors import DependencyError
 
     if isinstance(exc, DependencyError):
         return StageError(f"stage {stage!r} did not run: a stage it depends on failed ({exc})")
+    if isinstance(exc, MissingOutputs):
+        missing = ", ".join(str(getattr(f, "filepath", f)) for f in exc.outputs)
+        where = stderr.parent if stderr else "its directory"
+        return StageError(f"stage {stage!r} finished but did not write its output(s) {missing}: its ranks run "
+                          f"in {where}, where a relative name lands (what they print is in stdout.txt and "
+                          f"stderr.txt there)")
     tail = redact_text(stderr_tail(stderr)) if stderr else ""
     ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
     timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)

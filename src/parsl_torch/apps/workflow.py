@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import os
 import shutil
 import threading
@@ -202,6 +203,20 @@ def _prepare(run_dir: Path, fresh: bool) -> None:
     (run_dir / MARKER).touch()
 
 
+#: set by ``parsl-torch run --site S --run-dir D --fresh`` (JSON): every workflow of the script takes them
+RUN_FLAGS_VAR = "PARSL_TORCH_RUN_FLAGS"
+
+
+def _run_flags() -> dict[str, Any]:
+    try:
+        flags = json.loads(os.environ.get(RUN_FLAGS_VAR) or "{}")
+    except ValueError:
+        flags = None
+    if not isinstance(flags, dict):
+        raise ConfigError(f"{RUN_FLAGS_VAR} is not what parsl-torch run sets (a JSON object): unset it")
+    return flags
+
+
 @contextlib.contextmanager
 def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
              retries: int = 0, gc_executor: Any = None, **settings: Any) -> Iterator[Workflow]:
@@ -214,11 +229,16 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     ``retry_handler``, ``max_idletime``, ...). On a Globus Compute site the
     stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
     records stay here. ``gc_executor`` replaces the site's Globus Compute
-    Executor (tests).
+    Executor (tests). Under ``parsl-torch run --site S --run-dir D --fresh``
+    those flags replace what the script passes (the log says so).
     """
     import parsl
     from parsl.utils import get_all_checkpoints
 
+    flags = _run_flags()
+    given = {"site": site, "run_dir": os.fspath(run_dir)}
+    site, run_dir = flags.get("site", site), flags.get("run_dir", run_dir)
+    fresh = bool(fresh or flags.get("fresh"))
     site_overrides, config_settings = _split_settings(settings)
     loaded = sites.load(site, **site_overrides)
     users_dfk = _loaded_dfk()
@@ -236,6 +256,10 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
         wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi")
         wf.log.info("workflow on site %r, run directory %s%s", loaded.name, run_dir,
                     " (in your own Parsl config: stages always run)" if users_dfk else "")
+        for key in ("site", "run_dir"):
+            if key in flags and str(flags[key]) != given[key]:
+                wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
+                            flags[key], key.replace("_", "-"), given[key])
         token = _current.set(wf)
         watching = _watch_progress(run_dir)
         try:

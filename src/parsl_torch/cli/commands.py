@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import sites
 from ..apps import status as run_status
 from ..apps.remote import make_executor, probe
+from ..apps.workflow import RUN_FLAGS_VAR
 from ..common.environ import path_with_python_bin
 from ..common.metadata import redact
 from ..core.device import get_backend, get_torch_device_type
@@ -160,15 +161,41 @@ def _sites_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def split_run_flags(argv: list[str]) -> tuple[dict[str, object], list[str]]:
+    """``run``'s own flags (``--site S``, ``--run-dir D``, ``--fresh``, anywhere before a ``--``) and
+    the script's arguments (the rest; after ``--``, everything)."""
+    flags: dict[str, object] = {}
+    rest: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item == "--":
+            rest.extend(items)
+            break
+        name, eq, value = item.partition("=")
+        if name == "--fresh" and not eq:
+            flags["fresh"] = True
+        elif name in ("--site", "--run-dir"):
+            value = value if eq else next(items, None)
+            if not value or value.startswith("--"):
+                raise ConfigError(f"parsl-torch run: {name} needs a value")
+            flags[name[2:].replace("-", "_")] = value
+        else:
+            rest.append(item)
+    return flags, rest
+
+
 def _run(args: argparse.Namespace) -> int:
     """Run a workflow script as __main__ with the rest of the arguments."""
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"workflow script {script} does not exist")
+    flags, script_args = split_run_flags(args.script_args)
+    if flags:  # every pt.workflow in the script takes them (see workflow.RUN_FLAGS_VAR)
+        os.environ[RUN_FLAGS_VAR] = json.dumps(flags)
     # Parsl starts its workers by name: this environment's bin must come first
     os.environ["PATH"] = path_with_python_bin()
     os.environ.setdefault("PARSL_TORCH_PROGRESS", "1")  # the workflow shows its stages as they go
-    sys.argv = [str(script), *args.script_args]
+    sys.argv = [str(script), *script_args]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
@@ -256,7 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     launch.set_defaults(func=_launch, command=())
 
     run = sub.add_parser("run", help="run a workflow script (e.g. workflows/train_eval.py)",
-                         usage="parsl-torch run SCRIPT [--site S] [--run-dir D] [--fresh] [SCRIPT ARGS...]")
+                         usage="parsl-torch run SCRIPT [--site S] [--run-dir D] [--fresh] [SCRIPT ARGS...] "
+                               "[-- ARGS FOR THE SCRIPT ONLY]",
+                         description="--site, --run-dir and --fresh are run's own, wherever they stand before a "
+                                     "`--`: every pt.workflow in the script takes them over what the script "
+                                     "passes. Other arguments, and all after `--`, are the script's.")
     run.add_argument("script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
     run.set_defaults(func=_run)
@@ -309,10 +340,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # everything after the first "--" is the command to launch, untouched
-    command = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    args = build_parser().parse_args(argv)
+    # launch: everything after the first "--" is the command, untouched (run hands "--" to its script)
+    launching = next((a for a in argv if not a.startswith("-")), None) == "launch"
+    command = argv[argv.index("--") + 1:] if launching and "--" in argv else []
+    argv = argv[:argv.index("--")] if launching and "--" in argv else argv
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and launching and not command and not unknown[0].startswith("-"):
+        given = shlex.join(argv[argv.index("launch") + 1:len(argv) - len(unknown)])
+        parser.error(f"launch: put `--` before the command: parsl-torch launch {given + ' ' if given else ''}"
+                     f"-- {shlex.join(unknown)}")
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if command:
         args.command = command
     try:

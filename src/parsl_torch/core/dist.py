@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from .device import check_backend, get_backend, get_torch_device, get_torch_device_type
 from .log import get_logger
 from .ranks import get_rank, process_group
-from .topology import env_topology, get_topology
+from .topology import describe_rank_source, env_topology, get_topology
 
 #: seconds a collective may wait before the job fails (env: PARSL_TORCH_TIMEOUT)
 DEFAULT_TIMEOUT_S = 300.0
@@ -72,7 +72,7 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
     get_logger("parsl_torch").info(
         "setup_torch: rank %d/%d, %d node(s), ranks from %s, device %s, backend %s, "
         "master %s:%s, timeout %.0fs (%.2fs)",
-        topo.rank, topo.world_size, topo.num_nodes, topo.rank_source, device, backend,
+        topo.rank, topo.world_size, topo.num_nodes, describe_rank_source(topo), device, backend,
         topo.master_addr, topo.master_port, timeout_s, time.perf_counter() - t0,
     )
     return topo.rank

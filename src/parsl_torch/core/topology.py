@@ -223,6 +223,21 @@ def topology_from_env(env: Mapping[str, str] | None = None, hostname: str | None
     )
 
 
+#: "SOURCE:RANK:WORLD", set by parsl-torch's shim beside the torchrun variables it derived
+SHIM_SOURCE_VAR = "PARSL_TORCH_SHIM_SOURCE"
+
+
+def describe_rank_source(topo: Topology, env: Mapping[str, str] | None = None) -> str:
+    """Where the ranks came from, for logs: under parsl-torch's shim the torchrun variables were
+    derived from the launcher's (``mpich, via parsl-torch's shim``), unless a torchrun started
+    below the shim set its own (rank or size differ)."""
+    env = os.environ if env is None else env
+    source, _, ranks = env.get(SHIM_SOURCE_VAR, "").partition(":")
+    if topo.rank_source == "torchrun" and source and ranks == f"{topo.rank}:{topo.world_size}":
+        return f"{source}, via parsl-torch's shim"
+    return topo.rank_source
+
+
 def _slurm_tasks_on_my_node(env: Mapping[str, str]) -> int | None:
     """Tasks of this step on this node, from SLURM_STEP_TASKS_PER_NODE (``2(x3),1``)."""
     spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")

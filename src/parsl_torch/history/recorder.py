@@ -10,7 +10,8 @@ needs no agreement between ranks). ``finalize`` moves that file into place
 with status "complete".
 
 All ranks must call ``update`` equally often and all must call ``finalize``
-(both contain the same collectives), as with any collective code.
+(both contain the same collectives), as with any collective code; or rank 0
+alone calls ``finalize(ranks="this")``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..errors import ConfigError
 from .h5file import H5Writer, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
 from .sinks import CSVSink, SafeSinks, WandbSink, setup_wandb
-from .stats import STATS, cross_rank_stats, distributed_world, union_keys
+from .stats import STATS, all_ranks_join, cross_rank_stats, distributed_world, union_keys
 
 _NAN = math.nan
 #: beside the history file: its progress, for parsl-torch run / status (rank 0, at most every PROGRESS_S)
@@ -258,15 +259,28 @@ class History:
             "config": json.dumps(redact(self.config), default=str),
         }
 
-    def finalize(self, path: str | os.PathLike | None = None, *, plot: bool = True) -> Path:
+    def finalize(self, path: str | os.PathLike | None = None, *, plot: bool = True, ranks: str = "all") -> Path:
         """Sync the last rows and put the complete file at ``path``; returns the path.
 
-        Collective. Rank 0 writes; every rank returns the same path. Plots
-        (PNG per metric, beside the file) are made when matplotlib is installed.
+        ``ranks="all"`` (default): collective, every rank calls it; rank 0
+        writes, every rank returns the same path. If the other ranks do not
+        join within the collective timeout (PARSL_TORCH_TIMEOUT), an error
+        says so instead of a hang. ``ranks="this"``: rank 0 alone (ezpz's
+        habit: ``if rank == 0: history.finalize()``); the rows since the last
+        sync are rank 0's own (attribute ``rank0_only_from_step``), other
+        ranks return at once. Plots (PNG per metric, beside the file) are
+        made when matplotlib is installed.
         """
-
+        if ranks not in ("all", "this"):
+            raise ConfigError(f"History.finalize(ranks={ranks!r}): use 'all' (every rank calls it) or 'this' "
+                              f"(rank 0 alone)")
         final = self._target(path)
-        self.sync()
+        if ranks == "this":
+            if self._rank == 0:
+                self._finalize_alone()
+        else:
+            self._join_for_finalize()
+            self.sync()
         if self._rank == 0:
             if self._unreported is not None:  # the last steps, whatever the throttle said
                 self._progress(self._unreported, force=True)
@@ -284,6 +298,32 @@ class History:
                 self._plot(final)
         self._finalized = final
         return final
+
+    def _join_for_finalize(self) -> None:
+        """All ranks meet before finalize's collectives: a finalize on rank 0 alone fails here,
+        within the timeout and saying why (not gloo's "Connection closed by peer", or an MPI spin)."""
+        if distributed_world() == 1:
+            return
+        from ..core.dist import collective_timeout
+
+        try:
+            all_ranks_join(collective_timeout())
+        except Exception as exc:  # noqa: BLE001 - gloo, NCCL and MPI each raise their own kind
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"History.finalize on rank {self._rank}: not every rank called it ({first}); every "
+                              f"rank must call finalize, or call finalize(path, ranks='this') on rank 0 "
+                              f"alone") from exc
+
+    def _finalize_alone(self) -> None:
+        """Rank 0's rows since the last sync, as its own: mean/min/max are its values, std NaN."""
+        block = self._take_pending()
+        if len(block.steps):
+            own = {"mean": block.values, "min": block.values, "max": block.values,
+                   "std": np.full_like(block.values, np.nan)}
+            self._blocks.append(_Block(block.steps, block.keys, block.values, own))
+            self._progress(self._blocks[-1])
+            self.flush()
+            self._writer.set_attrs({"rank0_only_from_step": int(block.steps[0])})
 
     def _plot(self, path: Path) -> None:
         try:

@@ -11,6 +11,8 @@ CPU), else torch.distributed.
 
 from __future__ import annotations
 
+import datetime
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +45,21 @@ class _Comm:
             backend = dist.get_backend()
             self._device = get_torch_device() if backend in ("nccl", "xccl") else "cpu"
 
+    def join(self, timeout: float) -> None:
+        """Every rank reaches this point within ``timeout`` s, else TimeoutError (MPI: a polled
+        Ibarrier, as a blocking MPI collective waits forever; gloo: monitored_barrier)."""
+        if self._mpi is not None:
+            request, deadline = self._mpi.COMM_WORLD.Ibarrier(), time.monotonic() + timeout
+            while not request.Test():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the other ranks did not join within {timeout:g} s")
+                time.sleep(0.005)
+            return
+        if self._dist.get_backend() == "gloo":
+            self._dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
+        else:
+            self._dist.barrier()  # the process group's own timeout applies
+
     def allgather(self, obj: object) -> list:
         if self._mpi is not None:
             return self._mpi.COMM_WORLD.allgather(obj)
@@ -70,6 +87,13 @@ def distributed_world() -> int:
     """Ranks that take part in statistics: the process group's, else 1."""
     group = process_group()
     return group.get_world_size() if group else 1
+
+
+def all_ranks_join(timeout: float) -> None:
+    """Collective: every rank of the process group is here (see ``_Comm.join``)."""
+    global _comm
+    _comm = _comm or _Comm()
+    _comm.join(timeout)
 
 
 def union_keys(keys: Sequence[str], rows: int) -> tuple[list[str], int]:

@@ -2,7 +2,7 @@
 
 It exports the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) from whatever launcher
-started it, so an unmodified torchrun-style script runs under mpiexec or srun,
+started it (and OMP_NUM_THREADS=1 with several ranks per node, as torchrun), so an unmodified torchrun-style script runs under mpiexec or srun,
 then runs CMD as its child, forwarding signals. When CMD fails it tells
 ``parsl-torch launch`` which rank failed (PARSL_TORCH_LAUNCH_NOTIFY), so the
 launch stops every rank within seconds; the first shim on each node also
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping
 
 from ..common.entrypoints import SHIM
-from ..core.topology import Topology, resolve_master, topology_from_env
+from ..core.topology import SHIM_SOURCE_VAR, Topology, resolve_master, topology_from_env
 
 NOTIFY_VAR = "PARSL_TORCH_LAUNCH_NOTIFY"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -30,13 +30,20 @@ HEARTBEAT_S = 2.0
 
 
 def torchrun_env(env: Mapping[str, str]) -> tuple[Topology, dict[str, str]]:
+    """The torchrun variables, which launcher's variables they came from (so the rank's log names
+    mpiexec's or srun's, not torchrun), and OMP_NUM_THREADS=1 with several ranks per node unless
+    set (as torchrun does: every rank's OpenMP pool would otherwise take every core)."""
     topo = resolve_master(topology_from_env(env), env, use_mpi=False)
-    return topo, {
+    extra = {
         "RANK": str(topo.rank), "LOCAL_RANK": str(topo.local_rank),
         "WORLD_SIZE": str(topo.world_size), "LOCAL_WORLD_SIZE": str(topo.local_world_size),
         "GROUP_RANK": str(topo.rank // topo.local_world_size),
         "MASTER_ADDR": str(topo.master_addr), "MASTER_PORT": str(topo.master_port),
+        SHIM_SOURCE_VAR: f"{topo.rank_source}:{topo.rank}:{topo.world_size}",
     }
+    if "OMP_NUM_THREADS" not in env and topo.local_world_size > 1:
+        extra["OMP_NUM_THREADS"] = "1"
+    return topo, extra
 
 
 def notify_failure(address: str, report: dict) -> bool:

@@ -289,9 +289,12 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 if cause := _node_loss_within(events, 1.0):
                     _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
                     return node_lost(*cause)
-                _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}; "
-                     f"stopping {others}")
+                failed = f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}"
+                _say(f"{failed}; stopping {others}")
                 _stop(proc, grace)
+                # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
+                # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
+                _say(f"{failed} (the cause: what the launcher printed after it is about the ranks stopped)")
                 return _exit_code(value["code"])
             if kind == "exit":
                 code = _exit_code(value)
