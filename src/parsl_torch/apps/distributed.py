@@ -217,7 +217,7 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     a relative name is the stage's; the script path and the ``args`` that name
     an existing file or directory are taken from where the workflow runs.
     ``name``: the stage name (default: the script's stem; its folder's name
-    for generic stems such as ``main.py``). Its future resolves to None.
+    for generic stems such as ``main.py``). Its future resolves to 0 (the exit code).
     """
     py = python or sys.executable
     command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]

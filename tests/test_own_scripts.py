@@ -1,0 +1,176 @@
+"""Bring your own script: script_app, `parsl-torch run` / `launch`, and History as ezpz users call it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import pytest
+
+import parsl_torch as pt
+from parsl_torch.apps.distributed import caller_path, script_stage_name
+from parsl_torch.cli import main as cli
+
+from .conftest import BIN, clean_env
+
+# a torchrun-style trainer in a folder, as minGPT-ddp's mingpt/main.py: env:// rendezvous, a relative
+# --data path, its log written under a relative name in its working directory
+MAIN_PY = """
+import argparse, os
+import torch, torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--data", required=True)
+p.add_argument("--epochs", type=int, default=2)
+args = p.parse_args()
+dist.init_process_group("gloo")
+tokens = [float(x) for x in open(args.data).read().split()]
+total = torch.tensor([sum(tokens) * (dist.get_rank() + 1)])
+dist.all_reduce(total)
+if dist.get_rank() == 0:
+    with open("log.txt", "w") as f:
+        f.write(f"epochs={args.epochs} world={dist.get_world_size()} sum={total.item():g} "
+                f"omp={os.environ.get('OMP_NUM_THREADS')}\\n")
+dist.destroy_process_group()
+"""
+
+WORKFLOW = """
+import sys
+import parsl_torch as pt
+
+print("argv", sys.argv[1:], flush=True)
+trainer = pt.script_app("mingpt/main.py", args=["--data", "data/tokens.txt", "--epochs", "3"])
+silent = pt.script_app("mingpt/main.py", args=["--data=data/tokens.txt"], name="silent")
+with pt.workflow(site="local", run_dir="runs/default") as wf:
+    done = trainer(outputs=["log.txt"])
+    print("result", done.result(), done.stage, wf.run_dir, flush=True)
+    try:
+        silent(outputs=["model.pt"]).result()
+    except pt.StageError as exc:
+        print("missing:", exc, flush=True)
+"""
+
+
+def test_script_stage_names_and_caller_paths(tmp_path, monkeypatch):
+    assert script_stage_name("mingpt/main.py", False) == "mingpt"
+    assert script_stage_name("examples/ddp/multigpu_torchrun.py", False) == "multigpu_torchrun"
+    assert script_stage_name("pkg.train", True) == "train" and script_stage_name("pkg.__main__", True) == "pkg"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.npy").write_text("")
+    assert caller_path("data/x.npy") == str(tmp_path / "data" / "x.npy")
+    assert caller_path("--data=data/x.npy") == f"--data={tmp_path / 'data' / 'x.npy'}"
+    assert caller_path(Path("not/yet")) == str(tmp_path / "not" / "yet")  # a Path is always a path
+    for arg in ("--lr", "3e-4", "data/missing.npy", 3, "/abs/path"):
+        assert caller_path(arg) == arg
+
+
+@pytest.mark.slow
+def test_a_folder_script_runs_from_the_workflow_with_run_flags_and_a_missing_output_is_named(tmp_path):
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "main.py").write_text(MAIN_PY)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tokens.txt").write_text("1 2 3 4")
+    (tmp_path / "wf.py").write_text(WORKFLOW)
+    # run's own flags, wherever they stand; the rest (and all after --) are the script's
+    out = subprocess.run([str(BIN / "parsl-torch"), "run", "wf.py", "--run-dir", "runs/mine", "--fresh", "-v",
+                          "--", "--site", "x"], capture_output=True, text=True, timeout=300, env=clean_env(),
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "argv ['-v', '--site', 'x']" in out.stdout
+    run_dir = tmp_path / "runs" / "mine"
+    assert f"result 0 mingpt {run_dir}" in out.stdout
+    assert "run dir runs/mine from parsl-torch run --run-dir (the script asked for runs/default)" in out.stderr
+    log = (run_dir / "mingpt" / "log.txt").read_text()
+    assert log == "epochs=3 world=2 sum=30 omp=1\n"  # the relative --data was the caller's
+    assert not (tmp_path / "runs" / "default").exists()
+    assert (f"missing: stage 'silent' finished but did not write its output(s) {run_dir / 'silent' / 'model.pt'}: "
+            f"its ranks run in {run_dir / 'silent'}") in out.stdout
+
+
+def test_launch_without_the_separator_says_where_it_goes(capsys):
+    with pytest.raises(SystemExit) as code:
+        cli(["launch", "-n", "2", "python", "-u", "x.py"])
+    assert code.value.code == 2
+    assert "put `--` before the command: parsl-torch launch -n 2 -- python -u x.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["launch", "--bogus", "--", "true"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def _launch(tmp_path, body: str, *args: str, n: int = 2, env=None, via=("launch",)) -> subprocess.CompletedProcess:
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent(body))
+    if via == ("launch",):
+        cmd = [str(BIN / "parsl-torch"), "launch", "-n", str(n), "--", sys.executable, str(script), *args]
+    else:
+        cmd = [str(BIN / "mpiexec"), "-n", str(n), sys.executable, str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env or clean_env(), cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_launch_sets_omp_threads_as_torchrun_and_names_the_launcher_and_the_failed_rank_last(tmp_path):
+    env = clean_env()
+    env.pop("OMP_NUM_THREADS")
+    out = _launch(tmp_path, """
+        import os, sys, parsl_torch as pt
+        pt.setup_torch()
+        print(f"rank {pt.get_rank()} omp {os.environ.get('OMP_NUM_THREADS')}", flush=True)
+        pt.cleanup()
+        if pt.get_rank() == 1 and sys.argv[1] == "fail":
+            sys.exit(3)
+        """, "fail", env=env)
+    assert out.returncode == 3
+    assert "rank 0 omp 1" in out.stdout and "rank 1 omp 1" in out.stdout
+    assert "ranks from mpich, via parsl-torch's shim" in out.stderr  # not "torchrun": mpiexec started them
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("parsl-torch: rank 1 on ") and "exited with code 3 (the cause" in last
+    out = _launch(tmp_path, "import os; print('omp', os.environ['OMP_NUM_THREADS'])", env={**env, "OMP_NUM_THREADS": "4"})
+    assert out.stdout.split() == ["omp", "4", "omp", "4"]  # a value of the user's stays
+
+
+FINALIZE_ON_RANK0 = """
+    import sys, time, parsl_torch as pt
+    rank = pt.setup_torch()
+    h = pt.History("t", sync_every=4)
+    for step in range(10):
+        h.update({"loss": 1.0 / (step + 1) + rank})
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            print("finalized", h.finalize("out.h5", plot=False, ranks=sys.argv[1]), flush=True)
+        except pt.ConfigError as exc:
+            print(f"error after {time.monotonic() - t0:.0f} s: {exc}", flush=True)
+    pt.cleanup()
+    pt.exit_process(0)
+    """
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", [("launch",), ("mpiexec",)])
+def test_finalize_on_rank_0_alone_fails_within_the_timeout_naming_the_fix(tmp_path, via):
+    out = _launch(tmp_path, FINALIZE_ON_RANK0, "all", env=clean_env(PARSL_TORCH_TIMEOUT="8"), via=via)
+    assert "not every rank called it" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "every rank must call finalize, or call finalize(path, ranks='this') on rank 0 alone" in out.stdout
+    took = float(out.stdout.split("error after ")[1].split(" s")[0])
+    assert took <= 10
+    assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.slow
+def test_finalize_on_rank_0_alone_when_asked_keeps_every_step(tmp_path):
+    out = _launch(tmp_path, FINALIZE_ON_RANK0, "this")
+    assert out.returncode == 0 and "finalized" in out.stdout, out.stderr[-2000:]
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert list(f["step"][:]) == list(range(10)) and f.attrs["status"] == "complete"
+        assert f.attrs["rank0_only_from_step"] == 8  # steps 0-7 were synced over both ranks
+        assert f["loss_mean"][0] == pytest.approx(1.5) and f["loss_mean"][9] == pytest.approx(0.1)
+
+
+def test_finalize_refuses_an_unknown_mode(tmp_path):
+    h = pt.History("t", path=tmp_path / "h.h5")
+    with pytest.raises(pt.ConfigError, match=r"finalize\(ranks='every'\): use 'all'"):
+        h.finalize(ranks="every")
