@@ -31,6 +31,7 @@ import numpy as np
 from ..common.files import write_atomic
 from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..core.device import get_torch_device_type
+from ..core.dist import collective_timeout
 from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
@@ -304,8 +305,6 @@ class History:
         within the timeout and saying why (not gloo's "Connection closed by peer", or an MPI spin)."""
         if distributed_world() == 1:
             return
-        from ..core.dist import collective_timeout
-
         try:
             all_ranks_join(collective_timeout())
         except Exception as exc:  # noqa: BLE001 - gloo, NCCL and MPI each raise their own kind
