@@ -174,3 +174,48 @@ def test_finalize_refuses_an_unknown_mode(tmp_path):
     h = pt.History("t", path=tmp_path / "h.h5")
     with pytest.raises(pt.ConfigError, match=r"finalize\(ranks='every'\): use 'all'"):
         h.finalize(ranks="every")
+
+
+OWN = Path(__file__).parent / "own_scripts"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, expected", [
+    ("ezpz_quickstart.py", "DATASET steps=30 vars=['dt', 'dt_max', 'dt_mean'] world=2 device=cpu backend=gloo"),
+    ("ezpz_minimal.py", "DATASET steps=27 first=3 rank=0 world=2 ts=17 mem={}"),
+])
+def test_ezpz_scripts_run_on_two_ranks_through_the_compat_module(tmp_path, script, expected):
+    out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable, str(OWN / script)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=clean_env(TRAIN_ITERS="30", OUTDIR=str(tmp_path / "out")))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert expected in out.stdout
+    written = list((tmp_path / "out").glob("*.h5"))
+    assert len(written) == 1
+    with h5py.File(written[0]) as f:
+        assert f.attrs["status"] == "complete" and f.attrs["world_size"] == 2
+
+
+def test_ezpz_names_map_onto_ours_and_what_is_not_covered_says_so(tmp_path, monkeypatch):
+    import torch
+
+    import parsl_torch.compat.ezpz as ezpz
+
+    assert ezpz.get_torch_device() == "cpu" and ezpz.get_torch_device(as_torch_device=True) == torch.device("cpu")
+    assert ezpz.get_world_size(total=True) == ezpz.get_world_size(in_use=True) == 1
+    assert ezpz.distributed.get_rank is ezpz.dist.get_rank is pt.get_rank
+    assert len(ezpz.get_timestamp()) == len("2026-11-22-120000")
+    model = torch.nn.Linear(2, 2)
+    assert ezpz.wrap_model(model) is model  # one process: unchanged, as ours (bf16 FSDP is accepted)
+    with pytest.raises(pt.ConfigError, match="dtype='int8'"):
+        ezpz.wrap_model(model, dtype="int8")
+    with pytest.raises(pt.ConfigError, match=r"compat\.ezpz: setup_torch\(tensor/pipeline/context_parallel_size"):
+        ezpz.setup_torch(tensor_parallel_size=2)
+    with pytest.raises(pt.ConfigError, match=r"backends='tensorboard'.*not covered"):
+        ezpz.History(backends="tensorboard")
+    monkeypatch.chdir(tmp_path)
+    h = ezpz.History(jsonl_path=tmp_path / "m.jsonl")
+    assert h.update({"iter": 3, "loss": 0.5}, precision=2) == "iter=3 loss=0.50"
+    ds = h.finalize(outdir=tmp_path / "o", run_name="r")
+    assert list(ds["step"].values) == [3] and (tmp_path / "o" / "r.h5").exists()
+    assert (tmp_path / "m.jsonl").read_text().strip() == '{"step": 3, "iter": 3.0, "loss": 0.5}'
