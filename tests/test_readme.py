@@ -1,0 +1,89 @@
+"""Every Python example in the README runs as written (a few sizes made small), in a fresh directory
+that holds what the examples name: the configs, a folder script (mingpt/main.py) and its data."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import BIN, clean_env
+from .test_own_scripts import MAIN_PY
+
+README = Path(__file__).parent.parent / "README.md"
+CONFIGS = Path(__file__).parent.parent / "configs"
+SMALL = {"steps": 40, "checkpoint_every": 20, "log_every": 10,
+         "model": {"dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 16}}
+
+# a line of each example -> how it runs: "python" (one process), "launch" (2 ranks through
+# parsl-torch launch); the text it must print; the only edits made to it (sizes)
+EXAMPLES = {
+    'with pt.workflow(site="auto", run_dir="runs/demo")': ("python", "'eval_acc'", ()),
+    "def finetune(cfg: dict": ("python", "{'final_loss': ", ()),
+    "rank = pt.setup_torch(seed=0)": ("python", "", ()),
+    'strategy="fsdp+tp", tp_size=2)': ("launch", "", (("n_heads=8", "n_heads=2, dim=16"),)),
+    'site = pt.sites.load("auto")': ("python", "MyProj", ()),
+    'h = pt.History(name="train"': ("python", "", ()),
+    'with h5py.File("outputs/train/history.h5")': ("python", "complete 1", ()),
+    "import parsl_torch.compat.ezpz as ezpz": ("python", "", ()),
+}
+
+
+def examples() -> list[tuple[int, str]]:
+    """(line, code) of every ```python block, in order."""
+    text = README.read_text()
+    return [(text[:m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+
+
+def spec(code: str):
+    found = [key for key in EXAMPLES if key in code]
+    assert len(found) == 1, f"README example without exactly one entry in EXAMPLES: {code[:200]!r}"
+    return EXAMPLES[found[0]]
+
+
+def test_every_readme_example_has_an_entry():
+    blocks = examples()
+    assert len(blocks) == len(EXAMPLES), "an example was added or removed: update EXAMPLES"
+    for _, code in blocks:
+        spec(code)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """What the examples name, where they run: configs/ (small sizes), mingpt/main.py, data/."""
+    root = tmp_path_factory.mktemp("readme")
+    (root / "configs").mkdir()
+    train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
+    (root / "configs" / "train.yaml").write_text(yaml.safe_dump({**train, **SMALL}))
+    (root / "configs" / "eval.yaml").write_text(yaml.safe_dump({"model": SMALL["model"], "batches": 4}))
+    (root / "mingpt").mkdir()
+    (root / "mingpt" / "main.py").write_text(MAIN_PY)
+    (root / "data").mkdir()
+    (root / "data" / "tokens.txt").write_text("1 2 3 4")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+def test_readme_example_runs_as_written(workdir, index):
+    line, code = examples()[index]
+    how, expected, edits = spec(code)
+    for old, new in edits:
+        assert old in code
+        code = code.replace(old, new)
+    script = workdir / f"example_{line}.py"
+    script.write_text(code)
+    env = clean_env(MPLBACKEND="Agg")
+    if how == "launch":
+        cmd = [str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable, str(script)]
+    else:
+        cmd = [sys.executable, str(script)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=workdir)
+    assert out.returncode == 0, f"README line {line}:\n{code}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    assert expected in out.stdout, f"README line {line}: {expected!r} not in {out.stdout[-2000:]!r}"
