@@ -21,14 +21,15 @@ from typing import Any
 from ..core import log as _log
 from ..core.device import get_backend
 from ..core.device import get_torch_device_type as _device_type
+from ..core.dist import _seed_everything, cleanup
 from ..core.dist import barrier as _barrier
-from ..core.dist import cleanup
 from ..core.dist import setup_torch as _setup_torch
 from ..core.ranks import get_local_rank, get_rank
 from ..core.topology import env_topology
 from ..errors import ConfigError
 from ..history import recorder as _recorder
 from ..history import sinks as _sinks
+from ..launch.schedulers import detect_scheduler
 
 __all__ = ["History", "barrier", "cleanup", "get_dist_info", "get_hostname", "get_local_rank", "get_logger",
            "get_machine", "get_memory_metrics", "get_node_index", "get_num_nodes", "get_rank", "get_timestamp",
@@ -165,8 +166,6 @@ def synchronize(device: str | int | None = None) -> None:
 
 
 def seed_everything(seed: int) -> None:
-    from ..core.dist import _seed_everything
-
     _seed_everything(seed)
 
 
@@ -329,8 +328,6 @@ def _accelerators_per_node() -> int:
 
 
 def _detection() -> Any:
-    from ..launch.schedulers import detect_scheduler
-
     return detect_scheduler()
 
 
