@@ -10,8 +10,9 @@ workflow ended, however: even SIGKILL), it kills the descendants it noted
 (if still the same processes) and every process on this host carrying the
 token; after a normal end, the workflow process's own direct children are
 spared (Parsl has ended its pools by then; what is left there is the
-caller's, e.g. multiprocessing's resource tracker). Stages on other nodes stop themselves when the workflow's
-run-directory lock goes away (see ``launch.supervise``).
+caller's, e.g. multiprocessing's resource tracker). Stages on other nodes
+stop themselves when the workflow's run-directory lock goes away (see
+``launch.supervise``).
 """
 
 from __future__ import annotations
