@@ -61,6 +61,17 @@ def _history_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_export(args: argparse.Namespace) -> int:
+    from ..stages import checkpoint
+
+    try:
+        out = checkpoint.export(args.checkpoint, args.out)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"checkpoint export: {exc}") from None
+    print(out)
+    return 0
+
+
 def _history_plot(args: argparse.Namespace) -> int:
     from ..history.plots import plot_history
 
@@ -335,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("file")
     plot.add_argument("--out", help="directory for the PNGs (default: <file stem>-plots beside it)")
     plot.set_defaults(func=_history_plot)
+
+    checkpoint = sub.add_parser("checkpoint", help="built-in stages' checkpoints").add_subparsers(
+        dest="action", required=True)
+    export = checkpoint.add_parser("export", help="a sharded (fsdp) checkpoint as one file every strategy reads",
+                                   usage="parsl-torch checkpoint export CHECKPOINT OUT.pt")
+    export.add_argument("checkpoint", help="the train stage's checkpoint (a link to its sharded directory)")
+    export.add_argument("out", help="the single file to write")
+    export.set_defaults(func=_checkpoint_export)
     return parser
 
 

@@ -1,10 +1,22 @@
-"""Checkpoints that any strategy can read: full (unsharded) model and
-optimizer state, gathered to rank 0 and written atomically, with the model
-config so an evaluation can refuse a checkpoint of another model."""
+"""Checkpoints the built-in stages write and any strategy can read, with the model
+config so an evaluation can refuse a checkpoint of another model.
+
+* ``none`` / ``ddp``: one file, the full model and optimizer (every rank holds
+  all of it anyway), written by rank 0 to a temporary name and renamed.
+* ``fsdp`` / ``fsdp+tp``: sharded with ``torch.distributed.checkpoint`` (DCP):
+  every rank writes its own shards, nothing is gathered to rank 0, and loading
+  reshards to any world size and strategy (train on 4 ranks, evaluate on 1).
+  ``path`` is then a link to ``<path>.steps/<step>/`` (the shards, DCP's
+  ``.metadata`` and our ``meta.json``), swapped atomically once every rank has
+  written: a save killed halfway leaves the link on the previous step.
+  ``parsl-torch checkpoint export`` turns one into a single file.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +25,92 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 FORMAT = "parsl-torch/checkpoint-1"
+SHARDED_FORMAT = "parsl-torch/dcp-1"
+SHARDED_STRATEGIES = ("fsdp", "fsdp+tp")
+META = "meta.json"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dict[str, Any],
-         call: str | None = None) -> None:
-    """Collective: every rank calls it; rank 0 writes ``path`` (tmp file, then rename).
-    ``call``: the identity of the stage call that trains (only it may resume from here)."""
+         call: str | None = None, strategy: str = "ddp") -> None:
+    """Collective: every rank calls it. ``call``: the identity of the stage call that trains (only
+    it may resume from here); ``strategy``: sharded (DCP) for fsdp and fsdp+tp, else one file."""
+    meta = {"format": FORMAT, "step": step, "model_config": model_config, "call": call, "strategy": strategy,
+            "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+    if strategy in SHARDED_STRATEGIES:
+        _save_sharded(Path(path), model, optimizer, {**meta, "format": SHARDED_FORMAT})
+        return
     model_sd, optim_sd = get_state_dict(model, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() == 0:
+    if _rank() == 0:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save({"format": FORMAT, "step": step, "model_config": model_config, "call": call,
-                    "model": model_sd, "optimizer": optim_sd}, tmp)
-        os.replace(tmp, path)
-    dist.barrier()
+        torch.save({**meta, "model": model_sd, "optimizer": optim_sd}, tmp)
+        os.replace(tmp, path)  # (replaces a sharded checkpoint's link too)
+        shutil.rmtree(path.with_name(path.name + ".steps"), ignore_errors=True)
+    _barrier()
+
+
+def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    steps = path.with_name(path.name + ".steps")
+    target = steps / f"{meta['step']:09d}"
+    if _rank() == 0:
+        shutil.rmtree(target, ignore_errors=True)  # a save of this step killed halfway before
+        target.mkdir(parents=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
+    _maybe_fault_in_save(meta["step"])
+    _barrier()  # every rank's shards are on disk
+    if _rank() == 0:
+        (target / META).write_text(json.dumps(meta))
+        link = path.with_name(path.name + ".link-tmp")
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(target, path.parent))
+        if path.exists() and not path.is_symlink():
+            _remove(path)  # a single-file checkpoint of an earlier run of this stage
+        os.replace(link, path)  # atomic: readers see the old step or the new one
+        for old in steps.iterdir():
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _maybe_fault_in_save(step: int) -> None:
+    """Fault injection for tests: PARSL_TORCH_FAULT=killsave@RANK:STEP kills that rank after writing
+    its shards of the checkpoint of STEP, before the others finish."""
+    spec = os.environ.get("PARSL_TORCH_FAULT", "")
+    if spec.startswith("killsave@") and spec.split("@", 1)[1] == f"{_rank()}:{step}":
+        os.kill(os.getpid(), 9)
 
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint's contents (on CPU); ValueError if it is not one of ours."""
+    """The checkpoint's description (and, for one file, its tensors on CPU); ValueError if it is not
+    one of ours. A sharded checkpoint's dict has ``format`` SHARDED_FORMAT and ``dir``."""
+    path = Path(path)
+    if path.is_dir():
+        meta_file = path / META
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            raise ValueError(f"{path} is not a parsl-torch checkpoint (no readable {META})") from None
+        if meta.get("format") != SHARDED_FORMAT:
+            raise ValueError(f"{path} is not a parsl-torch checkpoint")
+        return {**meta, "dir": str(path.resolve())}
     data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a parsl-torch checkpoint")
@@ -39,10 +118,39 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def restore(data: dict[str, Any], model, optimizer=None) -> None:
-    """Load a full checkpoint into a (possibly sharded) model on every rank."""
+    """Load a checkpoint into a model wrapped any way, on every rank (a sharded one is resharded to
+    this world size and strategy)."""
+    if data["format"] == SHARDED_FORMAT:
+        import torch.distributed.checkpoint as dcp
+
+        model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else ())
+        state = {"model": model_sd, **({"optimizer": optim_sd} if optimizer is not None else {})}
+        dcp.load(state, checkpoint_id=data["dir"])
+        set_state_dict(model, optimizer if optimizer is not None else (), model_state_dict=state["model"],
+                       optim_state_dict=state.get("optimizer", {}))
+        return
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
     if optimizer is None:
         set_state_dict(model, optimizers=(), model_state_dict=data["model"], optim_state_dict={}, options=options)
     else:
         set_state_dict(model, optimizer, model_state_dict=data["model"], optim_state_dict=data["optimizer"],
                        options=options)
+
+
+def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A sharded checkpoint as one file that every strategy reads (DCP's own conversion, then our
+    header); written to a temporary name and renamed. No process group needed."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    meta = read(path)
+    if meta["format"] != SHARDED_FORMAT:
+        raise ValueError(f"{path} is already a single-file checkpoint")
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    dcp_to_torch_save(meta["dir"], tmp)
+    tensors = torch.load(tmp, map_location="cpu", weights_only=True)
+    meta = {k: v for k, v in meta.items() if k != "dir"}
+    torch.save({**meta, "format": FORMAT, "model": tensors["model"], "optimizer": tensors.get("optimizer", {})},
+               tmp)
+    os.replace(tmp, out)
+    return out

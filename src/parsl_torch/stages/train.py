@@ -118,6 +118,10 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         state = None
     if state is not None:
         check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
+        if state.get("strategy", cfg.strategy) != cfg.strategy:
+            raise ConfigError(f"stage {stage!r}: strategy={cfg.strategy!r} but checkpoint {checkpoint_path} was "
+                              f"written with strategy={state['strategy']!r}: resume with the strategy it was "
+                              f"trained with")
         ckpt.restore(state, model, opt)
         start = state["step"]
         history.resume(before_step=start)
@@ -139,7 +143,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             history.sync()  # the history on disk covers every step the checkpoint does
             history.flush()
-            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call)
+            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call, cfg.strategy)
     final = loss.detach().float().reshape(1).to(device)
     if dist.is_initialized():
         dist.all_reduce(final)
