@@ -118,7 +118,8 @@ def test_launch_sets_omp_threads_as_torchrun_and_names_the_launcher_and_the_fail
     out = _launch(tmp_path, """
         import os, sys, parsl_torch as pt
         pt.setup_torch()
-        print(f"rank {pt.get_rank()} omp {os.environ.get('OMP_NUM_THREADS')}", flush=True)
+        sys.stdout.write(f"rank {pt.get_rank()} omp {os.environ.get('OMP_NUM_THREADS')}\n")  # one write:
+        sys.stdout.flush()  # print() may split a line from its newline, and ranks' lines then merge
         pt.cleanup()
         if pt.get_rank() == 1 and sys.argv[1] == "fail":
             sys.exit(3)
@@ -128,8 +129,9 @@ def test_launch_sets_omp_threads_as_torchrun_and_names_the_launcher_and_the_fail
     assert "ranks from mpich, via parsl-torch's shim" in out.stderr  # not "torchrun": mpiexec started them
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("parsl-torch: rank 1 on ") and "exited with code 3 (the cause" in last
-    out = _launch(tmp_path, "import os; print('omp', os.environ['OMP_NUM_THREADS'])", env={**env, "OMP_NUM_THREADS": "4"})
-    assert out.stdout.split() == ["omp", "4", "omp", "4"]  # a value of the user's stays
+    out = _launch(tmp_path, "import os, sys; sys.stdout.write(f\"omp {os.environ['OMP_NUM_THREADS']}\\n\")",
+                  env={**env, "OMP_NUM_THREADS": "4"})
+    assert out.stdout.splitlines() == ["omp 4", "omp 4"]  # a value of the user's stays
 
 
 FINALIZE_ON_RANK0 = """
