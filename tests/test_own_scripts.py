@@ -118,7 +118,7 @@ def test_launch_sets_omp_threads_as_torchrun_and_names_the_launcher_and_the_fail
     out = _launch(tmp_path, """
         import os, sys, parsl_torch as pt
         pt.setup_torch()
-        sys.stdout.write(f"rank {pt.get_rank()} omp {os.environ.get('OMP_NUM_THREADS')}\n")  # one write:
+        sys.stdout.write(f"rank {pt.get_rank()} omp {os.environ.get('OMP_NUM_THREADS')}\\n")  # one write:
         sys.stdout.flush()  # print() may split a line from its newline, and ranks' lines then merge
         pt.cleanup()
         if pt.get_rank() == 1 and sys.argv[1] == "fail":
