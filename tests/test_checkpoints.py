@@ -88,3 +88,14 @@ def test_what_is_not_a_checkpoint_is_named(tmp_path):
     (tmp_path / "dir" / "meta.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="is not a parsl-torch checkpoint"):
         checkpoint.read(tmp_path / "dir")
+
+
+def test_a_directory_of_the_users_at_the_checkpoint_path_is_never_replaced(tmp_path):
+    import torch
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("data")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="is a directory that parsl-torch did not write"):
+        checkpoint.save(tmp_path / "mine", model, torch.optim.SGD(model.parameters(), lr=0.1), 1, {}, None, "fsdp")
+    assert (tmp_path / "mine" / "keep.txt").read_text() == "data" and not (tmp_path / "mine.steps").exists()

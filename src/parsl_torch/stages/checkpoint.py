@@ -64,6 +64,9 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
 
     steps = path.with_name(path.name + ".steps")
     target = steps / f"{meta['step']:09d}"
+    if path.is_dir() and not path.is_symlink():  # checked on every rank: all stop, nothing is touched
+        raise ValueError(f"checkpoint path {path} is a directory that parsl-torch did not write: pick another "
+                         f"output name (nothing there was touched)")
     if _rank() == 0:
         shutil.rmtree(target, ignore_errors=True)  # a save of this step killed halfway before
         target.mkdir(parents=True)
@@ -77,17 +80,11 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
         link = path.with_name(path.name + ".link-tmp")
         link.unlink(missing_ok=True)
         link.symlink_to(os.path.relpath(target, path.parent))
-        if path.exists() and not path.is_symlink():
-            _remove(path)  # a single-file checkpoint of an earlier run of this stage
-        os.replace(link, path)  # atomic: readers see the old step or the new one
+        os.replace(link, path)  # (replaces a single-file checkpoint of an earlier run too)  # atomic: readers see the old step or the new one
         for old in steps.iterdir():
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
     _barrier()
-
-
-def _remove(path: Path) -> None:
-    shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _maybe_fault_in_save(step: int) -> None:
