@@ -36,9 +36,8 @@ __all__ = ["History", "barrier", "cleanup", "get_dist_info", "get_hostname", "ge
            "get_torch_backend", "get_torch_device", "get_torch_device_type", "get_world_size", "seed_everything",
            "setup_torch", "setup_wandb", "synchronize", "timeitlogit", "wrap_model", "wrap_model_for_ddp"]
 
-#: ezpz's dtype names -> wrap_model's
-_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
-           "float32": None, "fp32": None, "float": None, None: None}
+#: ezpz's dtype names that wrap_model does not know itself
+_ALIASES = {"half": "fp16", "float": "fp32"}
 
 
 def _not_covered(what: str, instead: str) -> ConfigError:
@@ -134,12 +133,9 @@ def wrap_model(model: Any, use_fsdp: bool = True, dtype: str | None = "bfloat16"
     if device_mesh is not None or reshard_after_forward is not True:
         raise _not_covered("wrap_model(device_mesh=, reshard_after_forward=)",
                            "use pt.wrap_model(model, strategy='fsdp+tp', tp_size=N)")
-    key = dtype.lower() if isinstance(dtype, str) else dtype
-    if key not in _DTYPES:
-        raise ConfigError(f"wrap_model(dtype={dtype!r}): use one of bfloat16, float16, float32")
     if not use_fsdp:
         return _wrap(model, strategy="ddp")
-    return _wrap(model, strategy="fsdp", dtype=_DTYPES[key])
+    return _wrap(model, strategy="fsdp", dtype=_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
 
 
 def wrap_model_for_ddp(model: Any) -> Any:

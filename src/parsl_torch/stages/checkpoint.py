@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ..core.dist import barrier
+from ..core.ranks import get_rank, get_world_size
 
 FORMAT = "parsl-torch/checkpoint-1"
 SHARDED_FORMAT = "parsl-torch/dcp-1"
@@ -30,33 +32,24 @@ SHARDED_STRATEGIES = ("fsdp", "fsdp+tp")
 META = "meta.json"
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dict[str, Any],
          call: str | None = None, strategy: str = "ddp") -> None:
     """Collective: every rank calls it. ``call``: the identity of the stage call that trains (only
     it may resume from here); ``strategy``: sharded (DCP) for fsdp and fsdp+tp, else one file."""
     meta = {"format": FORMAT, "step": step, "model_config": model_config, "call": call, "strategy": strategy,
-            "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+            "world_size": get_world_size()}
     if strategy in SHARDED_STRATEGIES:
         _save_sharded(Path(path), model, optimizer, {**meta, "format": SHARDED_FORMAT})
         return
     model_sd, optim_sd = get_state_dict(model, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if _rank() == 0:
+    if get_rank() == 0:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         torch.save({**meta, "model": model_sd, "optimizer": optim_sd}, tmp)
         os.replace(tmp, path)  # (replaces a sharded checkpoint's link too)
         shutil.rmtree(path.with_name(path.name + ".steps"), ignore_errors=True)
-    _barrier()
+    barrier()
 
 
 def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
@@ -67,15 +60,15 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
     if path.is_dir() and not path.is_symlink():  # checked on every rank: all stop, nothing is touched
         raise ValueError(f"checkpoint path {path} is a directory that parsl-torch did not write: pick another "
                          f"output name (nothing there was touched)")
-    if _rank() == 0:
+    if get_rank() == 0:
         shutil.rmtree(target, ignore_errors=True)  # a save of this step killed halfway before
         target.mkdir(parents=True)
-    _barrier()
+    barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
     _maybe_fault_in_save(meta["step"])
-    _barrier()  # every rank's shards are on disk
-    if _rank() == 0:
+    barrier()  # every rank's shards are on disk
+    if get_rank() == 0:
         (target / META).write_text(json.dumps(meta))
         link = path.with_name(path.name + ".link-tmp")
         link.unlink(missing_ok=True)
@@ -84,14 +77,14 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
         for old in steps.iterdir():
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    barrier()
 
 
 def _maybe_fault_in_save(step: int) -> None:
     """Fault injection for tests: PARSL_TORCH_FAULT=killsave@RANK:STEP kills that rank after writing
     its shards of the checkpoint of STEP, before the others finish."""
     spec = os.environ.get("PARSL_TORCH_FAULT", "")
-    if spec.startswith("killsave@") and spec.split("@", 1)[1] == f"{_rank()}:{step}":
+    if spec.startswith("killsave@") and spec.split("@", 1)[1] == f"{get_rank()}:{step}":
         os.kill(os.getpid(), 9)
 
 
