@@ -197,4 +197,5 @@ def test_endpoint_and_parsl_configs_share_one_worker_init(tmp_path, monkeypatch,
     assert cli(["sites", "endpoint-config", "mine", "--python-env", "/envs/pt"]) == 0
     engine_init = yaml.safe_load(capsys.readouterr().out)["engine"]["provider"]["worker_init"]
     assert engine_init == worker_init(sites.load("mine").spec, "/envs/pt")
-    assert engine_init.splitlines() == ["cd $HOME", "export TMPDIR='/tmp/my dir; touch PWNED'"]
+    assert engine_init.splitlines() == ['export PARSL_TORCH_BLOCK_END="$(( $(date +%s) + 3600 ))" PARSL_TORCH_GRACE=180',
+                                        "cd $HOME", "export TMPDIR='/tmp/my dir; touch PWNED'"]

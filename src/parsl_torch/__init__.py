@@ -20,6 +20,8 @@ _LAZY = {
     "barrier": "core.dist",
     "breakpoint": "core.dist",
     "exit_process": "core.dist",
+    "should_checkpoint": "core.deadline",
+    "to_be_continued": "core.deadline",
     "get_rank": "core.ranks",
     "get_world_size": "core.ranks",
     "get_local_rank": "core.ranks",

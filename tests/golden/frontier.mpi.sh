@@ -13,6 +13,7 @@
 #SBATCH --account=MyProj
 
 
+export PARSL_TORCH_BLOCK_END="${SLURM_JOB_END_TIME:-$(( $(date +%s) + 3600 ))}" PARSL_TORCH_GRACE=180
 module load PrgEnv-gnu rocm rccl-net-plugin craype-accel-amd-gfx90a; source <python_env>/bin/activate
 export NCCL_SOCKET_IFNAME=hsn0
 export MIOPEN_USER_DB_PATH=/tmp/miopen-cache

@@ -10,6 +10,7 @@
 #PBS -e <script_dir>/parsl.mpi.block-0.<time>.stderr
 #PBS -l filesystems=home:eagle
 
+export PARSL_TORCH_BLOCK_END="$(( $(date +%s) + 3600 ))" PARSL_TORCH_GRACE=180
 module use /soft/modulefiles; module load conda; conda activate; source <python_env>/bin/activate; cd $PBS_O_WORKDIR
 export TMPDIR=/tmp
 

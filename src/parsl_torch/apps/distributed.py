@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ..common.blocks import STAGE_DIR_VAR
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
 from ..common.records import ENV_NAME
 from ..errors import ConfigError
@@ -144,7 +145,7 @@ class DistributedApp:
         stage = wf.stage_name(stage or self.name, explicit=stage is not None)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), **wf.rank_env(), **self.env}
+        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), STAGE_DIR_VAR: str(stage_dir), **wf.rank_env(), **self.env}
         shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()),
                             wf.launcher_args(ppn), identity.code_digest(shipped and shipped.blob, self.script))

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ..common.blocks import CONTINUE_EXIT
 from ..common.metadata import redact_text
 from ..errors import StageError
 
@@ -79,7 +80,11 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
     ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
     timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)
     lost = re.search(r"parsl-torch: (node \S+ lost \([^)]*\)[^;\n]*)", tail)
-    if isinstance(exc, BashExitFailure):
+    if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT:
+        head = (f"stage {stage!r} stopped for its block's end (exit code {CONTINUE_EXIT}, its checkpoint saved) "
+                f"but nothing submitted it again: inside pt.workflow without a parsl.load of your own, it "
+                f"continues in the next block")
+    elif isinstance(exc, BashExitFailure):
         # a lost node makes ranks elsewhere fail too: the node is the cause
         what = lost.group(1) if lost else ranks[0] if ranks else (timed_out.group(1) if timed_out else
                                                                   "a rank failed")

@@ -93,6 +93,8 @@ def stage_memoizer(checkpoint_files: list[str]) -> Any:
             before = identity.read_call(opts.stage_dir)
             if result is not None and before is not None and before.get("memo_key") == task["hashsum"]:
                 return result
+            if task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
+                return None
             stage = Path(opts.stage_dir).name
             now = stage_components(opts, args, kwargs)
             get_logger("parsl_torch.workflow").info(

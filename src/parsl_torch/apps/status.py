@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..common.blocks import BLOCK_FILE
 from ..common.files import write_atomic
 
 STATUS = "status.json"
@@ -59,7 +60,9 @@ class StageRow:
     directory: str
 
 
-def _progress(stage_dir: Path, started: float | None) -> str:
+def _progress(stage_dir: Path, started: float | None, first_step: int = 0) -> str:
+    """``first_step``: where this attempt started (a continuation resumes there): the ETA's rate
+    counts this attempt's steps only."""
     files = sorted(stage_dir.glob("*.progress.json"), key=lambda p: p.stat().st_mtime)
     if not files:
         return ""
@@ -71,10 +74,22 @@ def _progress(stage_dir: Path, started: float | None) -> str:
     text = f"step {step + 1}/{total}" if total else f"step {step + 1}"
     if p.get("metric") is not None and p.get("value") is not None:
         text += f" {p['metric']}={p['value']:.4g}"
-    if total and started and step + 1 < total:
-        rate = (p["time"] - started) / (step + 1)
+    if total and started and first_step <= step and step + 1 < total:
+        rate = (p["time"] - started) / (step + 1 - first_step)
         text += f" ETA {int(rate * (total - step - 1)) // 60}:{int(rate * (total - step - 1)) % 60:02d}"
     return text
+
+
+def _continued(stage_dir: Path, s: dict[str, Any], state: str) -> str:
+    """"continued in block 2 (2 block ends)", or, between blocks, where it will resume."""
+    ends = f"{s['continuations']} block end{'s' if s['continuations'] > 1 else ''}"
+    try:
+        block = json.loads((stage_dir / BLOCK_FILE).read_text())
+    except (OSError, ValueError):
+        block = {}
+    if state != "waiting" and block.get("started", 0) >= s.get("submitted_at", 0):
+        return f"continued in block {block.get('block')} ({ends})"
+    return f"to continue in the next block from step {s.get('continued_at_step')} ({ends})"
 
 
 def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
@@ -93,7 +108,10 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
         state = s.get("state", "waiting")
         if state == "waiting" and started and started >= s.get("submitted_at", 0):
             state = "running"
-        progress = _progress(stage_dir, started) if state in ("running", "failed", "done") else ""
+        first_step = s.get("continued_at_step") or 0  # where a continuation resumed
+        progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done") else ""
+        if s.get("continuations"):
+            progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
         rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir)))
     return data, rows
 

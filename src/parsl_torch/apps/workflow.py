@@ -30,6 +30,7 @@ from ..launch.machines import binding_args, get_machine
 from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import get_scheduler
 from . import status, watchdog
+from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations, check_max_continuations
 from .memo import register_memo_ids, stage_memoizer
 from .status import StatusFile
 
@@ -48,7 +49,8 @@ def current_workflow(stage: str) -> Workflow:
 class Workflow:
     """The run in progress: its site, directory, stage names and progress."""
 
-    def __init__(self, site: sites.Site, run_dir: Path, mpi_label: str = "mpi") -> None:
+    def __init__(self, site: sites.Site, run_dir: Path, mpi_label: str = "mpi",
+                 max_continuations: int = DEFAULT_MAX_CONTINUATIONS, retry_handler: Any = None) -> None:
         self.site = site
         self.run_dir = run_dir
         #: the executor stages run on; "<site>.mpi" in a Parsl config of the user's own, where
@@ -57,6 +59,8 @@ class Workflow:
         self.memoize = mpi_label == "mpi"
         self._futures: list[Any] = []
         self.status = StatusFile(run_dir, site.name)
+        #: Parsl's retry_handler: a stage that stopped for its block's end is submitted again
+        self.continuations = Continuations(self.status, max_continuations, retry_handler)
         spec = site.spec
         self.scheduler = get_scheduler(spec.scheduler)
         self.remote = self.scheduler.remote  # stages run through a Globus Compute endpoint
@@ -130,6 +134,7 @@ class Workflow:
 
     def track(self, future: Any, ranks: int) -> None:
         self._futures.append(future)
+        self.continuations.watch(future.app_future.tid, future.stage, self.run_dir / future.stage)
         started = time.monotonic()
         self.log.info("[%s] submitted: %d rank(s)", future.stage, ranks)
         self.status.stage(future.stage, state="waiting", submitted_at=time.time(), ranks=ranks)
@@ -219,11 +224,14 @@ def _run_flags() -> dict[str, Any]:
 
 @contextlib.contextmanager
 def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
-             retries: int = 0, gc_executor: Any = None, **settings: Any) -> Iterator[Workflow]:
+             retries: int = 0, max_continuations: int = DEFAULT_MAX_CONTINUATIONS, gc_executor: Any = None,
+             **settings: Any) -> Iterator[Workflow]:
     """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
 
     ``retries``: times Parsl reruns a failed stage (the built-in train stage
-    resumes from its last checkpoint). Other keywords are site overrides
+    resumes from its last checkpoint). A stage that stops for its block's end
+    (``walltime``) is submitted again without using them, until it ends
+    ``max_continuations`` blocks in a row without progress. Other keywords are site overrides
     (account, queue, walltime, nodes, as for ``pt.sites.load``) or
     ``parsl.Config`` settings (``monitoring=MonitoringHub(...)``,
     ``retry_handler``, ``max_idletime``, ...). On a Globus Compute site the
@@ -240,6 +248,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     site, run_dir = flags.get("site", site), flags.get("run_dir", run_dir)
     fresh = bool(fresh or flags.get("fresh"))
     site_overrides, config_settings = _split_settings(settings)
+    check_max_continuations(max_continuations)
     loaded = sites.load(site, **site_overrides)
     users_dfk = _loaded_dfk()
     if users_dfk is not None:  # stages run on the site's executors in the user's own config
@@ -253,7 +262,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
         _prepare(run_dir, fresh)
         register_memo_ids()
-        wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi")
+        wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi",
+                      max_continuations=max_continuations, retry_handler=config_settings.pop("retry_handler", None))
         wf.log.info("workflow on site %r, run directory %s%s", loaded.name, run_dir,
                     " (in your own Parsl config: stages always run)" if users_dfk else "")
         for key in ("site", "run_dir"):
@@ -270,7 +280,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
             parsl_dir = run_dir / "parsl"
             memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
             config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
-                                         retries=retries, **config_settings)
+                                         retries=retries, retry_handler=wf.continuations, **config_settings)
             parsl_log: list = []
             with _everything_ends_with_this_process():
                 try:

@@ -13,12 +13,14 @@ import os
 import runpy
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from .. import sites
 from ..apps import status as run_status
 from ..apps.remote import make_executor, probe
 from ..apps.workflow import RUN_FLAGS_VAR
+from ..common.blocks import DEADLINE_VAR, duration_seconds
 from ..common.environ import path_with_python_bin
 from ..common.metadata import redact
 from ..core.device import get_backend, get_torch_device_type
@@ -28,7 +30,9 @@ from ..launch.machines import get_machine
 from ..launch.plan import LaunchRequest, plan_launch
 from ..launch.schedulers import all_launchers
 from ..launch.supervise import supervise
+from ..sites.build import drain_period
 from ..sites.endpoint import render_endpoint_config
+from ..sites.schema import block_seconds
 from .doctor import as_json, run_checks
 
 
@@ -91,11 +95,13 @@ def _launch(args: argparse.Namespace) -> int:
         command = [sys.executable, "-m", args.module, *command]
     if args.timeout is not None and not 0 < args.timeout < math.inf:
         raise ConfigError(f"--timeout {args.timeout:g}: give the seconds before every rank is stopped, > 0")
+    deadline = {DEADLINE_VAR: f"{time.time() + duration_seconds(args.deadline, '--deadline'):.3f}"} \
+        if args.deadline else {}
     request = LaunchRequest(tuple(command), args.n, args.ppn, args.nodes, args.launcher)
     detection = sites.detect_job()
     plan = plan_launch(request, detection)
     # the site file's environment (oneCCL on Aurora, NCCL on Frontier...) reaches the ranks here too
-    plan = dataclasses.replace(plan, env={**sites.rank_environment(), **plan.env})
+    plan = dataclasses.replace(plan, env={**sites.rank_environment(), **plan.env, **deadline})
     shown = " ".join([*(f"{k}={v}" for k, v in plan.env.items()), shlex.join(plan.argv)])
     if args.dry_run:
         print(shown)
@@ -155,6 +161,11 @@ def _sites_show(args: argparse.Namespace) -> int:
 
     show(redact(json.loads(json.dumps(site.settings()))))
     spec, machine = site.spec, get_machine(site.spec.machine)
+    if timing := block_seconds(spec):
+        print(f"# blocks end after {timing[0]:g} s: stages checkpoint {timing[1]:g} s before (grace period) and "
+              f"continue in the next block; a block takes no new stage in its last {timing[0] - drain_period(spec):g} s")
+    else:
+        print("# blocks have no walltime: they last as long as the workflow")
     print("# exported to every rank (stages: through the workers; parsl-torch launch: unless already set):")
     for key, value in redact(dict(spec.environment)).items():
         print(f"#   {key}={value}  ({origins[f'environment.{key}']})")
@@ -279,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     launch = sub.add_parser(
         "launch", help="run a command on every rank with this machine's launcher",
-        usage="parsl-torch launch [-n N] [--ppn P] [--nodes K] [--timeout S] [--dry-run] "
+        usage="parsl-torch launch [-n N] [--ppn P] [--nodes K] [--timeout S] [--deadline HH:MM:SS] [--dry-run] "
               "[-m MODULE] -- COMMAND [ARGS...]")
     launch.add_argument("-n", type=int, help="total ranks (default: nodes x ranks per node)")
     launch.add_argument("--ppn", type=int, help="ranks per node (default: the job's --ntasks-per-node or "
@@ -289,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the program that starts the ranks; without a scheduler: mpiexec (default when "
                              "found) or torchrun")
     launch.add_argument("--timeout", type=float, help="seconds before every rank is stopped (exit 124)")
+    launch.add_argument("--deadline", metavar="HH:MM:SS",
+                        help="from then on pt.should_checkpoint() is true on every rank, and ranks that catch "
+                             "SIGUSR1 get it (e.g. 00:55:00 in a 1-hour job); exit code 99 is theirs to use")
     launch.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     launch.add_argument("-m", dest="module", help="run python -m MODULE; what follows -- are its arguments")
     launch.set_defaults(func=_launch, command=())

@@ -9,6 +9,7 @@ import pdb
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 from ..errors import ConfigError
@@ -17,6 +18,8 @@ from .log import get_logger
 from .ranks import get_rank, process_group
 from .topology import describe_rank_source, env_topology, get_topology
 
+#: called before the process group is destroyed (should_checkpoint's reduction in flight)
+BEFORE_CLEANUP: list[Callable[[], None]] = []
 #: seconds a collective may wait before the job fails (env: PARSL_TORCH_TIMEOUT)
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -125,6 +128,8 @@ def cleanup() -> None:
     """Destroy the process group if there is one (safe to call twice)."""
     d = process_group()
     if d:
+        for settle in BEFORE_CLEANUP:  # work in flight must not outlive its group
+            settle()
         d.destroy_process_group()
 
 

@@ -62,6 +62,8 @@ class Scheduler:
     max_nodes_per_block: ClassVar[int | None] = None
     #: stages run through a Globus Compute endpoint, not on this machine
     remote: ClassVar[bool] = False
+    #: set inside a job to the epoch seconds it ends (None: the job's start + walltime tells)
+    end_time_var: ClassVar[str | None] = None
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         """The job's nodes in order, deduplicated; a ConfigError if there is no job."""
@@ -81,6 +83,13 @@ class Scheduler:
         """This scheduler's keyword arguments for its provider, from a site's
         ``provider`` section (for the Parsl provider and the endpoint config alike)."""
         return {}
+
+    def mpi_launcher(self, walltime_s: float | None) -> Any:
+        """The Parsl launcher of an MPI executor's block (MPIExecutor requires a SimpleLauncher):
+        the scheduler ends the block at its walltime."""
+        from parsl.launchers import SimpleLauncher
+
+        return SimpleLauncher()
 
     def htex_launcher(self, overrides: str) -> Any:
         """The Parsl launcher that starts one HTEX manager per node of a block."""
@@ -152,6 +161,7 @@ class Slurm(Scheduler):
     launchers = ("srun",)
     parsl_provider = "SlurmProvider"
     endpoint_provider = "SlurmProvider"
+    end_time_var = "SLURM_JOB_END_TIME"  # Slurm 23.02 and later
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         hostlist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -212,6 +222,11 @@ class Local(Scheduler):
     def provider_options(self, provider: Any) -> dict[str, Any]:
         return {"min_blocks": 0}
 
+    def mpi_launcher(self, walltime_s: float | None) -> Any:
+        # no scheduler ends a local block: `timeout` does, as a batch job's time limit would
+        # (SIGTERM, then SIGKILL 10 s later); supervisors stop their ranks on the SIGTERM
+        return _timeout_launcher(walltime_s) if walltime_s else super().mpi_launcher(None)
+
     def worker_init(self, local_slots: int) -> list[str]:
         # Parsl starts workers by name: this Python's bin must come first. Parsl's
         # MPI mode takes a block's nodes from PBS_NODEFILE (or Slurm); without a
@@ -227,6 +242,18 @@ class Globus(Scheduler):
 
     name = "globus"
     remote = True
+
+
+def _timeout_launcher(walltime_s: float) -> Any:
+    from parsl.launchers import SimpleLauncher
+
+    class TimeoutLauncher(SimpleLauncher):
+        """SimpleLauncher (MPIExecutor checks for it) whose block ends after the walltime."""
+
+        def __call__(self, command: str, tasks_per_node: int, nodes_per_block: int, script_dir: str = "") -> str:
+            return f"timeout --kill-after=10 {walltime_s:.0f} {super().__call__(command, tasks_per_node, 1)}"
+
+    return TimeoutLauncher()
 
 
 SCHEDULERS: dict[str, Scheduler] = {}

@@ -7,6 +7,8 @@ then runs CMD as its child, forwarding signals. When CMD fails it tells
 ``parsl-torch launch`` which rank failed (PARSL_TORCH_LAUNCH_NOTIFY), so the
 launch stops every rank within seconds; the first shim on each node also
 sends the launch a heartbeat, so a lost node is named (see ``supervise``).
+At PARSL_TORCH_DEADLINE (the block is about to end) it sends CMD SIGUSR1 if CMD
+catches that signal (``pt.should_checkpoint()`` does; a script that does not is left alone).
 It never initialises MPI: the command may.
 """
 
@@ -19,8 +21,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 
+from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..core.topology import SHIM_SOURCE_VAR, Topology, resolve_master, topology_from_env
 
@@ -94,6 +98,27 @@ class Heartbeat:
             self._sock.close()
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux: /proc/PID/status SigCgt)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next((line.split()[1] for line in f if line.startswith("SigCgt:")), "0")
+    except (OSError, IndexError):
+        return False
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+def signal_at_deadline(child: subprocess.Popen, deadline: float) -> None:
+    """A thread that sends ``child`` SIGUSR1 at ``deadline`` (epoch seconds) if it catches it."""
+
+    def wait_and_signal() -> None:
+        time.sleep(max(0.0, deadline - time.time()))
+        if child.poll() is None and catches(child.pid, signal.SIGUSR1):
+            child.send_signal(signal.SIGUSR1)
+
+    threading.Thread(target=wait_and_signal, daemon=True).start()
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -126,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for sig in _FORWARDED:
             signal.signal(sig, forward)
+        if (deadline := deadline_from_env(os.environ)) is not None:
+            signal_at_deadline(child, deadline)
         code = child.wait()
     if code != 0 and not stopping:
         report = {"rank": topo.rank, "local_rank": topo.local_rank, "host": topo.hostname, "code": code,

@@ -11,6 +11,10 @@
   themselves.
 * ``timeout`` stops everything and exits 124; SIGINT/SIGTERM stop everything
   and exit 128+signal.
+* A block that ends: the ranks get PARSL_TORCH_DEADLINE (the block's end less
+  the grace period, see ``common.blocks``); ranks that stop there exit 99
+  (CONTINUE_EXIT) and so does this, as when the scheduler's SIGTERM comes
+  after the deadline: the workflow submits the stage again.
 * Stopping: SIGTERM to the launcher (mpiexec/srun/torchrun tear down their
   ranks, remote ones included) and its process group, then SIGKILL after a
   grace period. Finally any local process that still carries this launch's
@@ -35,7 +39,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..common.blocks import BLOCK_END_VAR, BLOCK_FILE, CONTINUE_EXIT, DEADLINE_VAR, STAGE_DIR_VAR, deadline_from_env
 from ..common.entrypoints import SUPERVISE
+from ..common.files import write_atomic
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from ..errors import ConfigError
@@ -52,6 +58,8 @@ LOST_NODE_GRACE_S = 3.0
 #: the workflow that started a stage is gone: nobody will use its result
 ORPHANED_EXIT = 143
 OWNER_CHECK_S = 3.0
+#: seconds the other ranks have to end after one stopped for the block's end
+CONTINUE_WAIT_S = 30.0
 _MAX_LINE = 1 << 16
 
 
@@ -262,6 +270,9 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     events: queue.Queue[tuple[str, object]] = queue.Queue()
     listener = _RankListener(events, node_timeout_from_env({**os.environ, **plan.env}), plan.nodes)
     env = {**os.environ, **plan.env, NOTIFY_VAR: listener.address}
+    block_deadline = deadline_from_env(env)
+    if block_deadline is not None:
+        env[DEADLINE_VAR] = f"{block_deadline:.3f}"
     received: list[int] = []
     handlers = {sig: signal.signal(sig, lambda s, _f: received.append(s))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -284,6 +295,15 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 kind, value = "", None
             if kind in ("lost", "vanished"):
                 return node_lost(kind, value)
+            if kind == "report" and value["code"] == CONTINUE_EXIT:
+                _say(f"rank {value['rank']} on {value['host']} stopped for the block's end; the stage continues "
+                     f"in the next block")
+                try:
+                    proc.wait(timeout=CONTINUE_WAIT_S)  # the others stop at the same step
+                except subprocess.TimeoutExpired:
+                    _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
+                    _stop(proc, grace)
+                return CONTINUE_EXIT
             if kind == "report":
                 # a lost node makes the ranks elsewhere fail too: name the cause if it follows at once
                 if cause := _node_loss_within(events, 1.0):
@@ -298,7 +318,9 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 return _exit_code(value["code"])
             if kind == "exit":
                 code = _exit_code(value)
-                if code:  # name the rank (or the lost node) if its report is on its way
+                if code == CONTINUE_EXIT:
+                    _say("the ranks stopped for the block's end; the stage continues in the next block")
+                elif code:  # name the rank (or the lost node) if its report is on its way
                     with contextlib.suppress(queue.Empty):
                         kind, value = events.get(timeout=1.0)
                         if kind in ("lost", "vanished"):
@@ -308,8 +330,14 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                             _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
                 return code
             if received:
-                _say(f"received {signal.Signals(received[0]).name}; stopping {plan.num_ranks} rank(s)")
+                ending = block_deadline is not None and time.time() >= block_deadline
+                _say(f"received {signal.Signals(received[0]).name}"
+                     f"{' after the deadline: the block is ending' if ending else ''}; stopping "
+                     f"{plan.num_ranks} rank(s)")
                 _stop(proc, grace)
+                if ending:
+                    _say("the stage continues in the next block from its last checkpoint")
+                    return CONTINUE_EXIT
                 return 128 + received[0]
             if owner is not None and time.monotonic() > next_owner_check:
                 next_owner_check = time.monotonic() + OWNER_CHECK_S
@@ -328,6 +356,15 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
         listener.close()
         for sig, old in handlers.items():
             signal.signal(sig, old)
+
+
+def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) -> None:
+    """Which block this attempt runs in, when that block ends, and whether the attempt was
+    skipped there (the block was past its deadline): ``parsl-torch status`` and the workflow read it."""
+    with contextlib.suppress(OSError):
+        write_atomic(Path(stage_dir, BLOCK_FILE), json.dumps({
+            "block": env.get("PARSL_WORKER_BLOCK_ID"), "end": float(env[BLOCK_END_VAR]) if env.get(BLOCK_END_VAR)
+            else None, "deadline": deadline_from_env(env), "started": time.time(), "skipped": skipped}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0,
                       tuple(h for h in hosts if h), env)
     run_dir = env.get("PARSL_TORCH_RUN_DIR")
+    block_deadline = deadline_from_env({**os.environ, **env})
+    late = block_deadline is not None and time.time() >= block_deadline
+    if env.get(STAGE_DIR_VAR):
+        record_block(env[STAGE_DIR_VAR], {**os.environ, **env}, skipped=late)
+    if late:  # a block past its deadline took the stage before it stopped taking new ones
+        _say("this block is past its deadline: the stage was not started here and goes to the next block")
+        return CONTINUE_EXIT
     return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None)
 
 

@@ -19,10 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..common.blocks import BLOCK_END_VAR, GRACE_VAR
 from ..errors import SiteError
 from ..launch.schedulers import get_scheduler
 from .globus import make_executor
-from .schema import SiteSpec
+from .schema import SiteSpec, block_seconds
 
 MPI_LABEL, HTEX_LABEL = "mpi", "htex"
 # What stands in for the worker command when a batch script is only rendered
@@ -34,13 +35,36 @@ def worker_init(spec: SiteSpec, python_env: str | None = None) -> str:
     alike: the site's ``provider.worker_init`` (the one field meant to be shell;
     ``{python_env}`` becomes ``python_env``, default the environment this
     process runs in), the site's environment (names validated, values quoted),
-    and what the scheduler needs (local: the venv on PATH, a node list)."""
+    and what the scheduler needs (local: the venv on PATH, a node list), after
+    when the block ends (its stages checkpoint a grace period before)."""
     site_init = spec.provider.worker_init.strip().replace("{python_env}", python_env or sys.prefix)
     return "\n".join([
         *get_scheduler(spec.scheduler).worker_init(spec.local_slots),
+        *block_end_lines(spec),
         *([site_init] if site_init else []),
         *(f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()),
     ])
+
+
+def block_end_lines(spec: SiteSpec) -> list[str]:
+    """Export when this block ends (the scheduler's end time if it gives one, else start +
+    walltime) and the grace period: every stage's supervisor reads them."""
+    timing = block_seconds(spec)
+    if timing is None:
+        return []
+    walltime, grace = timing
+    start_plus = f"$(( $(date +%s) + {walltime:.0f} ))"
+    end_var = get_scheduler(spec.scheduler).end_time_var
+    end = f"${{{end_var}:-{start_plus}}}" if end_var else start_plus
+    return [f'export {BLOCK_END_VAR}="{end}" {GRACE_VAR}={grace:g}']
+
+
+def drain_period(spec: SiteSpec) -> int | None:
+    """Seconds after its workers start when a block takes no new stage: half a grace period
+    before the stages' deadline (the workers start after the block, by up to that much), so
+    a stage submitted again at its deadline goes to the next block."""
+    timing = block_seconds(spec)
+    return None if timing is None else max(1, int(timing[0] - 1.5 * timing[1]))
 
 
 def _address(spec: SiteSpec) -> dict[str, Any]:
@@ -70,10 +94,10 @@ def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks
 
 
 def mpi_provider(spec: SiteSpec) -> Any:
-    from parsl.launchers import SimpleLauncher
-
     # MPIExecutor needs SimpleLauncher: one manager per block, ranks via $PARSL_MPI_PREFIX
-    return provider(spec, SimpleLauncher(), nodes_per_block=spec.provider.nodes_per_block,
+    timing = block_seconds(spec)
+    launcher = get_scheduler(spec.scheduler).mpi_launcher(timing[0] if timing else None)
+    return provider(spec, launcher, nodes_per_block=spec.provider.nodes_per_block,
                     init_blocks=spec.provider.init_blocks, max_blocks=spec.provider.max_blocks)
 
 
@@ -112,7 +136,7 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL) -> Any:
         else spec.mpi.max_workers_per_block
     return _site_mpi_executor_class()(label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
-                                      **_address(spec))
+                                      drain_period=drain_period(spec), **_address(spec))
 
 
 def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
@@ -120,7 +144,7 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
 
     h = spec.htex
     kwargs: dict[str, Any] = {"cpu_affinity": h.cpu_affinity, "prefetch_capacity": 0,
-                              "poll_period": spec.poll_period_ms}
+                              "poll_period": spec.poll_period_ms, "drain_period": drain_period(spec)}
     if h.accelerators:
         kwargs["available_accelerators"] = list(h.accelerators)
     if h.max_workers_per_node:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..common.blocks import default_grace
 from ..common.records import ENV_NAME, build_dataclass
 from ..errors import SiteError
 from ..launch.machines import MACHINES
@@ -33,7 +34,8 @@ class ProviderSpec:
 
     account: str | None = None  # required to render or submit
     queue: str | None = None  # PBS queue, Slurm partition
-    walltime: str = "01:00:00"
+    walltime: str | None = "01:00:00"  # HH:MM:SS; null (local site only): blocks never end
+    grace_period: float | None = None  # seconds before a block's end when stages checkpoint (null: default_grace)
     nodes_per_block: int = 1
     init_blocks: int = 1
     min_blocks: int = 0
@@ -147,8 +149,7 @@ def _check(spec: SiteSpec) -> None:
     if "\n" in spec.provider.select_options:
         raise SiteError("provider.select_options: a newline would add a line to the batch script: keep it on "
                         "one line")
-    if not _WALLTIME.match(spec.provider.walltime):
-        raise SiteError(f"provider.walltime: {spec.provider.walltime!r} is not HH:MM:SS")
+    _check_block_time(spec)
     for path, value in (("provider.nodes_per_block", spec.provider.nodes_per_block),
                         ("provider.max_blocks", spec.provider.max_blocks),
                         ("mpi.max_workers_per_block", spec.mpi.max_workers_per_block),
@@ -171,3 +172,33 @@ def _check(spec: SiteSpec) -> None:
             re.compile(pattern)
         except re.error as exc:
             raise SiteError(f"hostnames[{i}]: {pattern!r} is not a regular expression ({exc})") from None
+
+
+def _check_block_time(spec: SiteSpec) -> None:
+    walltime, grace = spec.provider.walltime, spec.provider.grace_period
+    if walltime is None:
+        if SCHEDULERS[spec.scheduler].job_id_var:
+            raise SiteError(f"provider.walltime: required for scheduler {spec.scheduler} (HH:MM:SS): its batch "
+                            f"jobs need a time limit")
+        if grace is not None:
+            raise SiteError("provider.grace_period: applies to blocks with a walltime: set provider.walltime too, "
+                            "or remove it")
+        return
+    if not _WALLTIME.match(walltime):
+        raise SiteError(f"provider.walltime: {walltime!r} is not HH:MM:SS")
+    seconds = block_seconds(spec)
+    if seconds is None or seconds[0] <= 0:
+        raise SiteError(f"provider.walltime: {walltime!r} is no time at all: give HH:MM:SS > 0")
+    if grace is not None and not 0 < grace < seconds[0]:
+        raise SiteError(f"provider.grace_period: {grace:g} s must be > 0 and less than the walltime "
+                        f"({seconds[0]:g} s), e.g. {default_grace(seconds[0]):.0f} (or null for that default)")
+
+
+def block_seconds(spec: SiteSpec) -> tuple[float, float] | None:
+    """(walltime, grace period) of a block in seconds; None when blocks have no walltime."""
+    if spec.provider.walltime is None:
+        return None
+    hours, minutes, secs = (int(x) for x in spec.provider.walltime.split(":"))
+    walltime = float(hours * 3600 + minutes * 60 + secs)
+    grace = spec.provider.grace_period
+    return walltime, grace if grace is not None else default_grace(walltime)

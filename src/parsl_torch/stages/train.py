@@ -6,7 +6,9 @@ File("model.pt")])`` inside ``pt.workflow``. As a program on every rank:
 --history train.h5 --checkpoint model.pt`` (mpiexec, srun, Globus Compute).
 
 Checkpoints (full model and optimizer state) are written every
-``checkpoint_every`` steps; a rerun (Parsl retry) finds the checkpoint,
+``checkpoint_every`` steps, and when the batch block is about to end
+(``should_checkpoint``: the stage then exits "to be continued" and the workflow
+submits it again); a rerun (Parsl retry, continuation) finds the checkpoint,
 resumes from its step, and keeps the history of the steps before it, so the
 history has no lost or duplicated steps.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 from ..apps.distributed import distributed_app, submit_builtin
 from ..apps.identity import CALL_ID_VAR
+from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.log import get_logger
@@ -140,10 +143,18 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         line = history.update({"loss": loss.item(), "lr": cfg.lr, "dt": time.perf_counter() - t0}, step=step)
         if step % cfg.log_every == 0:
             logger.info("[%s] %s", stage, line)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        # collective, on every rank at every step but the last: its answer is the same on all ranks
+        block_ending = step + 1 < cfg.steps and should_checkpoint()
+        if block_ending or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             history.sync()  # the history on disk covers every step the checkpoint does
             history.flush()
+            t0 = time.perf_counter()
             ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call, cfg.strategy)
+            note_checkpoint(step + 1, time.perf_counter() - t0)
+        if block_ending:
+            logger.info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in the next block",
+                        stage, step + 1)
+            to_be_continued(step + 1)
     final = loss.detach().float().reshape(1).to(device)
     if dist.is_initialized():
         dist.all_reduce(final)

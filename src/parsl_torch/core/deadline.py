@@ -1,0 +1,151 @@
+"""Stopping before the batch block ends, on every rank at the same step.
+
+A rank learns that its block is ending from ``PARSL_TORCH_DEADLINE`` (set by the
+supervisor: the block's end less the site's grace period, or ``parsl-torch launch
+--deadline``) and from SIGUSR1, which the supervisor's shim sends at that instant to
+ranks that catch it (as Slurm's ``--signal`` would). Ranks must agree on the step at
+which they stop, or one saves while another waits in a collective: each
+``should_checkpoint()`` call starts a small all-reduce (max) of this rank's view in the
+background and answers with the previous call's result, so every rank gets the same
+answer at the same call and nobody waits for it.
+
+``to_be_continued(step)`` then ends the stage with CONTINUE_EXIT: under a workflow it
+is submitted again and resumes from its checkpoint in the next block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any, NoReturn
+
+from ..common.blocks import CONTINUATION_FILE, CONTINUE_EXIT, GRACE_VAR, STAGE_DIR_VAR, deadline_from_env
+from ..common.files import write_atomic
+from .dist import BEFORE_CLEANUP, cleanup, exit_process
+from .log import get_logger
+from .ranks import get_rank, process_group
+
+
+class _Agreement:
+    """One rank's side of the ranks' agreement that the block is ending."""
+
+    def __init__(self) -> None:
+        self.deadline = deadline_from_env(os.environ)
+        self.signalled = False
+        self.agreed = False
+        self._group: Any = None
+        self._pending: Any = None
+        self._flag: Any = None
+        self._handler_installed = False
+
+    def _install_handler(self) -> None:
+        """SIGUSR1 marks the block as ending (chained to a handler already there)."""
+        self._handler_installed = True
+        try:
+            previous = signal.getsignal(signal.SIGUSR1)
+
+            def on_signal(signum: int, frame: Any) -> None:
+                self.signalled = True
+                if callable(previous):
+                    previous(signum, frame)
+
+            signal.signal(signal.SIGUSR1, on_signal)
+        except ValueError:  # not the main thread: the deadline alone decides
+            pass
+
+    def local_view(self) -> bool:
+        return self.signalled or (self.deadline is not None and time.time() >= self.deadline)
+
+    def ask(self) -> bool:
+        if not self._handler_installed:
+            self._install_handler()
+        if self.agreed:
+            return True  # every rank got True at the same call and stopped asking the others
+        d = process_group()
+        if d is None or d.get_world_size() == 1:
+            self.agreed = self.local_view()
+            return self.agreed
+        import torch
+
+        if self._group is None:  # collective: the first call is at the same point on every rank
+            self._group = d.new_group(backend="gloo")
+            BEFORE_CLEANUP.append(self.settle)
+        if self._pending is not None:
+            self._pending.wait()
+            self.agreed = bool(self._flag.item())
+            self._pending = None
+        if not self.agreed:
+            self._flag = torch.tensor([int(self.local_view())], dtype=torch.int32)
+            self._pending = d.all_reduce(self._flag, op=d.ReduceOp.MAX, group=self._group, async_op=True)
+        return self.agreed
+
+    def settle(self) -> None:
+        """Wait for the reduction in flight (before the process group goes away)."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+
+
+_agreement: _Agreement | None = None
+
+
+def _state() -> _Agreement:
+    global _agreement
+    if _agreement is None:
+        _agreement = _Agreement()
+    return _agreement
+
+
+def should_checkpoint() -> bool:
+    """True once this stage's block is about to end: checkpoint now, then ``to_be_continued(step)``.
+
+    Collective: call it at the same point on every rank (e.g. once per step). Every rank
+    gets the same answer at the same call; it costs a background all-reduce of one
+    integer, not a wait. Without a known block end (no workflow block, no ``launch
+    --deadline``) it is always False."""
+    return _state().ask()
+
+
+def deadline() -> float | None:
+    """Epoch seconds from which this stage should checkpoint and stop (None: no block end known)."""
+    return _state().deadline
+
+
+def _record(fields: dict[str, Any]) -> None:
+    """Rank 0 leaves the stage's record beside its files, for the workflow (under a workflow only)."""
+    stage_dir = os.environ.get(STAGE_DIR_VAR)
+    if get_rank() != 0 or not stage_dir or not os.path.isdir(stage_dir):
+        return
+    path = os.path.join(stage_dir, CONTINUATION_FILE)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = {}
+    record.update(fields, time=time.time())
+    write_atomic(path, json.dumps(record))
+
+
+def note_checkpoint(step: int, seconds: float) -> None:
+    """After a checkpoint of ``step`` that took ``seconds``: record the progress, and warn when
+    the save is longer than the grace period (the block would end in the middle of one)."""
+    grace = float(os.environ.get(GRACE_VAR) or 0)
+    if grace and seconds > grace and get_rank() == 0:
+        get_logger("parsl_torch").warning(
+            "the checkpoint of step %d took %.0f s, longer than the grace period of %.0f s: a block may end "
+            "before the last save is written; raise the site's provider.grace_period (or the walltime)",
+            step, seconds, grace)
+    _record({"step": step, "save_seconds": round(seconds, 3), "grace": grace or None})
+
+
+def to_be_continued(step: int | None = None) -> NoReturn:
+    """End this rank: the stage stopped for its block's end and continues in the next one.
+
+    Call it on every rank after saving a checkpoint to resume from. ``step``: how far the
+    stage got (a stage that reports no more progress than last time counts toward the
+    workflow's ``max_continuations``). Exits with CONTINUE_EXIT."""
+    _record({"step": step} if step is not None else {})
+    cleanup()
+    exit_process(CONTINUE_EXIT)

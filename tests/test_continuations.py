@@ -1,0 +1,294 @@
+"""Stages longer than a batch block: the block's end is known to every stage, ranks agree on the
+step where they stop, the stage exits "to be continued" and the workflow submits it again
+without using up retries, until it finishes or stops making progress."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+from parsl.app.errors import BashExitFailure
+
+from parsl_torch import sites
+from parsl_torch.apps.continuation import Continuations, is_continuation
+from parsl_torch.apps.status import StatusFile
+from parsl_torch.apps.status import read as read_status
+from parsl_torch.common.blocks import (
+    BLOCK_FILE,
+    CONTINUATION_FILE,
+    CONTINUE_EXIT,
+    DEADLINE_VAR,
+    deadline_from_env,
+    default_grace,
+    duration_seconds,
+)
+from parsl_torch.errors import ConfigError, SiteError, StageError
+from parsl_torch.launch.shim import catches
+from parsl_torch.sites import build
+
+from .conftest import BIN, REPO, clean_env
+
+# -- the block's end and the grace period -------------------------------------------------------
+
+
+def test_durations_and_the_default_grace_period():
+    assert duration_seconds("01:00:00", "x") == 3600 and duration_seconds("55:00", "x") == 3300
+    assert duration_seconds("90", "x") == 90
+    for bad in ("", "soon", "-5", "0", "inf", "1:2:3:4"):
+        with pytest.raises(ConfigError, match="--deadline: .* HH:MM:SS"):
+            duration_seconds(bad, "--deadline")
+    assert default_grace(3600) == 180  # 5% of an hour
+    assert default_grace(600) == 120  # at least 2 minutes
+    assert default_grace(30) == 10  # but at most a third of a short block
+    assert deadline_from_env({"PARSL_TORCH_BLOCK_END": "1000", "PARSL_TORCH_GRACE": "60"}) == 940
+    assert deadline_from_env({DEADLINE_VAR: "500", "PARSL_TORCH_BLOCK_END": "1000"}) == 500
+    assert deadline_from_env({}) is None
+
+
+def test_a_site_with_a_walltime_tells_its_blocks_when_they_end_and_drains_them_at_the_deadline():
+    local = sites.load("local", walltime="00:00:30")
+    init = build.worker_init(local.spec)
+    assert 'export PARSL_TORCH_BLOCK_END="$(( $(date +%s) + 30 ))" PARSL_TORCH_GRACE=10' in init
+    mpi = build.mpi_executor(local.spec)
+    assert mpi.drain_period == 15  # half a grace period before the deadline
+    # no scheduler ends a local block: `timeout` does
+    assert mpi.provider.launcher("process_worker_pool.py --x", 1, 1).startswith("timeout --kill-after=10 30 ")
+    # the local site has no walltime unless given one: no end, no drain
+    plain = sites.load("local", env={})
+    assert "PARSL_TORCH_BLOCK_END" not in build.worker_init(plain.spec)
+    assert build.mpi_executor(plain.spec).drain_period is None
+    # Slurm says when its job ends (23.02+); else start + walltime
+    slurm = sites.load("frontier", account="abc", walltime="02:00:00", env={})
+    assert '"${SLURM_JOB_END_TIME:-$(( $(date +%s) + 7200 ))}" PARSL_TORCH_GRACE=360' in build.worker_init(slurm.spec)
+
+
+@pytest.mark.parametrize("provider, message", [
+    ({"walltime": None}, "provider.walltime: required for scheduler slurm"),
+    ({"grace_period": 3600}, r"provider.grace_period: 3600 s must be > 0 and less than the walltime \(3600 s\)"),
+    ({"grace_period": 0}, "provider.grace_period: 0 s must be > 0"),
+    ({"walltime": "00:00:00"}, "provider.walltime: '00:00:00' is no time at all"),
+])
+def test_bad_block_times_are_refused_naming_the_field(tmp_path, provider, message):
+    site = {"name": "mine", "scheduler": "slurm", "provider": {"account": "a", "walltime": "01:00:00", **provider}}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(site))
+    with pytest.raises(SiteError, match=message):
+        sites.load("mine", env={"PARSL_TORCH_SITE_PATH": str(tmp_path)})
+
+
+# -- the workflow's side: continuations are free, failures are not ------------------------------
+
+
+def _record(task_id=1):
+    return {"id": task_id}
+
+
+def test_continuations_cost_nothing_until_a_stage_stops_making_progress(tmp_path):
+    status = StatusFile(tmp_path, "local")
+    failures = []
+    handler = Continuations(status, max_continuations=1, then=lambda e, r: failures.append(e) or 7.0)
+    stage_dir = tmp_path / "train"
+    stage_dir.mkdir()
+    handler.watch(1, "train", stage_dir)
+    ended = BashExitFailure("_stage_command", CONTINUE_EXIT)
+
+    def block_ends_at(step, block):
+        (stage_dir / CONTINUATION_FILE).write_text(json.dumps({"step": step, "save_seconds": 9, "grace": 3}))
+        (stage_dir / BLOCK_FILE).write_text(json.dumps({"block": block, "started": time.time()}))
+        return handler(ended, _record())
+
+    assert block_ends_at(40, "0") == 0 and block_ends_at(80, "1") == 0  # progress: free
+    row = read_status(tmp_path)[1][0]
+    assert (row.state, row.progress) == ("waiting", "to continue in the next block from step 80 (2 block ends)")
+    assert block_ends_at(80, "2") == 0  # one block without progress is allowed here
+    with pytest.raises(StageError, match=r"end of 2 blocks in a row without progress \(checkpoint at step 80\); "
+                                         r"its last checkpoint took 9 s, longer than the grace period of 3 s: "
+                                         r"raise the site provider.grace_period"):
+        block_ends_at(80, "3")
+    # a real failure goes to the user's handler; another task's too
+    crash = BashExitFailure("_stage_command", 1)
+    assert handler(crash, _record()) == 7.0 and handler(ended, _record(2)) == 7.0 and len(failures) == 2
+    assert Continuations(status)(crash, _record()) == 1.0  # Parsl's default cost
+
+
+def test_a_lost_block_is_a_continuation_only_after_the_stage_deadline(tmp_path):
+    class ManagerLost(Exception):
+        pass
+
+    (tmp_path / BLOCK_FILE).write_text(json.dumps({"deadline": time.time() + 60}))
+    assert not is_continuation(ManagerLost(), tmp_path)
+    (tmp_path / BLOCK_FILE).write_text(json.dumps({"deadline": time.time() - 1}))
+    assert is_continuation(ManagerLost(), tmp_path)
+    assert not is_continuation(RuntimeError(), tmp_path)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
+def test_max_continuations_must_be_a_count(tmp_path, value):
+    import parsl_torch as pt
+
+    with pytest.raises(ConfigError, match=r"max_continuations=.* an int >= 0"):
+        with pt.workflow(site="local", run_dir=tmp_path / "run", max_continuations=value):
+            pass
+
+
+# -- the ranks' side -------------------------------------------------------------------------
+
+
+def test_the_shim_signals_only_a_rank_that_catches_sigusr1():
+    catching = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; "
+                                 "signal.signal(signal.SIGUSR1, lambda *a: None); print(flush=True); time.sleep(30)"],
+                                stdout=subprocess.PIPE)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE)
+    try:
+        catching.stdout.readline(), plain.stdout.readline()
+        assert catches(catching.pid, signal.SIGUSR1) and not catches(plain.pid, signal.SIGUSR1)
+    finally:
+        catching.kill(), plain.kill()
+
+
+AGREE = """
+import os, sys, time
+import parsl_torch as pt
+pt.setup_torch()
+rank = pt.get_rank()
+if os.environ.get("SIGNAL_ONLY"):
+    os.environ.pop("PARSL_TORCH_DEADLINE")  # the clock cannot tell this rank: only the shim's SIGUSR1
+for call in range(3000):
+    time.sleep(0.005 * (1 + rank))  # ranks at different speeds
+    if pt.should_checkpoint():
+        break
+sys.stdout.write(f"rank {rank} stopped at call {call}\\n")
+pt.to_be_continued(step=call)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["deadline", "signal"])
+def test_ranks_agree_on_the_call_where_they_stop_and_launch_exits_to_be_continued(tmp_path, how):
+    (tmp_path / "agree.py").write_text(AGREE)
+    env = clean_env(SIGNAL_ONLY="1" if how == "signal" else "")
+    out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "3", "--deadline", "6", "--", sys.executable,
+                          "agree.py"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert out.returncode == CONTINUE_EXIT, out.stderr[-2000:]
+    stops = {line.split()[-1] for line in out.stdout.splitlines() if "stopped at call" in line}
+    assert len(out.stdout.splitlines()) == 3 and len(stops) == 1 and int(stops.pop()) > 0, out.stdout
+    assert "stopped for the block's end; the stage continues in the next block" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_sigterm_after_the_deadline_is_the_block_ending(tmp_path):
+    """The scheduler ends the block while the ranks still run (a save longer than the grace period):
+    the launch stops them and says "to be continued", so the workflow counts it as such."""
+    script = "import time; print('up', flush=True); time.sleep(60)"
+    before = subprocess.Popen([str(BIN / "parsl-torch"), "launch", "-n", "1", "--deadline", "600", "--",
+                               sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=clean_env())
+    after = subprocess.Popen([str(BIN / "parsl-torch"), "launch", "-n", "1", "--deadline", "1", "--",
+                              sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=clean_env())
+    for proc in (before, after):
+        assert proc.stdout.readline().strip() == "up"
+    time.sleep(1.5)
+    for proc in (before, after):
+        proc.send_signal(signal.SIGTERM)
+    assert before.wait(timeout=60) == 128 + signal.SIGTERM
+    assert after.wait(timeout=60) == CONTINUE_EXIT, after.stderr.read()
+    assert "after the deadline: the block is ending" in after.stderr.read()
+
+
+# -- whole workflows: a stage longer than its block ------------------------------------------
+
+LONG_TRAIN = """
+import json, sys
+import parsl_torch as pt
+from parsl_torch.stages.evaluate import evaluate
+from parsl_torch.stages.train import train
+
+model = {"dim": 128, "n_heads": 4, "n_layers": 4, "seq_len": 64}
+site, walltime, run_dir = sys.argv[1:4]
+with pt.workflow(site=site, run_dir=run_dir, walltime=walltime):
+    t = train({"steps": 600, "checkpoint_every": 1000, "log_every": 100, "model": model, "data": {"batch_size": 32}},
+              outputs=["train.h5", "model.pt"])
+    e = evaluate({"model": model, "batches": 4}, inputs=[t.outputs[1]], outputs=["eval.h5"])
+    print(json.dumps({"train": t.result(), "eval": e.result()}, default=str))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("site, walltime", [("local", "00:00:30"), ("slurmlab", "00:01:00")])
+def test_a_train_stage_longer_than_its_blocks_finishes_in_several_with_every_step_once(
+        tmp_path, request, site, walltime):
+    """~50 s of training in 30 s blocks (10 s grace: ~12 s of training each), or 60 s Slurm jobs."""
+    if site == "slurmlab":
+        request.getfixturevalue("slurm")
+    (tmp_path / "long.py").write_text(LONG_TRAIN)
+    run_dir = tmp_path / "run"
+    env = clean_env(PARSL_TORCH_SITE_PATH=str(REPO / "tests" / "sites"))
+    out = subprocess.run([sys.executable, str(tmp_path / "long.py"), site, walltime, str(run_dir)],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    stage = run_dir / "train"
+    attempts = sorted(stage.glob("stderr*.txt"), key=lambda p: int(p.name.split(".")[1]) if p.name.count(".") == 2
+                      else 1 << 30)  # stderr.1.txt, stderr.2.txt, ... then this attempt's stderr.txt
+    ends = re.findall(r"\[train\] block (\S+) ended at step \d+: continuing in the next block", out.stderr)
+    minimum = 3 if site == "local" else 2
+    assert len(attempts) >= minimum and len(set(ends)) == len(ends) == len(attempts) - 1, out.stderr[-3000:]
+    # each continuation resumed from the checkpoint its block wrote at its deadline
+    for earlier, later in zip(attempts, attempts[1:]):
+        saved = re.search(r"checkpoint of step (\d+) saved, to be continued", earlier.read_text()).group(1)
+        assert f"resumed from the checkpoint of step {saved} " in later.read_text()
+    assert 0 < result["train"]["resumed_from"] < 600 and result["eval"]["trained_steps"] == 600
+    with h5py.File(stage / "train.h5") as f:
+        assert np.array_equal(f["step"][:], np.arange(600))  # every step exactly once
+        assert np.isfinite(f["loss"][:]).all()
+    status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert "[train] done continued in block " in status.stdout
+    assert f"({len(attempts) - 1} block ends); step 600/600" in status.stdout, status.stdout
+
+
+NO_PROGRESS = """
+import sys
+import parsl_torch as pt
+
+@pt.distributed_app
+def stuck():
+    pt.to_be_continued(step=0)  # never gets past step 0
+
+with pt.workflow(site="local", run_dir=sys.argv[1], max_continuations=1):
+    stuck().result()
+"""
+
+
+@pytest.mark.slow
+def test_a_stage_that_makes_no_progress_stops_after_max_continuations(tmp_path):
+    (tmp_path / "stuck.py").write_text(NO_PROGRESS)
+    out = subprocess.run([str(BIN / "parsl-torch"), "run", str(tmp_path / "stuck.py"), str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300, env=clean_env(), cwd=tmp_path)
+    assert out.returncode == 1
+    assert ("stage 'stuck' reached the end of 2 blocks in a row without progress (checkpoint at step 0): give its "
+            "blocks a longer walltime, or pt.workflow(max_continuations=...) (now 1)") in out.stderr, out.stderr[-2000:]
+    assert len(list((tmp_path / "run" / "stuck").glob("stderr*.txt"))) == 3  # progress to 0, then twice none
+
+
+def test_a_save_longer_than_the_grace_period_is_warned_about_and_recorded(tmp_path, monkeypatch, capfd):
+    from parsl_torch.core.deadline import note_checkpoint
+
+    monkeypatch.setenv("PARSL_TORCH_GRACE", "30")
+    monkeypatch.setenv("PARSL_TORCH_STAGE_DIR", str(tmp_path))
+    note_checkpoint(40, 12.0)
+    assert "longer than the grace period" not in capfd.readouterr().err
+    note_checkpoint(80, 95.0)
+    assert ("the checkpoint of step 80 took 95 s, longer than the grace period of 30 s: a block may end before the "
+            "last save is written; raise the site's provider.grace_period") in capfd.readouterr().err
+    record = json.loads((tmp_path / CONTINUATION_FILE).read_text())
+    assert (record["step"], record["save_seconds"], record["grace"]) == (80, 95.0, 30.0)
