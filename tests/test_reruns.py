@@ -304,9 +304,13 @@ def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
             time.sleep(2)
             watchdog.stop(dog)
             print("stopped", flush=True)
+        if sys.argv[1] == "dying":  # the pipe closes while the process still looks alive, as in the
+            time.sleep(2)           # moment the kernel tears a killed workflow down: not a normal end
+            dog.stdin.close()
+            print("stopped", flush=True)
         time.sleep(600)
     """))
-    for mode in ("crash", "normal"):
+    for mode in ("crash", "dying", "normal"):
         proc = subprocess.Popen([sys.executable, str(parent), mode], stdout=subprocess.PIPE, text=True,
                                 env=clean_env(), cwd=tmp_path)
         child, helper, worker = map(int, proc.stdout.readline().split())
@@ -317,12 +321,17 @@ def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
                 time.sleep(0.1)
             return not _alive(pid)
 
-        if mode == "crash":
-            time.sleep(2)  # the watchdog notes the child
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if mode in ("crash", "dying"):
+            if mode == "crash":
+                time.sleep(2)  # the watchdog notes the child
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+            else:
+                assert proc.stdout.readline().strip() == "stopped"
             assert gone(child), "the dead workflow's child survived"
             assert gone(helper) and gone(worker), "a dead workflow's token carrier survived"
+            proc.kill()
+            proc.wait()
         else:
             assert proc.stdout.readline().strip() == "stopped"
             assert gone(worker), "a token carrier below the workflow's children survived its end"

@@ -8,8 +8,8 @@ workflow, noting every second the workflow's descendants that Parsl renamed
 token alone would miss it). When the pipe closes (the
 workflow ended, however: even SIGKILL), it kills the descendants it noted
 (if still the same processes) and every process on this host carrying the
-token; after a normal end, the workflow process's own direct children are
-spared (Parsl has ended its pools by then; what is left there is the
+token; after a normal end (the workflow says so before closing the pipe),
+the workflow process's own direct children are spared (Parsl has ended its pools by then; what is left there is the
 caller's, e.g. multiprocessing's resource tracker). Stages on other nodes
 stop themselves when the workflow's run-directory lock goes away (see
 ``launch.supervise``).
@@ -74,9 +74,16 @@ def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
     return found
 
 
+#: what the workflow writes before closing the pipe when it ends normally
+NORMAL_END = b"end\n"
+
+
 def stop(watchdog: subprocess.Popen) -> None:
     """The workflow ends normally: the watchdog sweeps what is left and exits."""
     if watchdog.stdin:
+        with contextlib.suppress(OSError):
+            watchdog.stdin.write(NORMAL_END)
+            watchdog.stdin.flush()
         watchdog.stdin.close()
     try:
         watchdog.wait(timeout=30)
@@ -93,13 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     workflow = int(argv[1])
     workflow_start = _processes().get(workflow, (0, ""))[1]
     noted: dict[int, str] = {}
-    while not select.select([sys.stdin], [], [], 1.0)[0] or os.read(sys.stdin.fileno(), 65536):
+    said = b""
+    while True:
+        if select.select([sys.stdin], [], [], 1.0)[0]:
+            data = os.read(sys.stdin.fileno(), 65536)
+            if not data:
+                break  # the workflow ended, however
+            said = (said + data)[-len(NORMAL_END):]
         table = _processes()
         found = {pid: start for pid, start in descendants(workflow, table).items() if _renamed_by_parsl(pid)}
         noted = {pid: start for pid, start in {**noted, **found}.items()
                  if pid in table and table[pid][1] == start}  # forget the ended ones
     spare: frozenset[int] = frozenset()
-    if _running(workflow, workflow_start):
+    # a normal end says so before closing the pipe; a killed workflow only closes it (and may
+    # still look alive for a moment while the kernel tears it down: its state alone is a race)
+    if said == NORMAL_END and _running(workflow, workflow_start):
         # the workflow ended its block normally: what it still runs itself (a multiprocessing
         # resource tracker started inside the block, a notebook's helpers) is its own to end
         noted = {}
