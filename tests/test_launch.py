@@ -296,10 +296,11 @@ def _hello(listener, host="n2", ranks=(2, 3)):
 def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_neither():
     import queue
 
-    from parsl_torch.launch.supervise import _RankListener, describe_node_loss
+    from parsl_torch.launch.listener import RankListener
+    from parsl_torch.launch.supervise import describe_node_loss
 
     events = queue.Queue()
-    listener = _RankListener(events, node_timeout=0.6)
+    listener = RankListener(events, node_timeout=0.6)
     try:
         silent, _ = _hello(listener, "n2", (2, 3))
         kind, node = events.get(timeout=5)
@@ -380,10 +381,10 @@ def test_a_slow_client_does_not_hold_up_a_failure_report():
     import queue
     import socket
 
-    from parsl_torch.launch.supervise import _RankListener
+    from parsl_torch.launch.listener import RankListener
 
     events = queue.Queue()
-    listener = _RankListener(events, node_timeout=60)
+    listener = RankListener(events, node_timeout=60)
     host_port, token = listener.address.rsplit(":", 1)
     port = int(host_port.rsplit(":", 1)[1])
     try:
@@ -407,13 +408,13 @@ def test_the_report_listener_listens_only_where_the_ranks_are():
     import queue
     import socket
 
-    from parsl_torch.launch.supervise import _RankListener, listen_address
+    from parsl_torch.launch.listener import RankListener, listen_address
 
     here = socket.gethostname()
     assert listen_address(("localhost",)) == listen_address((here, here)) == ("127.0.0.1", "127.0.0.1")
     name, bind = listen_address((here, "some-other-node"))
     assert name == here and bind in ("", socket.gethostbyname(here))
-    listener = _RankListener(queue.Queue(), node_timeout=60, nodes=("localhost",))
+    listener = RankListener(queue.Queue(), node_timeout=60, nodes=("localhost",))
     try:
         assert listener.server.getsockname()[0] == "127.0.0.1"  # not reachable from other hosts
         assert listener.address.startswith("127.0.0.1:")

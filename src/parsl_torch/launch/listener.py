@@ -1,0 +1,134 @@
+"""The socket a launch listens on for its ranks: failure reports and each node's heartbeat
+(see ``supervise``, which acts on the events, and ``shim``, which sends them)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import secrets
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+_MAX_LINE = 1 << 16
+
+
+LOCAL_NAMES = ("", "localhost", "127.0.0.1")
+
+
+def listen_address(nodes: Sequence[str]) -> tuple[str, str]:
+    """(name the ranks connect to, address to bind) for the ranks' reports: loopback when every
+    rank runs on this host; else this host's name and the address it resolves to (the one the
+    other nodes reach it by); every interface only if that name resolves to loopback here."""
+    here = socket.gethostname()
+    if all(node in (*LOCAL_NAMES, here, here.split(".")[0]) for node in nodes):
+        return "127.0.0.1", "127.0.0.1"
+    try:
+        address = socket.gethostbyname(here)
+    except OSError:
+        return here, ""
+    return here, "" if address.startswith("127.") else address
+
+
+class RankListener:
+    """The ranks' shims talk to this one socket (JSON lines carrying the token):
+
+    * a failure report (one line on its own connection): ("report", dict);
+    * a node's heartbeat: local rank 0's shim says hello (host, its node's
+      ranks), then a newline every few seconds, and "bye" when it ends. EOF
+      without bye: ("vanished", node); silence for ``node_timeout`` seconds:
+      ("lost", node) - a powered-off node or a cut link sends nothing at all,
+      so only silence shows it, long before the collective timeout.
+
+    One thread with ``selectors``: a node costs one connection, not a thread.
+    """
+
+    def __init__(self, events: queue.Queue, node_timeout: float, nodes: Sequence[str] = ()) -> None:
+        self.token = secrets.token_hex(12)
+        host, bind = listen_address(nodes)
+        self.server = socket.create_server((bind, 0))
+        self.server.setblocking(False)
+        self.address = f"{host}:{self.server.getsockname()[1]}:{self.token}"
+        self.events, self.node_timeout = events, node_timeout
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.server, selectors.EVENT_READ)
+        self._closed = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        buffers: dict[socket.socket, bytearray] = {}
+        nodes: dict[socket.socket, dict] = {}  # heartbeat connections: node info + last_seen
+        while not self._closed:
+            try:
+                ready = self.selector.select(timeout=0.5)
+            except (OSError, ValueError):
+                return
+            now = time.monotonic()
+            for key, _ in ready:
+                sock = key.fileobj
+                if sock is self.server:
+                    with contextlib.suppress(OSError):
+                        conn, _ = self.server.accept()
+                        conn.setblocking(False)
+                        buffers[conn] = bytearray()
+                        self.selector.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    node = nodes.pop(sock, None)
+                    if node is not None and not node.get("bye"):
+                        self.events.put(("vanished", node))
+                    self._drop(sock, buffers)
+                    continue
+                buffers[sock] += data
+                if len(buffers[sock]) > _MAX_LINE:  # not a shim: nothing it sends is this long
+                    nodes.pop(sock, None)
+                    self._drop(sock, buffers)
+                    continue
+                if sock in nodes:
+                    nodes[sock]["seen"] = now
+                while b"\n" in buffers.get(sock, b""):
+                    line, _, rest = bytes(buffers[sock]).partition(b"\n")
+                    buffers[sock] = bytearray(rest)
+                    self._line(sock, line, nodes, buffers, now)
+            for sock, node in list(nodes.items()):
+                if now - node["seen"] > self.node_timeout:
+                    nodes.pop(sock)
+                    self.events.put(("lost", {**node, "silent_s": now - node["seen"]}))
+                    self._drop(sock, buffers)
+
+    def _line(self, sock: socket.socket, line: bytes, nodes: dict, buffers: dict, now: float) -> None:
+        if not line.strip():
+            return  # a heartbeat
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = {}
+        if not isinstance(message, dict) or message.pop("token", None) != self.token:
+            self._drop(sock, buffers)
+            return
+        if message.get("hello"):
+            nodes[sock] = {"host": message.get("host", "?"), "ranks": message.get("ranks", []), "seen": now}
+        elif message.get("bye"):
+            if sock in nodes:
+                nodes[sock]["bye"] = True
+        else:
+            self.events.put(("report", message))
+
+    def _drop(self, sock: socket.socket, buffers: dict) -> None:
+        buffers.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(sock)
+        sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.server.close()
