@@ -71,7 +71,7 @@ class _Agreement:
 
         if self._group is None:  # collective: the first call is at the same point on every rank
             self._group = d.new_group(backend="gloo")
-            BEFORE_CLEANUP.append(self.settle)
+            BEFORE_CLEANUP.append(self.release)
         if self._pending is not None:
             self._pending.wait()
             self.agreed = bool(self._flag.item())
@@ -81,11 +81,14 @@ class _Agreement:
             self._pending = d.all_reduce(self._flag, op=d.ReduceOp.MAX, group=self._group, async_op=True)
         return self.agreed
 
-    def settle(self) -> None:
-        """Wait for the reduction in flight (before the process group goes away)."""
+    def release(self) -> None:
+        """Before the process group goes away: wait for the reduction in flight and forget the
+        group (a later process group gets its own)."""
         if self._pending is not None:
             self._pending.wait()
             self._pending = None
+        self._group = None
+        BEFORE_CLEANUP.remove(self.release)
 
 
 _agreement: _Agreement | None = None

@@ -128,8 +128,8 @@ def cleanup() -> None:
     """Destroy the process group if there is one (safe to call twice)."""
     d = process_group()
     if d:
-        for settle in BEFORE_CLEANUP:  # work in flight must not outlive its group
-            settle()
+        for release in list(BEFORE_CLEANUP):  # work in flight must not outlive its group
+            release()
         d.destroy_process_group()
 
 
