@@ -72,11 +72,17 @@ class TrainConfig:
 
 
 def _maybe_fault(rank: int, step: int) -> None:
-    """Fault injection for resilience tests: PARSL_TORCH_FAULT=kill|hang@RANK:STEP[:ONCE_FILE]."""
+    """Fault injection for resilience tests: PARSL_TORCH_FAULT=kill|hang@RANK:STEP[:ONCE_FILE], or
+    slow@RANK:SECONDS (that rank takes SECONDS longer every step: a training time no machine beats)."""
     spec = os.environ.get("PARSL_TORCH_FAULT")
     if not spec:
         return
     kind, _, where = spec.partition("@")
+    if kind == "slow":
+        slow_rank, seconds = where.split(":")
+        if rank == int(slow_rank):
+            time.sleep(float(seconds))
+        return
     fault_rank, fault_step, *once = where.split(":", 2)
     if (rank, step) != (int(fault_rank), int(fault_step)):
         return
