@@ -35,6 +35,19 @@ class _RankFilter(logging.Filter):
         return rank == 0 or not self.rank_zero_only
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record is emitted, not as it was when the
+    logger was made (notebooks, progress bars and test captures replace it)."""
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def get_logger(name: str = "parsl_torch", level: str | int | None = None,
                rank_zero_only: bool = True) -> logging.Logger:
     """A logger that prints on rank 0 only (all ranks with ``rank_zero_only=False``).
@@ -46,7 +59,7 @@ def get_logger(name: str = "parsl_torch", level: str | int | None = None,
     logger.setLevel(level.upper() if isinstance(level, str) else level)
     handler = next((h for h in logger.handlers if getattr(h, "_parsl_torch", False)), None)
     if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler._parsl_torch = True  # type: ignore[attr-defined]
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         logger.addHandler(handler)
