@@ -294,3 +294,67 @@ def test_a_save_longer_than_the_grace_period_is_warned_about_and_recorded(tmp_pa
             "last save is written; raise the site's provider.grace_period") in capfd.readouterr().err
     record = json.loads((tmp_path / CONTINUATION_FILE).read_text())
     assert (record["step"], record["save_seconds"], record["grace"]) == (80, 95.0, 30.0)
+
+
+# -- big checkpoints: the stop comes early enough for the save --------------------------------
+
+
+def test_a_stage_whose_saves_outgrow_the_grace_period_stops_early_enough(tmp_path, monkeypatch, capfd):
+    from parsl_torch.core import deadline as ranks_side
+
+    end = time.time() + 1000
+    for var, value in {"PARSL_TORCH_BLOCK_END": f"{end}", "PARSL_TORCH_GRACE": "10", "PARSL_TORCH_CALL_ID": "c1",
+                       "PARSL_TORCH_STAGE_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv(DEADLINE_VAR, raising=False)
+    monkeypatch.setattr(ranks_side, "_agreement", None)
+    assert ranks_side.deadline() == pytest.approx(end - 10)  # a quick save: the grace period
+    for _ in range(5):  # steps of ~20 ms
+        assert not ranks_side.should_checkpoint()
+        time.sleep(0.02)
+    ranks_side.note_checkpoint(40, 40.0)  # a save longer than the grace period
+    stop = ranks_side.deadline()
+    assert end - 40 * 1.25 - 1 < stop < end - 40 * 1.25  # the save and two steps, with a margin
+    ranks_side.deadline()
+    err = capfd.readouterr().err
+    assert err.count("stopping 50 s before the block's end, not the grace period's 10 s: a checkpoint takes "
+                     "40.0 s and a step 0.0 s") == 1, err
+    # the next block of this call knows the save time from the start; another call's does not
+    monkeypatch.setattr(ranks_side, "_agreement", None)
+    assert ranks_side.deadline() == pytest.approx(end - 50)
+    monkeypatch.setenv("PARSL_TORCH_CALL_ID", "c2")
+    monkeypatch.setattr(ranks_side, "_agreement", None)
+    assert ranks_side.deadline() == pytest.approx(end - 10)
+    ranks_side._record({"step": 3})  # another call's record is replaced, not merged
+    assert json.loads((tmp_path / CONTINUATION_FILE).read_text())["step"] == 3
+    assert "save_seconds" not in json.loads((tmp_path / CONTINUATION_FILE).read_text())
+
+
+BIG_SAVE = """
+import os, sys, time
+import parsl_torch as pt
+from parsl_torch.core.deadline import note_checkpoint
+pt.setup_torch()
+end = float(os.environ["PARSL_TORCH_BLOCK_END"])
+for step in range(100000):
+    time.sleep(0.05)
+    if step == 5:
+        time.sleep(4)  # a periodic checkpoint that takes 4 s, with a grace period of 1 s
+        note_checkpoint(step, 4.0)
+    if pt.should_checkpoint():
+        time.sleep(4)  # the checkpoint at the stop
+        sys.stdout.write(f"rank {pt.get_rank()} saved {end - time.time():.2f} s before the block's end\\n")
+        pt.to_be_continued(step)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_whose_checkpoint_outgrows_the_grace_period_still_save_before_the_block_ends(tmp_path):
+    (tmp_path / "big_save.py").write_text(BIG_SAVE)
+    env = clean_env(PARSL_TORCH_BLOCK_END=f"{time.time() + 30:.3f}", PARSL_TORCH_GRACE="1")
+    out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable, "big_save.py"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert out.returncode == CONTINUE_EXIT, out.stdout + out.stderr[-2000:]
+    margins = [float(m) for m in re.findall(r"saved (-?[\d.]+) s before the block's end", out.stdout)]
+    assert len(margins) == 2 and min(margins) > 0, out.stdout  # with the grace period alone: ~3 s too late
+    assert "not the grace period's 1 s: a checkpoint takes 4.0 s" in out.stderr

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ..common.blocks import STAGE_DIR_VAR
+from ..common.blocks import CALL_ID_VAR, STAGE_DIR_VAR
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
 from ..common.records import ENV_NAME
 from ..errors import ConfigError
@@ -81,7 +81,7 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
     # which Parsl echoes into stderr.txt (and so into errors): its values may be secrets
     env_file = os.path.join(opts.stage_dir, ENV_FILE)
     with _private(env_file) as f:
-        f.write(json.dumps(dict((*opts.env, (identity.CALL_ID_VAR, call)))).encode())
+        f.write(json.dumps(dict((*opts.env, (CALL_ID_VAR, call)))).encode())
     timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"

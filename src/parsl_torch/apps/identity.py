@@ -25,8 +25,6 @@ from typing import Any
 from ..common.files import write_atomic
 
 INPUT_HASH_VAR = "PARSL_TORCH_INPUT_HASH"
-#: the call's identity, exported to its ranks (a checkpoint resumes only under the same one)
-CALL_ID_VAR = "PARSL_TORCH_CALL_ID"
 #: in a stage directory: the call whose files are there (written when it succeeds)
 CALL_FILE = ".call.json"
 DIGESTS = "input-digests.json"

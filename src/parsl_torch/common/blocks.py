@@ -23,6 +23,8 @@ GRACE_VAR = "PARSL_TORCH_GRACE"
 DEADLINE_VAR = "PARSL_TORCH_DEADLINE"
 #: the stage's directory, where its ranks leave the continuation record
 STAGE_DIR_VAR = "PARSL_TORCH_STAGE_DIR"
+#: the stage call's identity, exported to its ranks (a checkpoint or record resumes only under the same one)
+CALL_ID_VAR = "PARSL_TORCH_CALL_ID"
 #: "to be continued": the stage stopped for its block's end and resumes in the next one
 CONTINUE_EXIT = 99
 #: rank 0's record of where the stage stands (step, checkpoint time), in the stage's directory

@@ -9,6 +9,13 @@ which they stop, or one saves while another waits in a collective: each
 background and answers with the previous call's result, so every rank gets the same
 answer at the same call and nobody waits for it.
 
+Stopping takes time: the agreement lags by one step, the deadline may fall just after
+a call, and then the checkpoint is written. When that (two steps and the longest save
+seen, with a margin) needs more than the grace period, a rank stops that much before
+the block's end instead: a stage whose checkpoints are big gets a longer grace period
+by itself, from its first save on (and from the start of its next block, which reads
+the save time its last block recorded).
+
 ``to_be_continued(step)`` then ends the stage with CONTINUE_EXIT: under a workflow it
 is submitted again and resumes from its checkpoint in the next block.
 """
@@ -18,14 +25,53 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import time
+from collections import deque
 from typing import Any, NoReturn
 
-from ..common.blocks import CONTINUATION_FILE, CONTINUE_EXIT, GRACE_VAR, STAGE_DIR_VAR, deadline_from_env
+from ..common.blocks import (
+    BLOCK_END_VAR,
+    CALL_ID_VAR,
+    CONTINUATION_FILE,
+    CONTINUE_EXIT,
+    GRACE_VAR,
+    STAGE_DIR_VAR,
+    deadline_from_env,
+)
 from ..common.files import write_atomic
 from .dist import BEFORE_CLEANUP, cleanup, exit_process
 from .log import get_logger
 from .ranks import get_rank, process_group
+
+
+#: how much more than two steps and a save a rank allows itself before the block's end
+STOP_MARGIN = 1.25
+#: calls whose spacing estimates a step (the median ignores the steps that also saved)
+_CALLS_KEPT = 10
+
+
+def _float_env(name: str) -> float | None:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _stage_record() -> dict[str, Any]:
+    """This stage call's continuation record (rank 0 keeps it in the stage's directory); empty
+    when there is none, or when it was left by another call of the stage."""
+    stage_dir = os.environ.get(STAGE_DIR_VAR)
+    if not stage_dir:
+        return {}
+    try:
+        with open(os.path.join(stage_dir, CONTINUATION_FILE)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict) or record.get("call") != os.environ.get(CALL_ID_VAR):
+        return {}
+    return record
 
 
 class _Agreement:
@@ -33,6 +79,12 @@ class _Agreement:
 
     def __init__(self) -> None:
         self.deadline = deadline_from_env(os.environ)
+        self.block_end = _float_env(BLOCK_END_VAR)
+        last_save = _stage_record().get("save_seconds")
+        #: the longest checkpoint save this stage is known to take (its last block's included)
+        self.save_seconds = float(last_save) if isinstance(last_save, (int, float)) else 0.0
+        self._calls: deque[float] = deque(maxlen=_CALLS_KEPT)
+        self._told = False
         self.signalled = False
         self.agreed = False
         self._group: Any = None
@@ -55,12 +107,39 @@ class _Agreement:
         except ValueError:  # not the main thread: the deadline alone decides
             pass
 
+    def step_seconds(self) -> float:
+        """A step's duration: the median spacing of the last calls (0 before two calls)."""
+        calls = list(self._calls)
+        return statistics.median(b - a for a, b in zip(calls, calls[1:])) if len(calls) > 1 else 0.0
+
+    def stop_time(self) -> float | None:
+        """Epoch seconds from which to stop: the deadline, or earlier when two steps and the
+        longest save (with a margin) need more than the grace period before the block's end."""
+        if self.deadline is None or self.block_end is None:
+            return self.deadline
+        step = self.step_seconds()
+        needed = STOP_MARGIN * (2 * step + self.save_seconds)
+        stop = min(self.deadline, self.block_end - needed)
+        if stop < self.deadline and not self._told:
+            self._told = True
+            if get_rank() == 0:
+                get_logger("parsl_torch").warning(
+                    "stopping %.0f s before the block's end, not the grace period's %.0f s: a checkpoint takes "
+                    "%.1f s and a step %.1f s (the ranks stop one step after they agree); raise the site's "
+                    "provider.grace_period to at least %.0f s", needed, self.block_end - self.deadline,
+                    self.save_seconds, step, needed)
+        return stop
+
     def local_view(self) -> bool:
-        return self.signalled or (self.deadline is not None and time.time() >= self.deadline)
+        if self.signalled:
+            return True
+        stop = self.stop_time()
+        return stop is not None and time.time() >= stop
 
     def ask(self) -> bool:
         if not self._handler_installed:
             self._install_handler()
+        self._calls.append(time.monotonic())
         if self.agreed:
             return True  # every rank got True at the same call and stopped asking the others
         d = process_group()
@@ -112,8 +191,9 @@ def should_checkpoint() -> bool:
 
 
 def deadline() -> float | None:
-    """Epoch seconds from which this stage should checkpoint and stop (None: no block end known)."""
-    return _state().deadline
+    """Epoch seconds from which this stage should checkpoint and stop (None: no block end known);
+    earlier than the block's end less the grace period when this stage's saves need more."""
+    return _state().stop_time()
 
 
 def _record(fields: dict[str, Any]) -> None:
@@ -121,19 +201,16 @@ def _record(fields: dict[str, Any]) -> None:
     stage_dir = os.environ.get(STAGE_DIR_VAR)
     if get_rank() != 0 or not stage_dir or not os.path.isdir(stage_dir):
         return
-    path = os.path.join(stage_dir, CONTINUATION_FILE)
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        record = {}
-    record.update(fields, time=time.time())
-    write_atomic(path, json.dumps(record))
+    record = {**_stage_record(), **fields, "call": os.environ.get(CALL_ID_VAR), "time": time.time()}
+    write_atomic(os.path.join(stage_dir, CONTINUATION_FILE), json.dumps(record))
 
 
 def note_checkpoint(step: int, seconds: float) -> None:
     """After a checkpoint of ``step`` that took ``seconds``: record the progress, and warn when
-    the save is longer than the grace period (the block would end in the middle of one)."""
+    the save is longer than the grace period (the block would end in the middle of one).
+    Later stops come early enough for a save that long (see ``stop_time``)."""
+    state = _state()
+    state.save_seconds = max(state.save_seconds, seconds)
     grace = float(os.environ.get(GRACE_VAR) or 0)
     if grace and seconds > grace and get_rank() == 0:
         get_logger("parsl_torch").warning(

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..apps.distributed import distributed_app, submit_builtin
-from ..apps.identity import CALL_ID_VAR
+from ..common.blocks import CALL_ID_VAR
 from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
