@@ -81,7 +81,7 @@ class _Agreement:
         self.deadline = deadline_from_env(os.environ)
         self.block_end = _float_env(BLOCK_END_VAR)
         last_save = _stage_record().get("save_seconds")
-        #: the longest checkpoint save this stage is known to take (its last block's included)
+        #: the longest save of this block so far, starting from the last save of the call's previous block
         self.save_seconds = float(last_save) if isinstance(last_save, (int, float)) else 0.0
         self._calls: deque[float] = deque(maxlen=_CALLS_KEPT)
         self._told = False
