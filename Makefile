@@ -39,6 +39,7 @@ bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_workflow.py
 	$(RUN) $(BIN)/python benchmarks/bench_checkpoint.py
 	$(RUN) $(BIN)/python benchmarks/bench_continuation.py
+	$(RUN) $(BIN)/python benchmarks/bench_identity.py
 	@if [ "$$(id -u)" = 0 ]; then $(RUN) $(BIN)/python benchmarks/bench_multinode.py; \
 	else echo "bench_multinode.py skipped: the test cluster needs root"; fi
 

@@ -104,7 +104,9 @@ def test_edited_scripts_changed_inputs_and_rerun_upstreams_rerun_what_depends_on
     upstream = run(wf, runs, "b", str(extra))  # the upstream runs again and writes other content
     assert result(upstream) == "b+y"
     assert f"[reader] runs again: input {tmp_path}/runs/writer/up.txt changed" in upstream.stderr
-    (tmp_path / "reader.py").write_text(READER.format(up="writer", extra=extra) + "\n# edited\n")
+    (tmp_path / "reader.py").write_text(READER.format(up="writer", extra=extra) + "\n# only a comment\n")
+    assert "[reader] skipped" in run(wf, runs, "b", str(extra)).stderr  # nothing that runs changed
+    (tmp_path / "reader.py").write_text(READER.format(up="writer", extra=extra) + "\nedited = True\n")
     edited = run(wf, runs, "b", str(extra))
     assert "[reader] runs again: code of `reader.py` changed" in edited.stderr and "[writer] skipped" in edited.stderr
 

@@ -263,17 +263,28 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
     assert identity.file_digest(tmp_path / "nope", cache) == "missing"
 
 
-def test_a_script_stage_is_identified_by_its_content(tmp_path):
+def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
     from parsl_torch.apps import identity
+    from parsl_torch.apps.payload import StageOptions
 
-    script = tmp_path / "train.py"
-    script.write_text("print(1)\n")
-    first = identity.code_digest(None, ["python", str(script), 120, tmp_path])  # any argument types
-    assert first == identity.code_digest(None, ["python", str(script), "other", "args"])
-    script.write_text("print(2)\n")
-    assert identity.code_digest(None, ["python", str(script)]) != first
-    assert identity.code_digest(None, ["python", "-m", "json.tool"]) != identity.code_digest(None, ["python", "-m",
-                                                                                                    "json"])
+    script, helper = tmp_path / "train.py", tmp_path / "helper.py"
+    script.write_text("import helper\nprint(helper.X)\n")
+    helper.write_text("X = 1\n")
+    cache = identity.DigestCache(None)
+
+    def parts(walltime=None, **opts):
+        o = StageOptions(str(tmp_path / "runs" / "s"), 1, 1, walltime, (), (), script=str(script), **opts)
+        return identity.components(o, ("args", {}), [], cache)
+
+    first = parts()
+    assert set(first) == {"code", "options", "arguments", f"module {helper}"}
+    assert parts(walltime=60.0) == first and parts(import_path=("/elsewhere",)) == first  # not compared
+    script.write_text("# a comment\n\nimport helper\nprint(helper.X)  # moved down\n")
+    assert parts() == first
+    script.write_text("import helper\nprint(helper.X + 1)\n")
+    assert parts()["code"] != first["code"]
+    helper.write_text("X = 2\n")
+    assert parts()[f"module {helper}"] != first[f"module {helper}"]
 
 
 @pytest.mark.slow

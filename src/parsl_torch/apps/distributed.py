@@ -22,7 +22,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from ..common.blocks import CALL_ID_VAR, STAGE_DIR_VAR
@@ -31,7 +31,8 @@ from ..common.records import ENV_NAME
 from ..errors import ConfigError
 from . import identity
 from .futures import StageFuture
-from .memo import stage_components, use_digest_cache
+from .fingerprint import Fingerprinter, Unidentifiable
+from .memo import stage_components
 from .payload import (
     ENV_FILE,
     PAYLOAD,
@@ -40,33 +41,35 @@ from .payload import (
     STDOUT,
     ShippedFunction,
     StageOptions,
-    accepted_kwargs,
     plain_files,
 )
 from .remote import submit_remote
 from .status import STARTED
+from .usercode import rank_import_path
 from .workflow import current_workflow
 
 
 def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
                    *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
                    stderr: str | None = None, parsl_resource_specification: dict | None = None,
-                   **kwargs: Any) -> str:
+                   parsl_torch_call: str | None = None, **kwargs: Any) -> str:
     """Body of the Parsl bash app (runs on the worker): write the payload, return the command.
 
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
-    it reads them from the call (redirection, the MPI task's nodes)."""
+    it reads them from the call (redirection, the MPI task's nodes);
+    ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
     py = shlex.quote(sys.executable)
     # who this call is: its ranks resume a checkpoint only if it was written under the same identity
-    use_digest_cache(identity.digest_cache(Path(opts.stage_dir).parent))
-    call = identity.call_id(stage_components(opts, args, {**kwargs, "inputs": inputs}))
+    call = parsl_torch_call or identity.call_id(stage_components(
+        opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
+        identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
     identity.forget_call(opts.stage_dir)  # from now on the directory holds this run's files
     _keep_earlier_attempt(opts.stage_dir)
     Path(opts.stage_dir, STARTED).touch()  # parsl-torch status: the stage is running
     if fn is not None:
         import dill
 
-        kwargs.update(accepted_kwargs(fn.load(), inputs=list(inputs), outputs=list(outputs)))
+        kwargs.update({k: v for k, v in {"inputs": list(inputs), "outputs": list(outputs)}.items() if k in fn.takes})
         args, kwargs = plain_files(args), plain_files(kwargs)
         payload = os.path.join(opts.stage_dir, PAYLOAD)
         result = os.path.join(opts.stage_dir, RESULT)
@@ -79,9 +82,12 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
         rank_cmd = shlex.join([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script])
     # the stage's environment goes to the supervisor in a private file, not on the command line,
     # which Parsl echoes into stderr.txt (and so into errors): its values may be secrets
+    env = dict((*opts.env, (CALL_ID_VAR, call)))
+    if opts.import_path:  # the ranks import what the workflow imports from its own folders
+        env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
     env_file = os.path.join(opts.stage_dir, ENV_FILE)
     with _private(env_file) as f:
-        f.write(json.dumps(dict((*opts.env, (CALL_ID_VAR, call)))).encode())
+        f.write(json.dumps(env).encode())
     timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
@@ -115,21 +121,31 @@ def _bash_app(label: str = "mpi", cache: bool = True):
 
 
 class DistributedApp:
-    """A stage: ``fn`` on every rank (``fn=None``: a script or module via ``script``)."""
+    """A stage: ``fn`` on every rank (``fn=None``: a script or module via ``script``).
+
+    ``files``: files and directories the stage reads besides ``inputs=`` (a script's
+    arguments, a built-in stage's data file), part of its identity."""
 
     def __init__(self, fn: Callable | None, *, script: Sequence[str] | None = None, name: str | None = None,
                  num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, files: Sequence[str] = ()) -> None:
         self.fn, self.script = fn, tuple(script) if script else None
         self.name = name or fn.__name__  # a script's name is given by script_app
         self.num_nodes, self.ranks_per_node = num_nodes, ranks_per_node
         self.walltime, self.env = walltime, dict(env or {})
+        self.files = tuple(files)
         if fn is not None:
             functools.update_wrapper(self, fn)
 
+    def reading(self, files: Sequence[str]) -> DistributedApp:
+        """This stage, also identified by the content of ``files``."""
+        return DistributedApp(self.fn, script=self.script, name=self.name, num_nodes=self.num_nodes,
+                              ranks_per_node=self.ranks_per_node, walltime=self.walltime, env=self.env,
+                              files=(*self.files, *files))
+
     def __call__(self, *args: Any, inputs: Sequence = (), outputs: Sequence = (), stage: str | None = None,
                  num_nodes: int | None = None, ranks_per_node: int | None = None,
-                 walltime: float | None = None, **kwargs: Any) -> StageFuture:
+                 walltime: float | None = None, env: dict[str, str] | None = None, **kwargs: Any) -> StageFuture:
         wf = current_workflow(self.name)
         if wf.remote:
             raise ConfigError(f"stage {stage or self.name!r}: site {wf.site.name!r} runs stages through Globus "
@@ -139,16 +155,23 @@ class DistributedApp:
         nodes = num_nodes or self.num_nodes
         ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
         walltime = check_walltime(stage or self.name, walltime if walltime is not None else self.walltime)
-        check_env(stage or self.name, self.env)
+        stage_env = {**self.env, **(env or {})}  # per call over the decorator's
+        check_env(stage or self.name, stage_env)
         wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
         check_inputs(stage or self.name, inputs)
+        # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
+        args = tuple(_absolute(a) for a in args)
+        kwargs = {k: _absolute(v) for k, v in kwargs.items()}
+        code, roots = self._code(stage or self.name, args, kwargs, identity.DigestCache.of_run_dir(wf.run_dir))
         stage = wf.stage_name(stage or self.name, explicit=stage is not None)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), STAGE_DIR_VAR: str(stage_dir), **wf.rank_env(), **self.env}
+        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), STAGE_DIR_VAR: str(stage_dir), **wf.rank_env(), **stage_env}
         shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
-        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()),
-                            wf.launcher_args(ppn), identity.code_digest(shipped and shipped.blob, self.script))
+        script, module = _script_target(self.script)
+        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), wf.launcher_args(ppn),
+                            code=code, code_roots=roots, script=script, module=module, files=self.files,
+                            import_path=rank_import_path())
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         app_future = _bash_app(wf.mpi_label, wf.memoize)(shipped, self.script, opts, *args, inputs=list(inputs),
@@ -158,6 +181,58 @@ class DistributedApp:
                              stage_dir / RESULT if self.fn is not None else None)
         wf.track(future, nodes * ppn)
         return future
+
+    def _code(self, stage: str, args: tuple, kwargs: dict[str, Any],
+              cache: identity.DigestCache) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The function's fingerprint and the user modules it reaches; the arguments that are not
+        futures are checked now, so one without an identity fails before anything is submitted
+        (their files are read when the stage is ready to run)."""
+        fp = Fingerprinter(lambda path: "", strict=True)
+        names = _parameter_names(self.fn, len(args)) if self.fn is not None else []
+        for i, value in enumerate(args):
+            if not isinstance(value, Future):
+                _identifiable(stage, fp, value, f"argument {names[i] if i < len(names) else i + 1!r}")
+        for key, value in kwargs.items():
+            if not isinstance(value, Future):
+                _identifiable(stage, fp, value, f"argument {key!r}")
+        if self.fn is None:
+            return "", ()
+        fp = Fingerprinter(cache.file_digest, strict=False)
+        code = fp.digest(self.fn, f"stage {stage!r}")
+        cache.save()
+        return code, tuple(sorted(fp.roots))
+
+
+def _absolute(value: Any) -> Any:
+    return type(value)(os.path.abspath(value)) if isinstance(value, PurePath) else value
+
+
+def _parameter_names(fn: Callable, n: int) -> list[str]:
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
+
+
+def _identifiable(stage: str, fp: Fingerprinter, value: Any, where: str) -> None:
+    try:
+        fp.token(value, where)
+    except Unidentifiable as exc:
+        raise ConfigError(f"stage {stage!r}: {exc}: pass plain data (numbers, strings, lists, dicts, "
+                          f"dataclasses, arrays), a Path, or write it to a file and pass that as an input "
+                          f"File") from None
+
+
+def _script_target(script: Sequence[str] | None) -> tuple[str | None, str | None]:
+    """(script file, module) a script stage runs: ``[python, FILE, ...]`` or ``[python, -m, MODULE, ...]``."""
+    if not script:
+        return None, None
+    if len(script) > 2 and script[1] == "-m":
+        return None, str(script[2])
+    return os.path.abspath(script[1]), None
 
 
 def check_walltime(stage: str, walltime: Any) -> float | None:
@@ -222,9 +297,10 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     """
     py = python or sys.executable
     command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]
-    return DistributedApp(None, script=[*command, *(caller_path(a) for a in args)],
-                          name=name or script_stage_name(script, module), num_nodes=num_nodes,
-                          ranks_per_node=ranks_per_node, walltime=walltime, env=env)
+    args = [caller_path(a) for a in args]
+    return DistributedApp(None, script=[*command, *args], name=name or script_stage_name(script, module),
+                          num_nodes=num_nodes, ranks_per_node=ranks_per_node, walltime=walltime, env=env,
+                          files=[p for p in map(named_path, args) if p is not None])
 
 
 #: script stems that say nothing about the script: the stage is named after its folder
@@ -253,17 +329,29 @@ def caller_path(arg: Any) -> Any:
     return arg
 
 
+def named_path(arg: Any) -> str | None:
+    """The existing file or directory an argument names (after ``caller_path``): ``/d/x.npy``,
+    ``--data=/d/x.npy``, a ``Path``; None for anything else."""
+    if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
+        arg = os.fspath(arg)
+    if not isinstance(arg, str):
+        return None
+    value = arg.partition("=")[2] if arg.startswith("-") else arg
+    return value if value and os.path.isabs(value) and os.path.exists(value) else None
+
+
 def submit_builtin(builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
                    input_roles: Sequence[str], output_roles: Sequence[str], app: DistributedApp,
-                   stage: str | None = None, num_nodes: int | None = None, ranks_per_node: int | None = None,
+                   files: Sequence[str] = (), stage: str | None = None, num_nodes: int | None = None, ranks_per_node: int | None = None,
                    walltime: float | None = None) -> StageFuture:
     """A built-in stage: a distributed app here, or on a Globus Compute site its
     module entry point on the endpoint (only its config travels; see ``remote``).
-    ``builtin`` names the built-in stage (train, evaluate), ``stage`` this call."""
+    ``builtin`` names the built-in stage (train, evaluate), ``stage`` this call; ``files`` are
+    the files its config names (its data), read by the stage and so part of its identity."""
     wf = current_workflow(stage or builtin)
     if wf.remote:
         return submit_remote(wf, builtin, config, inputs=inputs, outputs=outputs, input_roles=input_roles,
                              output_roles=output_roles, stage=stage, num_nodes=num_nodes,
                              ranks_per_node=ranks_per_node, walltime=walltime)
-    return app(config, inputs=list(inputs), outputs=list(outputs), stage=stage, num_nodes=num_nodes,
-               ranks_per_node=ranks_per_node, walltime=walltime)
+    return app.reading(files)(config, inputs=list(inputs), outputs=list(outputs), stage=stage,
+                              num_nodes=num_nodes, ranks_per_node=ranks_per_node, walltime=walltime)

@@ -1,20 +1,28 @@
 """What a stage call is, so that a rerun skips it only when nothing it depends on changed.
 
-A call's components: its code (the shipped function's bytes, or the script's
-content), its options (nodes, ranks, environment, launcher flags, stage
-directory), its arguments, and the content of each input file. An input
-file is hashed (SHA-256) when its size, mtime or inode differ from the last
+A call's components, each a digest:
+
+* ``code``: the function (``fingerprint``: its code and the values of the
+  globals it uses, without positions), or the script's syntax tree;
+* ``module <file>``: every user module that code can import (``usercode``);
+* ``options``: nodes, ranks per node, environment, launcher flags, stage directory;
+* ``arguments``: the call's own arguments and output names (``fingerprint``);
+* ``input <path>``: the content of each file the stage is told about:
+  ``inputs=``, ``Path``/File arguments, files named in a script's ``args``,
+  files named in a built-in stage's config.
+
+Not compared: ``walltime`` and ``retries`` (they cannot change a result).
+A file is hashed (SHA-256) when its size, mtime or inode differ from the last
 time; ``PARSL_TORCH_INPUT_HASH=stat`` uses those alone (for huge inputs), and
 a directory is always compared by the size and mtime of its files. Digests
-are cached in ``<run_dir>/parsl/input-digests.json``, which the workflow and
-its workers share.
+(and parsed modules) are cached in ``<run_dir>/parsl/input-digests.json``,
+which the workflow and its workers share.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import threading
@@ -23,96 +31,148 @@ from pathlib import Path
 from typing import Any
 
 from ..common.files import write_atomic
+from . import usercode
+from .fingerprint import Fingerprinter
 
 INPUT_HASH_VAR = "PARSL_TORCH_INPUT_HASH"
 #: in a stage directory: the call whose files are there (written when it succeeds)
 CALL_FILE = ".call.json"
 DIGESTS = "input-digests.json"
-_lock = threading.Lock()
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def digest_cache(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "parsl" / DIGESTS
+def _stat_key(st: os.stat_result) -> str:
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
-def file_digest(path: str | os.PathLike, cache: Path | None = None) -> str:
-    """The content digest of a file (stat-based for directories, or with PARSL_TORCH_INPUT_HASH=stat);
-    "missing" if it does not exist."""
-    path = os.path.abspath(path)
-    try:
+class DigestCache:
+    """File digests and parsed modules of one run directory, remembered by size, mtime and inode.
+
+    Read once, written once per ``save`` (merged with what another process wrote meanwhile)."""
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._known: dict[str, Any] | None = None
+        self._dirty: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def of_run_dir(cls, run_dir: str | os.PathLike) -> DigestCache:
+        return cls(Path(run_dir) / "parsl" / DIGESTS)
+
+    def _entry(self, key: str, stat: str) -> Any:
+        with self._lock:
+            if self._known is None:
+                self._known = _read_json(self.path)
+            entry = self._known.get(key)
+            return entry if isinstance(entry, dict) and entry.get("stat") == stat else None
+
+    def _remember(self, key: str, entry: dict[str, Any]) -> None:
+        with self._lock:
+            assert self._known is not None
+            self._known[key] = self._dirty[key] = entry
+
+    def file_digest(self, path: str | os.PathLike) -> str:
+        """The content digest of a file (stat-based for a directory, or with PARSL_TORCH_INPUT_HASH=stat);
+        "missing" if it does not exist."""
+        path = os.path.abspath(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return "missing"
+        if os.path.isdir(path):
+            entries = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+                             for p in Path(path).rglob("*") if p.is_file())
+            return "dir:" + _sha(json.dumps(entries).encode())
+        key = _stat_key(st)
+        if os.environ.get(INPUT_HASH_VAR, "content") == "stat":
+            return f"stat:{key}"
+        entry = self._entry(path, key)
+        if entry is not None:
+            return entry["sha256"]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        self._remember(path, {"stat": key, "sha256": h.hexdigest()})
+        return h.hexdigest()
+
+    def module(self, path: str) -> tuple[str, list[list[Any]]]:
+        """(digest of the module's syntax tree, its imports): ``usercode.parse_module``, cached."""
         st = os.stat(path)
-    except OSError:
-        return "missing"
-    if os.path.isdir(path):
-        entries = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-                         for p in Path(path).rglob("*") if p.is_file())
-        return "dir:" + _sha(json.dumps(entries).encode())
-    key = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
-    if os.environ.get(INPUT_HASH_VAR, "content") == "stat":
-        return f"stat:{key}"
-    with _lock:
-        known = _read_cache(cache)
-        if known.get(path, {}).get("stat") == key:
-            return known[path]["sha256"]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    if cache is not None:
-        with _lock:
-            known = _read_cache(cache)
-            known[path] = {"stat": key, "sha256": digest}
-            _write_json(cache, known)
-    return digest
+        entry = self._entry("py:" + path, _stat_key(st))
+        if entry is not None:
+            return entry["ast"], entry["imports"]
+        digest, imports = usercode.parse_module(Path(path).read_bytes(), path)
+        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports})
+        return digest, imports
+
+    def save(self) -> None:
+        with self._lock:
+            if not self._dirty or self.path is None:
+                return
+            merged = {**_read_json(self.path), **self._dirty}
+            with contextlib.suppress(OSError):  # a cache: a read-only run directory only costs time
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.path, json.dumps(merged, indent=0, sort_keys=True))
+                self._dirty = {}
 
 
-def _read_cache(cache: Path | None) -> dict[str, Any]:
-    if cache is None:
+def _read_json(path: Path | None) -> dict[str, Any]:
+    if path is None:
         return {}
     try:
-        data = json.loads(cache.read_text())
+        data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> str:
+    """One file's digest, cached in the file ``cache`` (a DIGESTS file)."""
+    digests = DigestCache(cache)
+    try:
+        return digests.file_digest(path)
+    finally:
+        digests.save()
 
 
-def code_digest(blob: bytes | None, script: Sequence[str] | None) -> str:
-    """A shipped function's bytes, or the content of the script (or ``-m`` module) a stage runs."""
-    if blob is not None:
-        return _sha(blob)
-    words = [os.fspath(w) if isinstance(w, (str, os.PathLike)) else str(w) for w in script or ()]
-    if "-m" in words[:2] and len(words) > words.index("-m") + 1:
-        module = words[words.index("-m") + 1]
-        with contextlib.suppress(ImportError, ValueError, AttributeError):
-            spec = importlib.util.find_spec(module)
-            if spec and spec.origin and os.path.isfile(spec.origin):
-                return _sha(Path(spec.origin).read_bytes())
-        return _sha(f"module {module}".encode())  # not importable here: by name
-    target = next((w for w in words[1:2] if os.path.isfile(w)), None)
-    return _sha(Path(target).read_bytes()) if target else _sha(" ".join(words).encode())
+def arguments_digest(args: Sequence[Any], kwargs: Mapping[str, Any], outputs: Sequence[Any],
+                     cache: DigestCache) -> tuple[str, dict[str, str]]:
+    """The call's own arguments (strict: a value with no stable identity is ``Unidentifiable``) and the
+    names of its outputs (named, not read); and the files that Path and File arguments name, with
+    their digests (inputs of the call)."""
+    fp = Fingerprinter(cache.file_digest, strict=True)
+    tokens = [fp.token(v, f"argument {i + 1}") for i, v in enumerate(args)]
+    tokens += [(k, fp.token(kwargs[k], f"argument {k!r}")) for k in sorted(kwargs)]
+    tokens.append(("outputs", [str(getattr(o, "url", o)) for o in outputs]))
+    return _sha(repr(tokens).encode()), fp.files
 
 
-def components(opts: Any, arguments: bytes, inputs: Sequence[Any]) -> dict[str, str]:
-    """The call's components, each a digest (see the module docstring). ``arguments``: the
-    normalised positional and keyword arguments (Parsl's memo id)."""
-    cache = digest_cache(Path(opts.stage_dir).parent)
-    options = json.dumps([opts.stage_dir, opts.num_nodes, opts.ranks_per_node, opts.walltime,
-                          list(map(list, opts.env)), list(opts.launcher_args)])
-    parts = {"code": opts.code, "options": _sha(options.encode()), "arguments": _sha(arguments)}
-    for item in inputs:
-        path = getattr(item, "filepath", None)
-        if path is not None:
-            parts[f"input {path}"] = file_digest(path, cache)
+def components(opts: Any, arguments: tuple[str, dict[str, str]], inputs: Sequence[Any],
+               cache: DigestCache) -> dict[str, str]:
+    """The call's components (see the module docstring); ``arguments`` from ``arguments_digest``."""
+    options = json.dumps([opts.stage_dir, opts.num_nodes, opts.ranks_per_node, list(map(list, opts.env)),
+                          list(opts.launcher_args)])
+    parts = {"code": opts.code, "options": _sha(options.encode()), "arguments": arguments[0]}
+    roots = list(opts.code_roots)
+    if opts.module:
+        roots += usercode.module_origin(opts.module, opts.import_path)
+    if opts.script:
+        roots.append((opts.script, "__main__"))
+    modules = usercode.user_modules(roots, opts.import_path, cache)
+    if opts.script:  # a script stage's own code is its script
+        parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
+    parts.update((f"module {path}", digest) for path, digest in modules.items())
+    stage_dir = os.path.join(opts.stage_dir, "")
+    for path in [*opts.files, *(getattr(i, "filepath", None) for i in inputs)]:
+        if path is not None and not os.path.abspath(path).startswith(stage_dir):  # its own files are outputs
+            parts[f"input {path}"] = cache.file_digest(path)
+    parts.update((f"input {path}", digest) for path, digest in arguments[1].items())
+    cache.save()
     return parts
 
 
@@ -122,15 +182,13 @@ def call_id(parts: Mapping[str, str]) -> str:
 
 def read_call(stage_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The record of the call whose files are in ``stage_dir`` (None: none finished, or a run started since)."""
-    try:
-        data = json.loads((Path(stage_dir) / CALL_FILE).read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
+    data = _read_json(Path(stage_dir) / CALL_FILE)
+    return data or None
 
 
 def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, str]) -> None:
-    _write_json(Path(stage_dir) / CALL_FILE, {"memo_key": memo_key, "components": dict(parts)})
+    write_atomic(Path(stage_dir) / CALL_FILE, json.dumps({"memo_key": memo_key, "components": dict(parts)},
+                                                         indent=1, sort_keys=True))
 
 
 def forget_call(stage_dir: str | os.PathLike) -> None:
@@ -149,6 +207,11 @@ def why_rerun(stage: str, function: str, before: Mapping[str, Any] | None, now: 
     changed = []
     if old.get("code") != now.get("code"):
         changed.append(f"code of `{function}` changed")
+    for key in sorted(set(old) | set(now)):
+        if key.startswith("module ") and old.get(key) != now.get(key):
+            name = usercode.display_name(key[len("module "):])
+            changed.append(f"{name} changed" if key in old and key in now else
+                           f"{name} {'now imported' if key in now else 'no longer imported'}")
     if old.get("arguments") != now.get("arguments"):
         changed.append("arguments changed")
     if old.get("options") != now.get("options"):

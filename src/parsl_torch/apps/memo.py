@@ -1,38 +1,39 @@
 """Memoization that never returns a stale result.
 
-Parsl's memoizer keys a call by the ids of its arguments; here those ids
-cover content: a shipped function by its bytes, a File by its URL and (for
-inputs) the digest of its content, stage options with the code digest of a
-script. ``StageMemoizer`` adds the rule Parsl cannot know: a hit stands only
-if the stage directory still holds that call's files (``.call.json``, written
-when the call succeeds, removed when any run of the stage starts), and it
-logs why a stage runs again.
+A stage call's memo key is its identity (``identity.components``: code, the
+user modules it reaches, options, arguments, the content of every file it is
+told about), computed here when the call is ready to run, after the futures
+it waits on have resolved, instead of Parsl's ``make_hash`` (which pickles
+functions by name). ``StageMemoizer`` adds the rule Parsl cannot know: a hit
+stands only if the stage directory still holds that call's files
+(``.call.json``, written when the call succeeds, removed when any run of the
+stage starts), and it logs why a stage runs again. Other apps in the same
+workflow keep Parsl's own rules (a File by its content).
 """
 
 from __future__ import annotations
 
 import functools
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.log import get_logger
+from ..errors import ConfigError
 from . import identity
-from .payload import ShippedFunction, StageOptions
+from .fingerprint import Unidentifiable
+from .payload import StageOptions
 
 #: Parsl's keyword arguments of a stage's bash app that are not the call's own
 PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
-_digests: dict[str, Path | None] = {"cache": None}
-
-
-def use_digest_cache(path: Path) -> None:
-    """Where this process keeps input digests (the run directory's shared cache)."""
-    _digests["cache"] = path
+#: the keyword through which the memoizer hands the call's identity to the worker
+CALL_KWARG = "parsl_torch_call"
 
 
 @functools.lru_cache(maxsize=1)
 def register_memo_ids() -> None:
-    """Register once per process (Parsl's ``id_for_memo`` is a singledispatch)."""
+    """A File in the user's own apps is identified by its content (Parsl's ``id_for_memo``: once per process)."""
     from parsl.data_provider.files import File
     from parsl.dataflow.memoization import id_for_memo
 
@@ -40,73 +41,66 @@ def register_memo_ids() -> None:
     def _file(obj: File, output_ref: bool = False) -> bytes:
         if output_ref or obj.scheme != "file":
             return pickle.dumps(("File", obj.url))  # an output is named, not read
-        return pickle.dumps(("File", obj.url, identity.file_digest(obj.filepath, _digests["cache"])))
-
-    @id_for_memo.register(ShippedFunction)
-    def _fn(obj: ShippedFunction, output_ref: bool = False) -> bytes:
-        return pickle.dumps(("ShippedFunction", obj.name, identity.code_digest(obj.blob, None)))
-
-    @id_for_memo.register(StageOptions)
-    def _opts(obj: StageOptions, output_ref: bool = False) -> bytes:
-        return pickle.dumps(("StageOptions", obj.stage_dir, obj.num_nodes, obj.ranks_per_node, obj.env,
-                             obj.launcher_args, obj.code))
+        return pickle.dumps(("File", obj.url, identity.file_digest(obj.filepath)))
 
 
-def call_arguments(args: tuple, kwargs: dict[str, Any]) -> bytes:
-    """The call's own arguments, normalised as Parsl's memo ids (Files by content)."""
-    from parsl.dataflow.memoization import id_for_memo
+def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tuple, kwargs: dict[str, Any],
+                     cache: identity.DigestCache) -> dict[str, str]:
+    """The identity of a stage call from its bash app's arguments (futures resolved); a script
+    stage's command line counts among its arguments."""
+    own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS and k != CALL_KWARG}
+    try:
+        arguments = identity.arguments_digest((*(script or ()), *args), own, list(kwargs.get("outputs", ())), cache)
+    except Unidentifiable as exc:
+        raise ConfigError(f"stage {Path(opts.stage_dir).name!r}: {exc}: pass plain data (numbers, strings, "
+                          f"lists, dicts, dataclasses, arrays), a Path, or the data as an input File") from None
+    return identity.components(opts, arguments, list(kwargs.get("inputs", ())), cache)
 
-    register_memo_ids()
-    own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS}
-    return id_for_memo((tuple(args), own))
 
-
-def stage_components(opts: StageOptions, args: tuple, kwargs: dict[str, Any]) -> dict[str, str]:
-    return identity.components(opts, call_arguments(args, kwargs), list(kwargs.get("inputs", ())))
-
-
-def _stage_call(task: Any) -> tuple[Any, StageOptions, tuple, dict] | None:
+def _stage_call(task: Any) -> tuple[str, StageOptions, Sequence[Any] | None, tuple, dict] | None:
     args = task["args"]
     if len(args) >= 3 and isinstance(args[2], StageOptions):
         fn, script, opts, *rest = args
-        name = fn.name.rsplit(".", 1)[-1] if fn is not None else Path(str(script[1] if len(script) > 1
-                                                                          else script[0])).name
-        return name, opts, tuple(rest), task["kwargs"]
+        name = fn.name.rsplit(".", 1)[-1] if fn is not None else Path(opts.script or opts.module or "").name
+        return name, opts, script, tuple(rest), task["kwargs"]
     return None
 
 
-def stage_memoizer(checkpoint_files: list[str]) -> Any:
+def stage_memoizer(checkpoint_files: list[str], run_dir: Path) -> Any:
     """A Parsl memoizer for stages (Parsl's BasicMemoizer with the rules above)."""
     from parsl.dataflow.memoization import BasicMemoizer
 
-    class StageMemoizer(BasicMemoizer):
-        def start(self, *, run_dir: str, config_run_dir: str) -> None:
-            use_digest_cache(identity.digest_cache(Path(config_run_dir).parent))
-            super().start(run_dir=run_dir, config_run_dir=config_run_dir)
+    cache = identity.DigestCache.of_run_dir(run_dir)
+    checked: dict[int, dict[str, str]] = {}  # task id -> its identity when it was launched
 
+    class StageMemoizer(BasicMemoizer):
         def check_memo(self, task):
-            result = super().check_memo(task)
             call = _stage_call(task)
-            if call is None or task.get("hashsum") is None:
-                return result
-            function, opts, args, kwargs = call
+            if call is None or not self.memoize or not task["memoize"]:
+                return super().check_memo(task)
+            function, opts, script, args, kwargs = call
+            checked[task["id"]] = now = stage_components(opts, script, args, kwargs, cache)
+            task["hashsum"] = key = identity.call_id(now)
+            kwargs[CALL_KWARG] = key  # the ranks' checkpoints belong to this call
+            result = self.memo_lookup_table.get(key)
             before = identity.read_call(opts.stage_dir)
-            if result is not None and before is not None and before.get("memo_key") == task["hashsum"]:
+            if result is not None and before is not None and before.get("memo_key") == key:
                 return result
-            if task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
-                return None
-            stage = Path(opts.stage_dir).name
-            now = stage_components(opts, args, kwargs)
-            get_logger("parsl_torch.workflow").info(
-                "[%s] runs%s: %s", stage, " again" if before or result else "",
-                identity.why_rerun(stage, function, before, now, result is not None))
+            if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
+                stage = Path(opts.stage_dir).name
+                get_logger("parsl_torch.workflow").info(
+                    "[%s] runs%s: %s", stage, " again" if before or result else "",
+                    identity.why_rerun(stage, function, before, now, result is not None))
             return None
 
         def update_memo_result(self, task, r):
             super().update_memo_result(task, r)
-            call = _stage_call(task)
-            if call is not None and task.get("hashsum"):
-                _, opts, args, kwargs = call
-                identity.write_call(opts.stage_dir, task["hashsum"], stage_components(opts, args, kwargs))
+            call, parts = _stage_call(task), checked.pop(task["id"], None)
+            if call is not None and parts is not None and task.get("hashsum"):
+                identity.write_call(call[1].stage_dir, task["hashsum"], parts)
+
+        def update_memo_exception(self, task, e):
+            checked.pop(task["id"], None)
+            super().update_memo_exception(task, e)
 
     return StageMemoizer(checkpoint_files=checkpoint_files, checkpoint_mode="task_exit")

@@ -30,12 +30,16 @@ class ShippedFunction:
 
     name: str
     blob: bytes
+    #: which of Parsl's ``inputs``/``outputs`` it takes: the worker passes them without unpickling it
+    #: (only the ranks import what the function needs)
+    takes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, fn: Callable) -> ShippedFunction:
         buffer = io.BytesIO()
         _pickler_class()(buffer, recurse=True).dump(fn)
-        return cls(f"{fn.__module__}.{fn.__qualname__}", buffer.getvalue())
+        takes = tuple(accepted_kwargs(fn, inputs=None, outputs=None))
+        return cls(f"{fn.__module__}.{fn.__qualname__}", buffer.getvalue(), takes)
 
     def load(self) -> Callable:
         import dill
@@ -69,7 +73,7 @@ def _pickler_class() -> type:
 
 @dataclass(frozen=True)
 class StageOptions:
-    """How one call of a stage runs: carried to the worker with the call."""
+    """How one call of a stage runs, and what its code is: carried to the worker with the call."""
 
     stage_dir: str
     num_nodes: int
@@ -77,7 +81,13 @@ class StageOptions:
     walltime: float | None
     env: tuple[tuple[str, str], ...]
     launcher_args: tuple[str, ...]  # the site's binding flags, after $PARSL_MPI_PREFIX
-    code: str = ""  # digest of the function's bytes or the script's content (apps.identity)
+    code: str = ""  # fingerprint of the function (apps.fingerprint); a script's comes from its file
+    #: user modules the function reaches, as (file, module name); their imports are followed (apps.usercode)
+    code_roots: tuple[tuple[str, str], ...] = ()
+    script: str | None = None  # the script a script stage runs (its imports are followed too)
+    module: str | None = None  # the module a ``python -m`` stage runs
+    files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs=
+    import_path: tuple[str, ...] = ()  # the ranks' PYTHONPATH: what the workflow imports from (not compared)
 
     @property
     def num_ranks(self) -> int:

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -86,6 +87,7 @@ class Workflow:
         """A name no other stage of this run has: ``base``, then ``base-1``, ``base-2``... in
         call order (the same on every rerun). An explicit name (``stage=``) already taken is an
         error: two stages would share one directory and overwrite each other's files."""
+        check_stage_name(base, explicit)
         with self._lock:
             if explicit:
                 if base in self._taken:
@@ -153,6 +155,21 @@ class Workflow:
                 self.status.stage(f.stage, state="done", seconds=round(took, 1))
 
         future.add_done_callback(done)
+
+
+#: a stage's directory is one folder under the run directory: these characters, these lengths
+STAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: names the run directory already uses for itself
+RESERVED_NAMES = ("parsl", "status.json", "report.md")
+
+
+def check_stage_name(name: Any, explicit: bool) -> None:
+    """A stage name is one safe folder name under the run directory, never a path or a reserved name."""
+    given = "stage=" if explicit else "the stage's name (name= on the decorator or script_app)"
+    if not isinstance(name, str) or not STAGE_NAME.fullmatch(name) or name.lower() in RESERVED_NAMES:
+        raise ConfigError(f"{given} {name!r} is not a stage name: use 1-100 letters, digits, '.', '_' or '-', "
+                          f"starting with a letter or digit, not {', '.join(RESERVED_NAMES)} (each stage is one "
+                          f"folder under the run directory)")
 
 
 #: pt.workflow's keywords that change the site, as for sites.load
@@ -278,7 +295,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                 wf.wait()
                 return
             parsl_dir = run_dir / "parsl"
-            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)))
+            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), run_dir)
             config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
                                          retries=retries, retry_handler=wf.continuations, **config_settings)
             parsl_log: list = []

@@ -218,6 +218,7 @@ def _run(args: argparse.Namespace) -> int:
     os.environ["PATH"] = path_with_python_bin()
     os.environ.setdefault("PARSL_TORCH_PROGRESS", "1")  # the workflow shows its stages as they go
     sys.argv = [str(script), *script_args]
+    sys.path.insert(0, str(script.resolve().parent))  # as `python SCRIPT`: its own folder's modules import
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:

@@ -106,6 +106,9 @@ class RunLock:
                     os.rename(self.path, aside)
                     aside.unlink()
                 continue
+            except OSError as exc:  # read-only, no permission, no space: the user's to fix
+                raise ConfigError(f"cannot write run directory {self.path.parent} ({exc.strerror}): make it "
+                                  f"writable or pick another --run-dir (nothing there was touched)") from None
             with os.fdopen(fd, "w") as f:
                 json.dump(me, f)
             threading.Thread(target=self._beat, daemon=True).start()

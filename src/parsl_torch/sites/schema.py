@@ -28,6 +28,10 @@ _SCHEDULER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|\[\]*:,()!-]+$")
 
 
+#: the local site runs stages as processes of one machine: more at once than this is a typo
+MAX_LOCAL_SLOTS = 1024
+
+
 @dataclass(frozen=True)
 class ProviderSpec:
     """The batch job a block runs in (Parsl's PBSProProvider / SlurmProvider)."""
@@ -157,6 +161,9 @@ def _check(spec: SiteSpec) -> None:
                         ("local_slots", spec.local_slots)):
         if value < 1:
             raise SiteError(f"{path}: must be at least 1, got {value}")
+    if spec.local_slots > MAX_LOCAL_SLOTS:
+        raise SiteError(f"local_slots: at most {MAX_LOCAL_SLOTS} stages can run at once on one machine, got "
+                        f"{spec.local_slots}: give the number of multi-rank stages this machine should run at once")
     for path, value in (("provider.init_blocks", spec.provider.init_blocks),
                         ("provider.min_blocks", spec.provider.min_blocks)):
         if value < 0:

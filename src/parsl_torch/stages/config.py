@@ -31,6 +31,18 @@ def at_least(record: Any, minimum: float, *names: str) -> None:
             raise ConfigError(f"{name}: must be at least {minimum:g}, got {getattr(record, name)!r}")
 
 
+#: seeds feed torch.Generator and numpy (with the step mixed in): they must stay well inside 64 bits
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(record: Any, name: str) -> None:
+    """A seed is an int in [0, 2**32): a bigger one (a time_ns()) overflows on every rank at its first batch."""
+    value = getattr(record, name)
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{name}: must be between 0 and {MAX_SEED} (2**32 - 1), got {value!r}: use a smaller "
+                          f"number, e.g. {value % (MAX_SEED + 1)} (the value mod 2**32)")
+
+
 def check_strategy(strategy: str) -> str:
     """The strategy spelled canonically, or a ConfigError naming the field."""
     try:
@@ -66,12 +78,19 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.kind not in DATA_KINDS:
             raise ConfigError(f"kind: {self.kind!r} is not one of {', '.join(DATA_KINDS)}")
+        if isinstance(self.path, str) and self.path:  # the ranks start in the stage's directory
+            object.__setattr__(self, "path", os.path.abspath(self.path))
         if self.kind == "file" and not self.path:
             raise ConfigError("path: data.kind 'file' needs a path to a .npy file of token ids")
         if self.kind == "file" and not Path(self.path).is_file():
             raise ConfigError(f"path: {self.path} does not exist")
         at_least(self, 1, "batch_size")
-        at_least(self, 0, "seed")
+        check_seed(self, "seed")
+
+
+def data_files(data: DataConfig) -> tuple[str, ...]:
+    """The files a stage reads by its data config: part of the stage's identity."""
+    return (data.path,) if data.kind == "file" and data.path else ()
 
 
 def check_data_fits_model(data: DataConfig, model: ModelConfig) -> None:

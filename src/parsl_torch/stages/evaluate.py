@@ -16,7 +16,9 @@ from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.ranks import get_world_size
 from ..errors import ConfigError
-from .config import DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_strategy, load_config
+from .config import (
+    DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_strategy, data_files, load_config,
+)
 from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
@@ -93,7 +95,8 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
         raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
                           f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
     return submit_builtin(STAGE, as_dict(cfg), inputs=inputs, outputs=outputs, input_roles=("checkpoint",),
-                          output_roles=("history",), app=_evaluate, **call)
+                          output_roles=("history",), app=_evaluate,
+                          files=data_files(cfg.data), **call)
 
 
 def main(argv: list[str] | None = None) -> int:

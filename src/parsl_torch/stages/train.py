@@ -31,7 +31,10 @@ from ..core.dist import exit_process
 from ..core.log import get_logger
 from ..core.ranks import get_rank, get_world_size
 from ..errors import ConfigError
-from .config import DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_strategy, load_config
+from .config import (
+    DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_seed, check_strategy, data_files,
+    load_config,
+)
 from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
@@ -64,7 +67,7 @@ class TrainConfig:
             raise ConfigError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)} (or leave it out: fp32)")
         if self.tp_size is not None and self.tp_size < 2:
             raise ConfigError(f"tp_size: must be at least 2 (ranks per tensor-parallel group), got {self.tp_size}")
-        at_least(self, 0, "seed")
+        check_seed(self, "seed")
         check_data_fits_model(self.data, self.model)
         if self.tp_size is not None and strategy != "fsdp+tp":
             raise ConfigError(f"tp_size: applies to strategy fsdp+tp, not {self.strategy!r}: remove it or "
@@ -100,7 +103,6 @@ def _maybe_fault(rank: int, step: int) -> None:
 def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: str = STAGE) -> dict[str, Any]:
     """Train on every rank (after setup_torch); returns a summary (rank 0's is the app's result)."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     from ..core.wrap import data_parallel_coords, wrap_model
@@ -155,20 +157,30 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
             history.sync()  # the history on disk covers every step the checkpoint does
             history.flush()
             t0 = time.perf_counter()
-            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call, cfg.strategy)
+            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call, cfg.strategy,
+                      loss=_mean(loss.detach(), device))
             note_checkpoint(step + 1, time.perf_counter() - t0)
         if block_ending:
             logger.info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in the next block",
                         stage, step + 1)
             to_be_continued(step + 1)
-    final = loss.detach().float().reshape(1).to(device)
-    if dist.is_initialized():
-        dist.all_reduce(final)
-        final /= dist.get_world_size()
+    # resumed at its last step (killed after the final save): the loss that checkpoint recorded
+    final = _mean(loss.detach(), device) if start < cfg.steps else float(state.get("loss") or math.nan)
     path = history.finalize(history_path)
-    return {"stage": stage, "final_loss": float(final.item()), "steps": cfg.steps, "resumed_from": start,
+    return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
             "world_size": get_world_size()}
+
+
+def _mean(loss: Any, device: Any) -> float:
+    """Collective: the loss averaged over the ranks."""
+    import torch.distributed as dist
+
+    value = loss.float().reshape(1).to(device)
+    if dist.is_initialized():
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return float(value.item())
 
 
 def _train_on_ranks(config: dict[str, Any], outputs=()) -> dict[str, Any]:
@@ -186,7 +198,8 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     checked here, before anything is submitted. Returns a StageFuture."""
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
     return submit_builtin(STAGE, as_dict(cfg), inputs=(), outputs=outputs, input_roles=(),
-                          output_roles=("history", "checkpoint"), app=_train, **call)
+                          output_roles=("history", "checkpoint"), app=_train,
+                          files=data_files(cfg.data), **call)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,237 @@
+"""Stable fingerprints of a stage's function and arguments: the same in every
+process, under any ``PYTHONHASHSEED``, on any node.
+
+Pickle bytes are not that (dill writes a function's globals in an order that
+depends on the hash seed, and pickles importable functions by name, without
+their body), so a value is turned into a canonical token instead:
+
+* plain data (numbers, strings, bytes, lists, tuples, dicts, sets, frozensets,
+  OrderedDicts, dataclasses, enums, ``Path``, numpy arrays and torch tensors)
+  by value; dicts and sets do not depend on order, OrderedDicts do;
+* a ``Path`` or File by its path, and its content digest is kept in ``files``
+  (it is a file the stage is told about);
+* a function or class of the workflow script by its code: the bytecode and
+  constants of every code object inside it (no line numbers, no file name:
+  a comment or a blank line changes nothing), its defaults and closure, and
+  the value of each global it uses, recursively;
+* a function, class or module of a user module (``usercode``) by name, and
+  the module's file is added to the stage's code roots (its digest covers it);
+  anything from an installed package by name (its version is the installation's).
+
+An argument that has no such token is an error naming it (``Unidentifiable``);
+a global of the workflow script that has none is fingerprinted by its dill
+bytes (which may make a stage rerun needlessly, never skip wrongly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import enum
+import functools
+import hashlib
+import os
+import sys
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import PurePath
+from typing import Any
+
+from .usercode import is_user_file
+
+
+class Unidentifiable(TypeError):
+    """A value with no stable identity: ``where`` names it (``argument 'cfg' -> key 'lock'``)."""
+
+    def __init__(self, where: str, value: Any) -> None:
+        self.where, self.type_name = where, f"{type(value).__module__}.{type(value).__qualname__}"
+        super().__init__(f"{where} is a {self.type_name}, which has no stable identity for reruns")
+
+
+_MAIN = "__main__"
+#: (file, module name) pairs: the user modules a fingerprint reached
+Roots = set
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Fingerprinter:
+    """Tokens for one stage call; ``roots`` collects the user modules they reach."""
+
+    def __init__(self, file_digest: Callable[[str], str], strict: bool) -> None:
+        self.file_digest = file_digest
+        self.strict = strict
+        self.roots: Roots = set()
+        #: the files that Path and File values name, with their content digests
+        self.files: dict[str, str] = {}
+        self._active: set[int] = set()
+
+    def digest(self, value: Any, where: str) -> str:
+        """``value``'s token and the content of the files it names, as one digest."""
+        token = self.token(value, where)
+        return _sha(repr((token, sorted(self.files.items()))).encode())
+
+    # -- values --------------------------------------------------------------------------------------------
+    def token(self, value: Any, where: str) -> Any:  # noqa: C901 - one dispatch over the kinds of value
+        kind = type(value)
+        if value is None or kind in (bool, int, float, complex, str, bytes):
+            return (kind.__name__, repr(value))
+        if kind in (list, tuple):
+            return (kind.__name__, [self.token(v, f"{where}[{i}]") for i, v in enumerate(value)])
+        if kind in (set, frozenset):
+            return (kind.__name__, sorted(repr(self.token(v, f"{where} (an element)")) for v in value))
+        if isinstance(value, dict):
+            items = [(repr(self.token(k, f"{where} (a key)")), self.token(v, f"{where}[{k!r}]"))
+                     for k, v in value.items()]
+            ordered = isinstance(value, OrderedDict)
+            return (self._type_name(kind), items if ordered else sorted(items, key=lambda kv: kv[0]))
+        if isinstance(value, PurePath):
+            path = os.path.abspath(value)
+            self.files[path] = self.file_digest(path)
+            return ("path", path)
+        if hasattr(value, "filepath") and hasattr(value, "url"):  # a Parsl File or a StageFile
+            self.files[os.path.abspath(value.filepath)] = self.file_digest(value.filepath)
+            return ("file", str(value.url))
+        if isinstance(value, enum.Enum):
+            return ("enum", self.token(kind, where), value.name)
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType,
+                              types.MethodType, functools.partial)):
+            return self._code_token(value, where)
+        wrapped = getattr(value, "__wrapped__", None)  # a stage (DistributedApp), a functools.wraps decorator
+        if wrapped is not None and not isinstance(value, type):
+            return ("wrapped", self._type_name(kind), self.token(wrapped, where))
+        if dataclasses.is_dataclass(value):
+            return ("dataclass", self.token(kind, where),
+                    [(f.name, self.token(getattr(value, f.name), f"{where}.{f.name}"))
+                     for f in dataclasses.fields(value)])
+        array = _array_token(value)
+        if array is not None:
+            return array
+        if self._is_users(kind) and hasattr(value, "__dict__"):  # an instance of the user's own class
+            return ("object", self.token(kind, where), self.token(dict(vars(value)), where))
+        return self._opaque(value, where)
+
+    def _opaque(self, value: Any, where: str) -> Any:
+        if self.strict:
+            raise Unidentifiable(where, value)
+        import dill
+
+        try:
+            return ("dill", self._type_name(type(value)), _sha(dill.dumps(value, recurse=True)))
+        except Exception:  # noqa: BLE001 - it cannot travel either: dill says why when the stage is shipped
+            return ("unpicklable", self._type_name(type(value)))
+
+    # -- code ----------------------------------------------------------------------------------------------
+    def _is_users(self, obj: Any) -> bool:
+        module = getattr(obj, "__module__", None)
+        if module == _MAIN:
+            return True
+        mod = sys.modules.get(module or "")
+        return bool(mod) and is_user_file(getattr(mod, "__file__", None))
+
+    def _root(self, module_name: str | None) -> None:
+        mod = sys.modules.get(module_name or "")
+        file = getattr(mod, "__file__", None)
+        if mod is not None and module_name != _MAIN and is_user_file(file):
+            self.roots.add((os.path.realpath(file), module_name))
+
+    @staticmethod
+    def _type_name(kind: type) -> str:
+        return f"{kind.__module__}.{kind.__qualname__}"
+
+    def _code_token(self, obj: Any, where: str) -> Any:
+        if isinstance(obj, types.ModuleType):
+            self._root(obj.__name__)
+            return ("module", obj.__name__)
+        if isinstance(obj, types.MethodType):
+            return ("method", self.token(obj.__func__, where), self.token(obj.__self__, f"{where}.__self__"))
+        if isinstance(obj, functools.partial):
+            return ("partial", self.token(obj.func, where), self.token(obj.args, where),
+                    self.token(obj.keywords, where))
+        module = getattr(obj, "__module__", None)
+        name = (module, getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj))))
+        if module != _MAIN:
+            self._root(module)  # a user module's digest covers it; an installed one's version does
+            return ("named", *name)
+        if id(obj) in self._active:
+            return ("recursive", *name)  # already being fingerprinted higher up
+        self._active.add(id(obj))
+        try:
+            if isinstance(obj, types.FunctionType):
+                return ("function", *name, self.function(obj))
+            if isinstance(obj, type):
+                members = [(k, self.token(v, f"{where}.{k}")) for k, v in vars(obj).items()
+                           if not (k.startswith("__") and k.endswith("__")) or isinstance(v, types.FunctionType)]
+                return ("class", *name, [self.token(b, where) for b in obj.__bases__], members)
+            return ("named", *name)
+        finally:
+            self._active.discard(id(obj))
+
+    def function(self, fn: types.FunctionType) -> str:
+        """The digest of a function of the workflow script: its code, defaults, closure and globals."""
+        code = fn.__code__
+        used = sorted(_global_names(code))
+        globals_ = [(n, self.token(fn.__globals__[n], f"global {n!r} of {fn.__qualname__}"))
+                    for n in used if n in fn.__globals__]
+        cells = [self.token(c.cell_contents, f"a closure variable of {fn.__qualname__}")
+                 for c in fn.__closure__ or () if _cell_set(c)]
+        parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
+                 self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
+        return _sha(repr(parts).encode())
+
+
+def _cell_set(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _code(code: types.CodeType) -> tuple:
+    """A code object without its positions (file, first line, line table)."""
+    consts = tuple(_const(c) for c in code.co_consts)
+    return (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+            code.co_code.hex(), consts, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+            getattr(code, "co_exceptiontable", b"").hex())
+
+
+_GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The globals a code object reads or writes (not attribute names, which share ``co_names``)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _const(value: Any) -> Any:
+    if isinstance(value, types.CodeType):
+        return _code(value)
+    if isinstance(value, tuple):
+        return ("tuple", [_const(v) for v in value])
+    if isinstance(value, frozenset):  # `x in {"a", "b"}`: its repr's order follows the hash seed
+        return ("frozenset", sorted(repr(_const(v)) for v in value))
+    return (type(value).__name__, repr(value))
+
+
+def _array_token(value: Any) -> Any:
+    """numpy arrays and scalars, torch tensors: dtype, shape and the bytes' digest."""
+    top = type(value).__module__.partition(".")[0]
+    if top == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
+        if value.dtype.hasobject:
+            return None
+        return ("ndarray", str(value.dtype), list(getattr(value, "shape", ())), _sha(value.tobytes()))
+    if top == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        import torch
+
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        return ("tensor", str(value.dtype), list(value.shape), _sha(raw))
+    return None

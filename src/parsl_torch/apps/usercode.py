@@ -1,0 +1,178 @@
+"""Which Python files are the user's, and which of them a stage can run.
+
+User code is every ``.py`` file outside this Python's installation (the
+standard library, site-packages) and outside parsl-torch itself: the
+workflow script's folder, ``PYTHONPATH`` folders, the sources of editable
+installs (``pip install -e``). A stage can run the user modules its code
+imports, and those they import in turn: found by reading each file's
+``import`` statements (all of them, also inside functions), resolved on the
+import path the ranks get (:func:`rank_import_path`). A module imported by a
+name computed at run time (``importlib.import_module(name)``) cannot be seen:
+name it in ``inputs=``.
+
+A module's digest is that of its syntax tree (``ast.dump`` without
+positions): comments, blank lines and code moving to other lines do not
+change it; any change of what runs does.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import os
+import site
+import sys
+import sysconfig
+from collections.abc import Iterable, Sequence
+from importlib.machinery import PathFinder
+from pathlib import Path
+from typing import Any, Protocol
+
+#: the package itself is the runtime, not the user's code (its version is in every stage's identity)
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+class ModuleCache(Protocol):
+    """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``."""
+
+    def module(self, path: str) -> tuple[str, list[list[Any]]]: ...
+
+
+@functools.lru_cache(maxsize=1)
+def _installation_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots.update(getattr(site, "getsitepackages", lambda: [])())
+    roots.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else "")
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return tuple(sorted(os.path.realpath(r) for r in roots if r))
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def is_user_file(path: str | os.PathLike | None) -> bool:
+    """A ``.py`` file of the user's (see the module docstring)."""
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return (real.endswith(".py") and os.path.isfile(real) and not _under(real, _installation_roots())
+            and not _under(real, (_PACKAGE_DIR,)))
+
+
+def is_user_dir(path: str) -> bool:
+    real = os.path.realpath(path)
+    return os.path.isdir(real) and not _under(real, _installation_roots()) and not _under(real, (_PACKAGE_DIR,))
+
+
+def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The ``PYTHONPATH`` for a stage's ranks: this process's import path as far as it is the user's
+    (the workflow script's folder, the working directory for ``python -c``/notebooks) and
+    whatever ``PYTHONPATH`` already held, in ``sys.path`` order. The ranks start in the stage's
+    directory, so without it ``import mymod`` works in the workflow and fails on the ranks."""
+    environ = os.environ if environ is None else environ
+    given = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    kept: list[str] = []
+    for entry in sys.path:
+        entry = os.path.abspath(entry or os.getcwd())
+        if entry not in kept and (entry in given or is_user_dir(entry)):
+            kept.append(entry)
+    kept += [p for p in given if p not in kept]
+    return tuple(kept)
+
+
+def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]]]:
+    """(digest of the syntax tree, its imports as ``[level, module or "", [names]]``)."""
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError):  # the ranks will say what is wrong; any byte change reruns it
+        return "bytes:" + hashlib.sha256(source).hexdigest(), []
+    imports: list[list[Any]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports += [[0, alias.name, []] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imports.append([node.level, node.module or "", [a.name for a in node.names if a.name != "*"]])
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports
+
+
+def _find(name: str, search: Sequence[str]) -> list[tuple[str, str, bool]]:
+    """(file, module name, is a package) for ``name`` and each package above it, where they are the
+    user's; stops at the first part that is not (an installed package, the standard library)."""
+    found, locations = [], list(search)
+    parts = name.split(".")
+    for i in range(len(parts)):
+        full = ".".join(parts[: i + 1])
+        try:
+            spec = PathFinder.find_spec(full, locations)
+        except (ImportError, ValueError):
+            return found
+        if spec is None or not is_user_file(spec.origin):
+            return found
+        package = spec.submodule_search_locations is not None
+        found.append((os.path.realpath(spec.origin), full, package))
+        if not package:
+            return found
+        locations = list(spec.submodule_search_locations)
+    return found
+
+
+def _targets(imports: list[list[Any]], module: str, is_package: bool) -> list[str]:
+    """The absolute module names an import list can load (``from pkg import x``: pkg, and pkg.x if a module)."""
+    names = []
+    package = module if is_package else module.rpartition(".")[0]
+    for level, target, items in imports:
+        if level:
+            base = package.split(".")
+            if level - 1 > len(base) or not package:
+                continue  # a relative import outside any package fails on the ranks too
+            base = base[: len(base) - (level - 1)]
+            target = ".".join([*base, *([target] if target else [])])
+        if target:
+            names.append(target)
+        names += [f"{target}.{item}" if target else item for item in items]
+    return names
+
+
+def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache: ModuleCache) -> dict[str, str]:
+    """Digest of each user module the ``roots`` ((file, module name) pairs) can import, themselves
+    included, following imports transitively on ``search`` (the ranks' ``sys.path``)."""
+    digests: dict[str, str] = {}
+    todo = [(os.path.realpath(f), m, os.path.basename(f) == "__init__.py") for f, m in roots if os.path.isfile(f)]
+    queued = {f for f, _, _ in todo}
+    # a script's own folder comes first on its sys.path, for every module it imports
+    search = [*(os.path.dirname(f) for f, m, _ in todo if m == "__main__"), *search]
+    while todo:
+        path, module, is_package = todo.pop()
+        digests[path], imports = cache.module(path)
+        for name in _targets(imports, module, is_package):
+            for file, found_name, package in _find(name, search):
+                if file not in queued:
+                    queued.add(file)
+                    todo.append((file, found_name, package))
+    return dict(sorted(digests.items()))
+
+
+def module_origin(name: str, search: Sequence[str]) -> list[tuple[str, str]]:
+    """The files ``python -m name`` runs, as roots: the module, or a package's ``__init__`` and ``__main__``."""
+    found = _find(name, search)
+    if not found or found[-1][1] != name:
+        return []
+    path, full, package = found[-1]
+    roots = [(f, m) for f, m, _ in found]
+    if package:
+        main = os.path.join(os.path.dirname(path), "__main__.py")
+        if is_user_file(main):
+            roots.append((os.path.realpath(main), f"{full}.__main__"))
+    return roots
+
+
+def display_name(path: str) -> str:
+    """A module's path as the log shows it: relative to the working directory when under it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel

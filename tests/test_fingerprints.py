@@ -1,0 +1,105 @@
+"""Stage identity without running a stage: fingerprints of functions and arguments are the
+same in every process and under any hash seed, change with what can change a result and
+only with that, and the user modules a stage reaches are found through its imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parsl_torch.apps import identity, usercode
+from parsl_torch.apps.fingerprint import Fingerprinter, Unidentifiable
+
+from .conftest import clean_env
+
+SCRIPT = textwrap.dedent("""
+    import json, math, sys
+    sys.path.insert(0, sys.argv[1])
+    import lib
+    from parsl_torch.apps.fingerprint import Fingerprinter
+    from parsl_torch.apps.identity import DigestCache
+
+    NAMES = {"alpha", "beta", "gamma"}
+    TABLE = {"z": 1, "a": {"q", "r"}}
+
+    def helper(x):
+        return x in {"a", "b", "c"}
+
+    def stage(x):
+        return json.dumps([lib.twice(x), math.pi, sorted(NAMES), TABLE, helper(x)])
+
+    fp = Fingerprinter(DigestCache(None).file_digest, strict=False)
+    print(fp.digest(stage, "stage"), sorted(m for _, m in fp.roots))
+""")
+
+
+def _fingerprint(tmp_path: Path, seed: str, body: str = SCRIPT) -> str:
+    (tmp_path / "wf.py").write_text(body)
+    out = subprocess.run([sys.executable, str(tmp_path / "wf.py"), str(tmp_path)], capture_output=True, text=True,
+                         env=clean_env(PYTHONHASHSEED=seed), timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_function_of_the_script_has_one_fingerprint_under_every_hash_seed(tmp_path):
+    (tmp_path / "lib.py").write_text("def twice(x):\n    return 2 * x\n")
+    prints = {_fingerprint(tmp_path, seed) for seed in ("0", "1", "2", "3", "4")}
+    assert len(prints) == 1 and prints.pop().endswith("['lib']")  # the user module it reaches is a root
+    moved = SCRIPT.replace("import json, math, sys", "# a comment\n\n\nimport json, math, sys")
+    assert _fingerprint(tmp_path, "7", moved) == _fingerprint(tmp_path, "7")
+    assert _fingerprint(tmp_path, "7", SCRIPT.replace('"gamma"', '"delta"')) != _fingerprint(tmp_path, "7")
+    assert _fingerprint(tmp_path, "7", SCRIPT.replace('"c"}', '"d"}')) != _fingerprint(tmp_path, "7")
+
+
+@dataclass
+class Opts:
+    lr: float
+    tags: tuple
+
+
+def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
+    data = tmp_path / "x.txt"
+    data.write_text("1")
+    fp = Fingerprinter(identity.DigestCache(None).file_digest, strict=True)
+    values = [data, np.arange(3), {"b", "a"}, OrderedDict(a=1), Opts(0.1, ("x",)), frozenset({1}), b"raw", None]
+    before = [fp.token(v, "arg") for v in values]
+    assert [fp.token(v, "arg") for v in values] == before
+    assert fp.token(OrderedDict(b=1, a=2), "a") != fp.token(OrderedDict(a=2, b=1), "a")  # its order is its value
+    assert fp.token({"b": 1, "a": 2}, "a") == fp.token({"a": 2, "b": 1}, "a")
+    assert fp.token(np.arange(3.0), "a") != fp.token(np.arange(3), "a")
+    assert fp.files == {str(data): identity.DigestCache(None).file_digest(data)}  # a Path names an input
+    import threading
+
+    with pytest.raises(Unidentifiable, match=r"argument 'cfg'\['lock'\] is a _thread.lock"):
+        fp.token({"lock": threading.Lock()}, "argument 'cfg'")
+
+
+def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "main.py").write_text("import json\nfrom pkg import tool\n\ndef f():\n    import late\n")
+    (tmp_path / "late.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "tool.py").write_text("from .sub import deep\nfrom . import missing_is_fine\n")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "deep.py").write_text("import numpy\n")
+    (tmp_path / "unused.py").write_text("")
+    found = usercode.user_modules([(str(tmp_path / "main.py"), "__main__")], [], identity.DigestCache(None))
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in found) == [
+        "late.py", "main.py", "pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/deep.py", "pkg/tool.py"]
+    roots = usercode.module_origin("pkg", [str(tmp_path)])
+    assert [m for _, m in roots] == ["pkg"]  # no __main__.py: the package itself
+    assert not usercode.is_user_file(np.__file__) and not usercode.is_user_file(identity.__file__)
+
+
+def test_module_digests_ignore_comments_and_follow_code(tmp_path):
+    a = usercode.parse_module(b"x = 1\n", "a.py")
+    assert usercode.parse_module(b"# c\n\nx = 1  # one\n", "a.py") == a
+    assert usercode.parse_module(b"x = 2\n", "a.py") != a
+    assert usercode.parse_module(b"def (:\n", "a.py")[0].startswith("bytes:")

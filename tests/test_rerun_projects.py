@@ -1,0 +1,233 @@
+"""Reruns of a multi-file project, as a user runs one: a workflow script beside its own
+modules, a script stage importing a sibling, a package run with ``-m``, data files named
+in arguments and in a built-in stage's config. Each row edits the project and runs
+``python wf.py`` again in a new process; exactly the stages that can see the edit run
+again, the log names the file, and every other stage is skipped with its old result."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import clean_env
+
+pytestmark = pytest.mark.slow
+
+WORKFLOW = '''
+import json, math, os, sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import parsl_torch as pt
+import mymod
+from parsl_torch.stages.train import train
+
+SETTINGS = {"b": 2, "a": 1, "c": {3, 1, 2}}  # a dict and a set: their order follows the hash seed
+WALLTIME = float(os.environ.get("WALLTIME", "600"))
+
+
+@dataclass
+class Opts:
+    scale: int
+    names: tuple
+
+
+@pt.distributed_app(ranks_per_node=2, walltime=WALLTIME)
+def helper(x):
+    return {"value": mymod.helper(x), "ranks": pt.get_world_size(),
+            "globals": json.dumps(sorted(SETTINGS["c"])) + str(math.floor(2.5))}
+
+
+@pt.distributed_app(ranks_per_node=1)
+def flavor(path, array, ordered, names, opts):
+    return [os.environ.get("FLAVOR"), Path(path).read_text(), float(array.sum()), list(ordered), sorted(names),
+            opts.scale]
+
+
+def text(future):
+    future.result()
+    return (Path(future.outputs[0].result().filepath)).read_text()
+
+
+with pt.workflow(site="local", run_dir="runs"):
+    stages = {
+        "helper": helper(3),
+        "flavor": flavor(Path("data/note.txt"), np.arange(4.0), OrderedDict(z=1, a=2), {"x", "y"},
+                         Opts(2, ("p",)), env={"FLAVOR": os.environ.get("FLAVOR", "plain")}),
+        "app": pt.script_app("app/main.py", ranks_per_node=1)(outputs=["out.txt"]),
+        "reader": pt.script_app("reader.py", args=["--data", "data/tokens.txt", os.environ.get("MODE", "m1")],
+                                ranks_per_node=1)(outputs=["out.txt"]),
+        "mypkg": pt.script_app("mypkg", module=True, ranks_per_node=1)(outputs=["out.txt"]),
+        "train": train({"steps": 2, "checkpoint_every": 1, "log_every": 1,
+                        "model": {"kind": "mlp", "vocab_size": 16, "dim": 8, "seq_len": 8},
+                        "data": {"kind": "file", "path": "data/tokens.npy", "batch_size": 4}},
+                       ranks_per_node=1),
+    }
+    results = {name: text(f) if name in ("app", "reader", "mypkg") else f.result() for name, f in stages.items()}
+    results["train"] = results["train"]["final_loss"]
+    print("results", json.dumps(results))
+'''
+
+FILES = {
+    "mymod.py": "def helper(x):\n    return x * 2\n",
+    "app/main.py": "from util import factor\nopen('out.txt', 'w').write(str(factor(5)))\n",
+    "app/util.py": "def factor(x):\n    return x * 10\n",
+    "reader.py": textwrap.dedent("""
+        import sys
+        data = sys.argv[sys.argv.index("--data") + 1]
+        open("out.txt", "w").write(open(data).read().strip() + ":" + sys.argv[-1])
+    """),
+    "mypkg/__init__.py": "",
+    "mypkg/__main__.py": "from .core import name\nopen('out.txt', 'w').write(name())\n",
+    "mypkg/core.py": "def name():\n    return 'pkg-v1'\n",
+    "data/tokens.txt": "tokens-v1\n",
+    "data/note.txt": "note\n",
+    "wf.py": WORKFLOW,
+}
+STAGES = ("helper", "flavor", "app", "reader", "mypkg", "train")
+
+
+def write_tokens(path: Path, seed: int) -> None:
+    np.save(path, np.random.default_rng(seed).integers(0, 16, size=4000).astype(np.int64))
+
+
+def run(project: Path, seed: str = "0", **env: str) -> tuple[dict, dict[str, str]]:
+    out = subprocess.run([sys.executable, "wf.py"], cwd=project, capture_output=True, text=True, timeout=300,
+                         env=clean_env(PYTHONHASHSEED=seed, **env))
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("results "))[8:])
+    states = {}
+    for stage in STAGES:
+        if f"[{stage}] skipped" in out.stderr:
+            states[stage] = "skipped"
+        else:
+            why = re.search(rf"\[{stage}\] runs(?: again)?: (.*)", out.stderr)
+            states[stage] = why.group(1) if why else "?"
+    return results, states
+
+
+def edit(project: Path, name: str, old: str, new: str) -> None:
+    path = project / name
+    text = path.read_text()
+    assert old in text, f"{name} lost {old!r}"
+    path.write_text(text.replace(old, new))
+
+
+# (what the user does, the stage that must run again, the reason the log gives, (result key, new value))
+EDITS = [
+    ("helper x*2 -> x*3 in mymod.py", lambda p, env: edit(p, "mymod.py", "x * 2", "x * 3"),
+     "helper", "mymod.py changed", ("helper", {"value": 9, "ranks": 2, "globals": "[1, 2, 3]2"})),
+    ("app/util.py, imported by the script", lambda p, env: edit(p, "app/util.py", "x * 10", "x * 100"),
+     "app", "app/util.py changed", ("app", "500")),
+    ("a data file named in args", lambda p, env: (p / "data/tokens.txt").write_text("tokens-v2\n"),
+     "reader", "input {p}/data/tokens.txt changed", ("reader", "tokens-v2:m1")),
+    ("a script's argument", lambda p, env: env.update(MODE="m2"), "reader", "arguments changed",
+     ("reader", "tokens-v2:m2")),
+    ("a module of the package run with -m", lambda p, env: edit(p, "mypkg/core.py", "pkg-v1", "pkg-v2"),
+     "mypkg", "mypkg/core.py changed", ("mypkg", "pkg-v2")),
+    ("the token file of the built-in train", lambda p, env: write_tokens(p / "data/tokens.npy", 1),
+     "train", "input {p}/data/tokens.npy changed", None),
+    ("a Path argument's file", lambda p, env: (p / "data/note.txt").write_text("note-v2\n"),
+     "flavor", "input {p}/data/note.txt changed", None),
+    ("a per-call env value", lambda p, env: env.update(FLAVOR="spicy"), "flavor", "stage options changed", None),
+]
+
+
+def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path):
+    project = tmp_path / "proj"
+    for name, content in FILES.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(content)
+    write_tokens(project / "data/tokens.npy", 0)
+
+    first, states = run(project)
+    assert set(states.values()) == {"no finished run of it in this run directory"}, states
+    assert first["helper"] == {"value": 6, "ranks": 2, "globals": "[1, 2, 3]2"}
+    assert first["flavor"] == ["plain", "note\n", 6.0, ["z", "a"], ["x", "y"], 2]  # env= per call reached it
+    assert (first["app"], first["reader"], first["mypkg"]) == ("50", "tokens-v1:m1", "pkg-v1")
+    assert isinstance(first["train"], float)
+
+    # the same project under other hash seeds, a comment and blank lines moving every function down,
+    # a comment in a module, another walltime: nothing can change, nothing runs
+    for seed in ("1", "2", "3", "4", "5"):
+        again, states = run(project, seed=seed)
+        assert set(states.values()) == {"skipped"} and again == first, (seed, states)
+    edit(project, "wf.py", "import json, math", "# a comment\n\n\nimport json, math")
+    edit(project, "mymod.py", "def helper", "# helpers\n\ndef helper")
+    again, states = run(project, WALLTIME="900")
+    assert set(states.values()) == {"skipped"} and again == first, states
+
+    results, env = first, {}
+    for what, change, stage, reason, expected in EDITS:
+        change(project, env)
+        now, states = run(project, **env)
+        assert states[stage] == reason.format(p=project), (what, states)
+        assert all(s == "skipped" for name, s in states.items() if name != stage), (what, states)
+        assert {k: v for k, v in now.items() if k != stage} == {k: v for k, v in results.items() if k != stage}
+        assert now[stage] != results[stage], f"{what}: the stage ran again and returned the same"
+        if expected is not None:
+            assert now[expected[0]] == expected[1], (what, now)
+        results = now
+    assert results["flavor"][:2] == ["spicy", "note-v2\n"]
+
+
+def test_a_train_resumed_at_its_final_checkpoint_reports_its_true_loss(tmp_path):
+    """Killed after its last save, before its record was written: the rerun resumes at the end
+    (nothing left to train) and reports the loss the first run reached, not nan."""
+    wf = tmp_path / "wf.py"
+    wf.write_text(textwrap.dedent("""
+        import json, sys
+        import parsl_torch as pt
+        from parsl_torch.stages.train import train
+        cfg = {"steps": 3, "checkpoint_every": 1, "log_every": 1,
+               "model": {"kind": "mlp", "vocab_size": 16, "dim": 8, "seq_len": 8}, "data": {"batch_size": 4}}
+        with pt.workflow(site="local", run_dir="runs"):
+            print("result", json.dumps(train(cfg, ranks_per_node=2).result()))
+    """))
+
+    def go() -> dict:
+        out = subprocess.run([sys.executable, str(wf)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env=clean_env())
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(next(x for x in out.stdout.splitlines() if x.startswith("result "))[7:])
+
+    first = go()
+    # the state such a kill leaves: the final checkpoint, no record of the finished call
+    (tmp_path / "runs" / "train" / ".call.json").unlink()
+    for record in (tmp_path / "runs" / "parsl").glob("*/checkpoint"):
+        shutil.rmtree(record)
+    second = go()
+    assert second["resumed_from"] == 3 and second["final_loss"] == pytest.approx(first["final_loss"])
+
+
+def test_the_ranks_import_the_workflow_scripts_own_modules_also_under_parsl_torch_run(tmp_path):
+    from .conftest import BIN
+
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "localmod.py").write_text("VALUE = 41\n")
+    (tmp_path / "proj" / "wf.py").write_text(textwrap.dedent("""
+        import parsl_torch as pt
+        import localmod
+
+        @pt.distributed_app(ranks_per_node=1)
+        def plus_one():
+            return localmod.VALUE + 1
+
+        with pt.workflow(site="local", run_dir="runs"):
+            print("result", plus_one().result())
+    """))
+    out = subprocess.run([str(BIN / "parsl-torch"), "run", "proj/wf.py", "--run-dir", str(tmp_path / "runs")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "result 42" in out.stdout
