@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -21,7 +23,7 @@ BAD_NAMES = ["../escape", "/tmp/elsewhere", ".", "..", "parsl", "a\nb", ".lock",
 
 
 @pytest.mark.slow
-def test_a_stage_name_is_one_safe_folder_name(tmp_path, monkeypatch):
+def test_a_stage_name_is_one_safe_folder_name_and_arguments_need_an_identity(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.chdir(tmp_path)
 
@@ -29,9 +31,18 @@ def test_a_stage_name_is_one_safe_folder_name(tmp_path, monkeypatch):
     def noop():
         return 1
 
+    @pt.distributed_app(ranks_per_node=1)
+    def takes(cfg, opts=None):
+        return cfg
+
     outside = set(os.listdir(tmp_path))
     with pt.workflow(site="local", run_dir=tmp_path / "runs") as wf:
         before = set(os.listdir(wf.run_dir))
+        with pytest.raises(ConfigError, match=r"stage 'takes': argument 'cfg'\['lock'\] is a _thread.lock, which "
+                                              r"has no stable identity for reruns: pass plain data"):
+            takes({"lock": threading.Lock()})
+        with open(os.devnull) as handle, pytest.raises(ConfigError, match=r"argument 'opts' is a _io.TextIOWrapper"):
+            takes(1, opts=handle)
         for name in BAD_NAMES:
             with pytest.raises(ConfigError, match=r"stage= .* is not a stage name: use 1-100 letters"):
                 noop(stage=name)
@@ -94,3 +105,93 @@ def test_impossible_local_slots_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
     with pytest.raises(SiteError, match="local_slots: at most 1024 stages can run at once"):
         sites.load("big")
+
+
+ERROR_MIDWAY = """
+import pathlib, sys, time
+import parsl_torch as pt
+
+@pt.distributed_app(ranks_per_node=1)
+def slow(seconds):
+    time.sleep(seconds)
+    if pt.get_rank() == 0:
+        pathlib.Path("done.txt").write_text("done")
+    return seconds
+
+@pt.distributed_app(ranks_per_node=1)
+def after(x):
+    return x
+
+with pt.workflow(site="local", run_dir="runs", on_error=sys.argv[1]):
+    first = slow(8)
+    while not pathlib.Path("runs/slow/.started").exists():
+        time.sleep(0.1)
+    after(first)  # waits for slow: it must never start once the script raised
+    raise ValueError("bad config in a later stage")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("on_error", ["wait", "cancel"])
+def test_an_error_in_the_script_keeps_the_running_stages_work_or_stops_it_as_asked(tmp_path, on_error):
+    (tmp_path / "wf.py").write_text(ERROR_MIDWAY)
+    out = subprocess.run([sys.executable, "wf.py", on_error], cwd=tmp_path, capture_output=True, text=True,
+                         env=clean_env(), timeout=180)
+    assert out.returncode == 1 and "ValueError: bad config in a later stage" in out.stderr
+    said = "the workflow script raised ValueError: bad config in a later stage"
+    assert said in out.stderr
+    assert not (tmp_path / "runs" / "after" / ".started").exists(), "a stage started after the error"
+    if on_error == "wait":
+        assert "waiting for the running stage(s) slow to finish" in out.stderr
+        assert out.stderr.index(said) < out.stderr.index("[slow] done"), "the error was not shown at once"
+        assert (tmp_path / "runs" / "slow" / "done.txt").read_text() == "done"
+    else:
+        assert "waiting for" not in out.stderr
+        time.sleep(8)  # as long as the stage would have taken: nothing of it may still be running
+        assert not (tmp_path / "runs" / "slow" / "done.txt").exists()
+
+
+def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path, monkeypatch):
+    from parsl_torch import sites
+
+    (tmp_path / "g.yaml").write_text("name: g\nscheduler: slurm\nprovider: {walltime: '01:00:00', "
+                                     "grace_period: 1.0e308}\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    with pytest.raises(SiteError, match=r"provider.grace_period: expected .*got str '1.0e308' \(YAML reads it as "
+                                        r"text: write 1.0e\+308\)"):
+        sites.load("g")
+
+
+TAKER = """
+import socket, sys, time
+from pathlib import Path
+from parsl_torch.common import runlock
+from parsl_torch.errors import ConfigError
+
+judge = runlock.RunLock._stale
+def slow_judge(holder, age):  # both takers judge the lock stale before either acts on it
+    verdict = judge(holder, age)
+    time.sleep(1.0)
+    return verdict
+runlock.RunLock._stale = staticmethod(slow_judge)
+try:
+    with runlock.RunLock(Path(sys.argv[1])):
+        print("held", flush=True)
+        time.sleep(3)
+except ConfigError as exc:
+    print("refused", exc, flush=True)
+"""
+
+
+def test_of_two_workflows_taking_over_one_stale_lock_exactly_one_wins(tmp_path):
+    import json
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout),
+                                                "since": "earlier"}))
+    (tmp_path / "taker.py").write_text(TAKER)
+    takers = [subprocess.Popen([sys.executable, str(tmp_path / "taker.py"), str(tmp_path)], stdout=subprocess.PIPE,
+                               text=True, env=clean_env()) for _ in range(2)]
+    said = sorted(p.communicate(timeout=60)[0].split()[0] for p in takers)
+    assert said == ["held", "refused"], said

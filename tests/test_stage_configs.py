@@ -22,8 +22,8 @@ from parsl_torch.stages.train import TrainConfig
     ({"dtype": "int8", "strategy": "fsdp"}, "dtype: 'int8' is not one of bf16, fp16"),
     ({"tp_size": 0, "strategy": "fsdp+tp"}, "tp_size: must be at least 2"),
     ({"tp_size": -2, "strategy": "fsdp+tp"}, "tp_size: must be at least 2"),
-    ({"seed": -1}, "seed: must be at least 0"),
-    ({"data": {"seed": -3}}, r"data\.seed: must be at least 0"),
+    ({"seed": -1}, "seed: must be between 0 and 4294967295"),
+    ({"data": {"seed": -3}}, r"data\.seed: must be between 0 and 4294967295"),
     ({"steps": 0}, "steps: must be at least 1"),
     ({"strategy": "zero3"}, "strategy: 'zero3' is not one of"),
 ])

@@ -328,6 +328,50 @@ def test_secrets_given_to_a_stage_are_in_no_file_a_run_writes_but_its_private_on
     assert (tmp_path / "run" / "parsl").is_dir()
 
 
+@pytest.mark.slow
+def test_secrets_in_a_scripts_arguments_stay_off_command_lines_and_out_of_every_file(tmp_path, monkeypatch):
+    """Only the script's own process has them in its argv: not the supervisor, mpiexec or the shim
+    (read from /proc while it runs), no file the run wrote but the 0600 ones, not the error."""
+    import stat
+    import threading
+
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    script = tmp_path / "leaky.py"
+    script.write_text("import sys, time\ntime.sleep(3)\nprint('failing with', sys.argv[1:])\nsys.exit(3)\n")
+    secrets = (b"SECRETVALUE123", b"TOK456")
+    offenders, scripts, done = set(), set(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            for proc in Path("/proc").iterdir():
+                try:
+                    words = (proc / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if any(s in w for w in words for s in secrets):
+                    (scripts if words[1:2] == [str(script).encode()] else offenders).add(b" ".join(words)[:300])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(StageError) as failed:
+            with pt.workflow(site="local", run_dir=tmp_path / "run"):
+                pt.script_app(script, args=["--api-key", "SECRETVALUE123", "--token=TOK456"],
+                              ranks_per_node=2)().result()
+    finally:
+        done.set()
+        watcher.join()
+    assert scripts, "the watcher never saw the script run"
+    assert not offenders, offenders
+    assert "exited with code 3" in str(failed.value) and not any(s.decode() in str(failed.value) for s in secrets)
+    stage = tmp_path / "run" / "leaky"
+    for name in (".argv.json", ".env.json", "stdout.txt", "stderr.txt"):
+        assert stat.S_IMODE((stage / name).stat().st_mode) == 0o600, name
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.name not in (".argv.json", "stdout.txt"):  # stdout: what the script printed
+            assert not any(s in path.read_bytes() for s in secrets), path
+
+
 def test_redaction_covers_names_flags_and_urls_but_not_authors():
     from parsl_torch.common.metadata import REDACTED, redact
 
@@ -338,6 +382,10 @@ def test_redaction_covers_names_flags_and_urls_but_not_authors():
     text = repr(got)
     assert not any(f"p{i}'" in text or f"p{i}@" in text for i in range(1, 11)), text
     assert got["db"] == f"postgres://me:{REDACTED}@host/db"
+    from parsl_torch.common.metadata import redact_text
+
+    assert redact_text("python m.py --api-key p11 --token=p12 --lr 3e-4 --password 'p 13' --monkey 4") == \
+        f"python m.py --api-key {REDACTED} --token={REDACTED} --lr 3e-4 --password {REDACTED} --monkey 4"
 
 
 def test_sites_show_hides_secret_environment_values(tmp_path, monkeypatch, capsys):

@@ -34,6 +34,7 @@ from .futures import StageFuture
 from .fingerprint import Fingerprinter, Unidentifiable
 from .memo import stage_components
 from .payload import (
+    ARGV_FILE,
     ENV_FILE,
     PAYLOAD,
     RESULT,
@@ -77,9 +78,12 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
             os.unlink(result)  # a stale value must never pass for this run's
         with _private(payload) as f:  # the call's arguments may hold secrets
             dill.dump((fn, args, kwargs), f)
-        rank_cmd = f"{py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
-    else:
-        rank_cmd = shlex.join([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script])
+        rank_cmd = f"-- {py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
+    else:  # the script's arguments may hold secrets: the shim reads them from a private file
+        argv_file = os.path.join(opts.stage_dir, ARGV_FILE)
+        with _private(argv_file) as f:
+            f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
+        rank_cmd = f"--argv-file {shlex.quote(argv_file)}"
     # the stage's environment goes to the supervisor in a private file, not on the command line,
     # which Parsl echoes into stderr.txt (and so into errors): its values may be secrets
     env = dict((*opts.env, (CALL_ID_VAR, call)))
@@ -91,7 +95,7 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
     timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
-            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} -- {rank_cmd}")
+            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} {rank_cmd}")
 
 
 def _private(path: str):
@@ -101,16 +105,19 @@ def _private(path: str):
 
 def _keep_earlier_attempt(stage_dir: str) -> None:
     """Each attempt gets its own stdout/stderr: an earlier attempt's (a Parsl retry, a rerun)
-    become ``stdout.1.txt``, ``stderr.1.txt``, ... before Parsl opens the files for this one."""
+    become ``stdout.1.txt``, ``stderr.1.txt``, ... before Parsl opens the files for this one,
+    which are made here, readable by their owner only."""
     logs = [Path(stage_dir, name) for name in (STDOUT, STDERR)]
-    if not any(p.exists() and p.stat().st_size for p in logs):
-        return
-    n = 1
-    while any(p.with_suffix(f".{n}.txt").exists() for p in logs):
-        n += 1
-    for p in logs:
-        if p.exists():
-            p.rename(p.with_suffix(f".{n}.txt"))
+    if any(p.exists() and p.stat().st_size for p in logs):
+        n = 1
+        while any(p.with_suffix(f".{n}.txt").exists() for p in logs):
+            n += 1
+        for p in logs:
+            if p.exists():
+                p.rename(p.with_suffix(f".{n}.txt"))
+    for p in logs:  # what a stage prints may hold secrets: its owner's only (Parsl appends to them)
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chmod(p, 0o600)
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,7 +169,8 @@ class DistributedApp:
         # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
         args = tuple(_absolute(a) for a in args)
         kwargs = {k: _absolute(v) for k, v in kwargs.items()}
-        code, roots = self._code(stage or self.name, args, kwargs, identity.DigestCache.of_run_dir(wf.run_dir))
+        self._check_arguments(stage or self.name, args, kwargs)
+        code, roots = self._code(stage or self.name, identity.DigestCache.of_run_dir(wf.run_dir))
         stage = wf.stage_name(stage or self.name, explicit=stage is not None)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
@@ -182,11 +190,9 @@ class DistributedApp:
         wf.track(future, nodes * ppn)
         return future
 
-    def _code(self, stage: str, args: tuple, kwargs: dict[str, Any],
-              cache: identity.DigestCache) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """The function's fingerprint and the user modules it reaches; the arguments that are not
-        futures are checked now, so one without an identity fails before anything is submitted
-        (their files are read when the stage is ready to run)."""
+    def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Arguments that are not futures need an identity now, so one without fails before anything
+        is submitted (the files they name are read when the stage is ready to run)."""
         fp = Fingerprinter(lambda path: "", strict=True)
         names = _parameter_names(self.fn, len(args)) if self.fn is not None else []
         for i, value in enumerate(args):
@@ -195,6 +201,9 @@ class DistributedApp:
         for key, value in kwargs.items():
             if not isinstance(value, Future):
                 _identifiable(stage, fp, value, f"argument {key!r}")
+
+    def _code(self, stage: str, cache: identity.DigestCache) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The function's fingerprint and the user modules it reaches (a script's are read from its file)."""
         if self.fn is None:
             return "", ()
         fp = Fingerprinter(cache.file_digest, strict=False)
@@ -221,9 +230,7 @@ def _identifiable(stage: str, fp: Fingerprinter, value: Any, where: str) -> None
     try:
         fp.token(value, where)
     except Unidentifiable as exc:
-        raise ConfigError(f"stage {stage!r}: {exc}: pass plain data (numbers, strings, lists, dicts, "
-                          f"dataclasses, arrays), a Path, or write it to a file and pass that as an input "
-                          f"File") from None
+        raise ConfigError(f"stage {stage!r}: {exc}") from None
 
 
 def _script_target(script: Sequence[str] | None) -> tuple[str | None, str | None]:

@@ -46,7 +46,9 @@ class Unidentifiable(TypeError):
 
     def __init__(self, where: str, value: Any) -> None:
         self.where, self.type_name = where, f"{type(value).__module__}.{type(value).__qualname__}"
-        super().__init__(f"{where} is a {self.type_name}, which has no stable identity for reruns")
+        super().__init__(f"{where} is a {self.type_name}, which has no stable identity for reruns: pass plain "
+                         f"data (numbers, strings, lists, dicts, dataclasses, arrays), a Path, or write it to a "
+                         f"file and pass that as an input File")
 
 
 _MAIN = "__main__"

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import functools
 import pickle
+import threading
+from concurrent.futures import Future
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.log import get_logger
-from ..errors import ConfigError
+from ..errors import ConfigError, StageError
 from . import identity
 from .fingerprint import Unidentifiable
 from .payload import StageOptions
@@ -52,8 +54,7 @@ def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tup
     try:
         arguments = identity.arguments_digest((*(script or ()), *args), own, list(kwargs.get("outputs", ())), cache)
     except Unidentifiable as exc:
-        raise ConfigError(f"stage {Path(opts.stage_dir).name!r}: {exc}: pass plain data (numbers, strings, "
-                          f"lists, dicts, dataclasses, arrays), a Path, or the data as an input File") from None
+        raise ConfigError(f"stage {Path(opts.stage_dir).name!r}: {exc}") from None
     return identity.components(opts, arguments, list(kwargs.get("inputs", ())), cache)
 
 
@@ -66,8 +67,9 @@ def _stage_call(task: Any) -> tuple[str, StageOptions, Sequence[Any] | None, tup
     return None
 
 
-def stage_memoizer(checkpoint_files: list[str], run_dir: Path) -> Any:
-    """A Parsl memoizer for stages (Parsl's BasicMemoizer with the rules above)."""
+def stage_memoizer(checkpoint_files: list[str], run_dir: Path, stopping: threading.Event) -> Any:
+    """A Parsl memoizer for stages (Parsl's BasicMemoizer with the rules above). Once ``stopping``
+    is set (the workflow script raised), a stage that was about to start fails instead."""
     from parsl.dataflow.memoization import BasicMemoizer
 
     cache = identity.DigestCache.of_run_dir(run_dir)
@@ -79,6 +81,11 @@ def stage_memoizer(checkpoint_files: list[str], run_dir: Path) -> Any:
             if call is None or not self.memoize or not task["memoize"]:
                 return super().check_memo(task)
             function, opts, script, args, kwargs = call
+            if stopping.is_set():
+                refused: Future = Future()
+                refused.set_exception(StageError(f"stage {Path(opts.stage_dir).name!r} did not start: the "
+                                                 f"workflow script raised an error before it could"))
+                return refused
             checked[task["id"]] = now = stage_components(opts, script, args, kwargs, cache)
             task["hashsum"] = key = identity.call_id(now)
             kwargs[CALL_KWARG] = key  # the ranks' checkpoints belong to this call

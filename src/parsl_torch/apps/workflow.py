@@ -33,7 +33,7 @@ from ..launch.schedulers import get_scheduler
 from . import status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations, check_max_continuations
 from .memo import register_memo_ids, stage_memoizer
-from .status import StatusFile
+from .status import STARTED, StatusFile
 
 MARKER = ".parsl-torch-run"
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
@@ -59,6 +59,9 @@ class Workflow:
         self.mpi_label = mpi_label
         self.memoize = mpi_label == "mpi"
         self._futures: list[Any] = []
+        self._submitted: dict[str, float] = {}
+        #: set when the workflow script raised: no stage starts after it (the memoizer refuses them)
+        self.stopping = threading.Event()
         self.status = StatusFile(run_dir, site.name)
         #: Parsl's retry_handler: a stage that stopped for its block's end is submitted again
         self.continuations = Continuations(self.status, max_continuations, retry_handler)
@@ -128,6 +131,36 @@ class Workflow:
             raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
                               f"ask for fewer nodes or raise the site's nodes (--nodes / PARSL_TORCH_NODES)")
 
+    def running(self) -> list[Any]:
+        """The stages that are running now (started since they were submitted, not done)."""
+        now = []
+        for future in self._futures:
+            started = self.run_dir / future.stage / STARTED
+            with contextlib.suppress(OSError):
+                if not future.done() and started.stat().st_mtime >= self._submitted[future.stage]:
+                    now.append(future)
+        return now
+
+    @contextlib.contextmanager
+    def running_stages_finish(self, on_error: str) -> Iterator[None]:
+        """The workflow script's body: if it raises, say so at once and (on_error="wait") let the
+        stages that are running finish before Parsl is shut down; Ctrl-C during that wait stops them."""
+        try:
+            yield
+        except BaseException as exc:
+            self.stopping.set()
+            running = self.running() if on_error == "wait" and not isinstance(exc, KeyboardInterrupt) else []
+            first = (str(exc).splitlines() or [""])[0]
+            self.log.error("the workflow script raised %s%s%s", type(exc).__name__, f": {first}" if first else "",
+                           f"; waiting for the running stage(s) {', '.join(f.stage for f in running)} to finish "
+                           f"(pt.workflow(on_error='cancel') stops them at once; Ctrl-C stops them now)"
+                           if running else "")
+            with contextlib.suppress(KeyboardInterrupt):
+                for future in running:
+                    with contextlib.suppress(Exception):
+                        future.exception()
+            raise
+
     def wait(self) -> None:
         """Wait for every stage of this workflow (not the other tasks of the user's Parsl)."""
         for future in list(self._futures):
@@ -136,6 +169,7 @@ class Workflow:
 
     def track(self, future: Any, ranks: int) -> None:
         self._futures.append(future)
+        self._submitted[future.stage] = time.time() - 1.0  # mtimes may be coarser than time()
         self.continuations.watch(future.app_future.tid, future.stage, self.run_dir / future.stage)
         started = time.monotonic()
         self.log.info("[%s] submitted: %d rank(s)", future.stage, ranks)
@@ -170,6 +204,10 @@ def check_stage_name(name: Any, explicit: bool) -> None:
         raise ConfigError(f"{given} {name!r} is not a stage name: use 1-100 letters, digits, '.', '_' or '-', "
                           f"starting with a letter or digit, not {', '.join(RESERVED_NAMES)} (each stage is one "
                           f"folder under the run directory)")
+
+
+#: what pt.workflow does with the stages that run when the workflow script raises
+ON_ERROR = ("wait", "cancel")
 
 
 #: pt.workflow's keywords that change the site, as for sites.load
@@ -241,8 +279,8 @@ def _run_flags() -> dict[str, Any]:
 
 @contextlib.contextmanager
 def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
-             retries: int = 0, max_continuations: int = DEFAULT_MAX_CONTINUATIONS, gc_executor: Any = None,
-             **settings: Any) -> Iterator[Workflow]:
+             retries: int = 0, max_continuations: int = DEFAULT_MAX_CONTINUATIONS, on_error: str = "wait",
+             gc_executor: Any = None, **settings: Any) -> Iterator[Workflow]:
     """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
 
     ``retries``: times Parsl reruns a failed stage (the built-in train stage
@@ -251,7 +289,10 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     ``max_continuations`` blocks in a row without progress. Other keywords are site overrides
     (account, queue, walltime, nodes, as for ``pt.sites.load``) or
     ``parsl.Config`` settings (``monitoring=MonitoringHub(...)``,
-    ``retry_handler``, ``max_idletime``, ...). On a Globus Compute site the
+    ``retry_handler``, ``max_idletime``, ...). ``on_error``: when the workflow script
+    raises, the error is logged at once and the stages already running finish
+    ("wait", the default: their work is kept and a rerun skips them) or are
+    stopped at once ("cancel"); stages that have not started never start. On a Globus Compute site the
     stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
     records stay here. ``gc_executor`` replaces the site's Globus Compute
     Executor (tests). Under ``parsl-torch run --site S --run-dir D --fresh``
@@ -266,6 +307,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     fresh = bool(fresh or flags.get("fresh"))
     site_overrides, config_settings = _split_settings(settings)
     check_max_continuations(max_continuations)
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"pt.workflow(on_error={on_error!r}): use one of {', '.join(map(repr, ON_ERROR))}")
     loaded = sites.load(site, **site_overrides)
     users_dfk = _loaded_dfk()
     if users_dfk is not None:  # stages run on the site's executors in the user's own config
@@ -291,11 +334,12 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
         watching = _watch_progress(run_dir)
         try:
             if users_dfk is not None:
-                yield wf
+                with wf.running_stages_finish(on_error):
+                    yield wf
                 wf.wait()
                 return
             parsl_dir = run_dir / "parsl"
-            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), run_dir)
+            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), run_dir, wf.stopping)
             config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
                                          retries=retries, retry_handler=wf.continuations, **config_settings)
             parsl_log: list = []
@@ -305,7 +349,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                         parsl_log = _file_handlers("parsl", parsl_dir)
                         for handler in parsl_log:
                             handler.addFilter(_without_task_arguments)
-                        yield wf
+                        with wf.running_stages_finish(on_error):
+                            yield wf
                         dfk.wait_for_current_tasks()
                 finally:
                     for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:

@@ -28,9 +28,15 @@ def is_secret_name(name: Any) -> bool:
         s in joined for s in ("apikey", "accesskey", "privatekey", "secretkey", "password", "passphrase"))
 
 
+#: a flag and its value in running text: ``--api-key VALUE``, ``--token=VALUE``, ``-p 'VALUE'``
+_TEXT_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
+
+
 def redact_text(text: str) -> str:
-    """``text`` with passwords in URLs (scheme://user:PASSWORD@host) replaced by ***."""
-    return _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
+    """``text`` with passwords in URLs (scheme://user:PASSWORD@host) and the values of secret flags
+    (``--api-key X``, ``--token=X``: a command line echoed in a log) replaced by ***."""
+    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
+    return _TEXT_FLAG.sub(lambda m: f"{m['flag']}{m['sep']}{REDACTED}" if is_secret_name(m["flag"]) else m[0], text)
 
 
 def redact(value: Any) -> Any:

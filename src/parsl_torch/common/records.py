@@ -65,6 +65,9 @@ def _convert(value: Any, tp: Any, where: str, error: type[Exception]) -> Any:
     if tp is typing.Any or (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
         return value
     hint = " (quote it)" if tp is str and value is not None else ""
+    if tp in (int, float) and isinstance(value, str) and _is_number(value):
+        # YAML 1.1 reads 1e5 and 1.0e308 as text: an exponent needs a dot and a sign
+        hint = f" (YAML reads it as text: write {_yaml_number(value)})"
     raise error(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}")
 
 
@@ -89,3 +92,21 @@ def build_dataclass(cls: type, data: Mapping[str, Any], where: str, error: type[
         return cls(**values)
     except error as exc:  # a record's own check (__post_init__) names its field; add where it sits
         raise error(f"{where}.{exc}" if where else str(exc)) from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _yaml_number(text: str) -> str:
+    """``text`` as a number YAML reads as one: 1e5 -> 1.0e+5, 1.0e308 -> 1.0e+308."""
+    mantissa, e, exponent = text.lower().partition("e")
+    if not e:
+        return text
+    if "." not in mantissa:
+        mantissa += ".0"
+    return f"{mantissa}e{exponent if exponent[:1] in '+-' else '+' + exponent}"

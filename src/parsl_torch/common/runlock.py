@@ -6,7 +6,9 @@ PID, process start time and start date. The holder touches it every
 HEARTBEAT_S seconds. A lock is stale, and taken over without anyone's help,
 when its holder is gone: on the same host, its process no longer exists (or
 is another process with the same PID); from another host, the lock has not
-been touched for STALE_S seconds.
+been touched for STALE_S seconds. A stale lock is removed under a second
+O_EXCL file (``.lock.takeover``) after being judged stale again, so of two
+workflows that find the same stale lock exactly one gets the directory.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from ..errors import ConfigError
 from .procs import proc_stat
 
 LOCK = ".lock"
+#: held for the milliseconds of a takeover of a stale lock
+TAKEOVER = ".lock.takeover"
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
+TAKEOVER_STALE_S = 30.0
 
 
 def _start_time(pid: int) -> str | None:
@@ -89,7 +94,7 @@ class RunLock:
     def __enter__(self) -> RunLock:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid()),
               "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": self.token}
-        for _ in range(5):
+        for _ in range(50):  # a takeover by another workflow in progress: its guard is gone in ms
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
@@ -100,11 +105,7 @@ class RunLock:
                         f"{holder.get('host')}, PID {holder.get('pid')}, since {holder.get('since')}. Wait for it "
                         f"to finish or use another run directory (a crashed holder's lock is taken over "
                         f"automatically: at once on its host, after {STALE_S:.0f} s elsewhere)") from None
-                # stale (or unreadable and old): move it aside; of several takers only one rename succeeds
-                with contextlib.suppress(FileNotFoundError):
-                    aside = self.path.with_name(f"{LOCK}.stale.{self.token}")
-                    os.rename(self.path, aside)
-                    aside.unlink()
+                self._take_over()  # stale (or unreadable and old)
                 continue
             except OSError as exc:  # read-only, no permission, no space: the user's to fix
                 raise ConfigError(f"cannot write run directory {self.path.parent} ({exc.strerror}): make it "
@@ -130,6 +131,28 @@ class RunLock:
         if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
             return not _alive(holder["pid"], holder.get("started"))
         return age > STALE_S
+
+    def _take_over(self) -> None:
+        """Remove a stale lock, one taker at a time: under the takeover guard (O_EXCL too) the lock
+        is judged again, so a taker that judged it stale a moment ago cannot remove the fresh lock
+        another taker has made since. A guard older than TAKEOVER_STALE_S belongs to a crashed taker."""
+        guard = self.path.with_name(TAKEOVER)
+        try:
+            os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if time.time() - guard.stat().st_mtime > TAKEOVER_STALE_S:
+                    guard.unlink()
+            time.sleep(0.05)
+            return
+        try:
+            holder, age = self._holder()
+            if holder is not None and self._stale(holder, age):
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                guard.unlink()
 
     def _ours(self) -> bool:
         with contextlib.suppress(OSError, ValueError):

@@ -1,4 +1,4 @@
-"""``python -m parsl_torch.launch.shim -- CMD ...``: what every launched rank runs.
+"""``python -m parsl_torch.launch.shim -- CMD ...`` (or ``--argv-file FILE``): what every launched rank runs.
 
 It exports the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) from whatever launcher
@@ -128,11 +128,21 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _command(argv: list[str]) -> list[str]:
+    """``-- CMD ...``, or ``--argv-file F``: CMD as a JSON list in a private file, so that what it
+    carries (a script's --api-key) stays off the launcher's and this process's command lines."""
+    if argv[:1] == ["--argv-file"] and len(argv) == 2:
+        with open(argv[1]) as f:
+            cmd = json.load(f)
+        return [str(word) for word in cmd] if isinstance(cmd, list) else []
+    return argv[1:] if argv[:1] == ["--"] else argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    cmd = argv[1:] if argv[:1] == ["--"] else argv
+    cmd = _command(argv)
     if not cmd or argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: python -m {SHIM} -- COMMAND [ARGS...]", file=sys.stderr)
+        print(f"usage: python -m {SHIM} -- COMMAND [ARGS...] | --argv-file FILE (a JSON list)", file=sys.stderr)
         return 2
     topo, extra = torchrun_env(os.environ)
     address = os.environ.get(NOTIFY_VAR)
