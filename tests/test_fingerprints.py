@@ -68,7 +68,11 @@ def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
     data = tmp_path / "x.txt"
     data.write_text("1")
     fp = Fingerprinter(identity.DigestCache(None).file_digest, strict=True)
-    values = [data, np.arange(3), {"b", "a"}, OrderedDict(a=1), Opts(0.1, ("x",)), frozenset({1}), b"raw", None]
+    from collections import namedtuple
+
+    point = namedtuple("point", "x y")
+    values = [data, np.arange(3), {"b", "a"}, OrderedDict(a=1), Opts(0.1, ("x",)), frozenset({1}), b"raw", None,
+              point(1, 2)]
     before = [fp.token(v, "arg") for v in values]
     assert [fp.token(v, "arg") for v in values] == before
     assert fp.token(OrderedDict(b=1, a=2), "a") != fp.token(OrderedDict(a=2, b=1), "a")  # its order is its value

@@ -5,6 +5,7 @@ cannot be written, seeds that overflow on the ranks, impossible site settings.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -195,3 +196,27 @@ def test_of_two_workflows_taking_over_one_stale_lock_exactly_one_wins(tmp_path):
                                text=True, env=clean_env()) for _ in range(2)]
     said = sorted(p.communicate(timeout=60)[0].split()[0] for p in takers)
     assert said == ["held", "refused"], said
+
+
+@pytest.mark.slow
+def test_a_walltime_too_short_for_a_block_to_take_a_stage_fails_at_once(tmp_path):
+    """It used to submit and kill block after block forever (20 blocks in 100 s, nothing said)."""
+    (tmp_path / "wf.py").write_text(textwrap.dedent("""
+        import parsl_torch as pt
+
+        @pt.distributed_app(ranks_per_node=1)
+        def one():
+            return 1
+
+        with pt.workflow(site="local", run_dir="runs"):
+            print(one().result())
+    """))
+    t0 = time.monotonic()
+    out = subprocess.run([str(BIN / "parsl-torch"), "run", "wf.py"], cwd=tmp_path, capture_output=True, text=True,
+                         env=clean_env(PARSL_TORCH_WALLTIME="00:00:03"), timeout=120)
+    assert out.returncode == 2 and time.monotonic() - t0 < 60, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("parsl-torch: error: site 'local': walltime 00:00:03 is too short for a block to take "
+                           "a stage: a block takes new stages only in its first 1 s"), line
+    assert re.search(r"a worker pool needs [\d.]+ s to start here \(measured\)", line), line
+    assert not (tmp_path / "runs" / "one").exists()  # nothing was submitted

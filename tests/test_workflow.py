@@ -184,15 +184,19 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
     from parsl_torch.apps.payload import StageOptions
 
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
-    cmd = _stage_command(None, ["python", "train.py"], opts)
+    cmd = _stage_command(None, ["python", "train.py", "--token", "t0k"], opts)
     assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --ranks 24 -- $PARSL_MPI_PREFIX "
             "--cpu-bind list:1-8:9-16 ") in cmd
-    assert cmd.startswith(f"cd {tmp_path} && ") and cmd.endswith("-m parsl_torch.launch.shim -- python train.py")
-    # the environment is off the command line (Parsl echoes it into stderr.txt), in a private file
-    assert "s3cr3t" not in cmd
-    env_file = tmp_path / ".env.json"
+    assert cmd.startswith(f"cd {tmp_path} && ")
+    assert cmd.endswith(f"-m parsl_torch.launch.shim --argv-file {tmp_path / '.argv.json'}")
+    # the environment and the script's arguments are off the command line (Parsl echoes it into
+    # stderr.txt), in private files
+    assert "s3cr3t" not in cmd and "t0k" not in cmd
+    env_file, argv_file = tmp_path / ".env.json", tmp_path / ".argv.json"
     assert json.loads(env_file.read_text())["WANDB_API_KEY"] == "s3cr3t"
-    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert json.loads(argv_file.read_text()) == ["python", "train.py", "--token", "t0k"]
+    for private in (env_file, argv_file, tmp_path / "stdout.txt", tmp_path / "stderr.txt"):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
 
 
 def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):

@@ -349,7 +349,8 @@ def named_path(arg: Any) -> str | None:
 
 def submit_builtin(builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
                    input_roles: Sequence[str], output_roles: Sequence[str], app: DistributedApp,
-                   files: Sequence[str] = (), stage: str | None = None, num_nodes: int | None = None, ranks_per_node: int | None = None,
+                   files: Sequence[str] = (), stage: str | None = None, num_nodes: int | None = None,
+                   ranks_per_node: int | None = None,
                    walltime: float | None = None) -> StageFuture:
     """A built-in stage: a distributed app here, or on a Globus Compute site its
     module entry point on the endpoint (only its config travels; see ``remote``).

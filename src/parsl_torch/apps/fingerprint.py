@@ -52,8 +52,6 @@ class Unidentifiable(TypeError):
 
 
 _MAIN = "__main__"
-#: (file, module name) pairs: the user modules a fingerprint reached
-Roots = set
 
 
 def _sha(data: bytes) -> str:
@@ -66,7 +64,8 @@ class Fingerprinter:
     def __init__(self, file_digest: Callable[[str], str], strict: bool) -> None:
         self.file_digest = file_digest
         self.strict = strict
-        self.roots: Roots = set()
+        #: (file, module name) of each user module the tokens reached
+        self.roots: set[tuple[str, str]] = set()
         #: the files that Path and File values name, with their content digests
         self.files: dict[str, str] = {}
         self._active: set[int] = set()
@@ -81,8 +80,8 @@ class Fingerprinter:
         kind = type(value)
         if value is None or kind in (bool, int, float, complex, str, bytes):
             return (kind.__name__, repr(value))
-        if kind in (list, tuple):
-            return (kind.__name__, [self.token(v, f"{where}[{i}]") for i, v in enumerate(value)])
+        if isinstance(value, (list, tuple)):  # namedtuples too (their type is part of the value)
+            return (self._type_name(kind), [self.token(v, f"{where}[{i}]") for i, v in enumerate(value)])
         if kind in (set, frozenset):
             return (kind.__name__, sorted(repr(self.token(v, f"{where} (an element)")) for v in value))
         if isinstance(value, dict):

@@ -313,6 +313,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     users_dfk = _loaded_dfk()
     if users_dfk is not None:  # stages run on the site's executors in the user's own config
         _check_users_dfk(users_dfk, loaded, retries=retries, gc_executor=gc_executor, settings=config_settings)
+    elif not get_scheduler(loaded.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
+        sites.build.check_blocks_take_stages(loaded.spec)
     run_dir = Path(run_dir).absolute()
     _check_ours(run_dir)
     try:

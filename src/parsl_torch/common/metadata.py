@@ -29,7 +29,8 @@ def is_secret_name(name: Any) -> bool:
 
 
 #: a flag and its value in running text: ``--api-key VALUE``, ``--token=VALUE``, ``-p 'VALUE'``
-_TEXT_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
+_TEXT_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+)"
+                        r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 
 
 def redact_text(text: str) -> str:

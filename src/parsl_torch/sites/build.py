@@ -67,6 +67,51 @@ def drain_period(spec: SiteSpec) -> int | None:
     return None if timing is None else max(1, int(timing[0] - 1.5 * timing[1]))
 
 
+#: a block whose window for new stages is shorter than this gets the start-up check below
+SHORT_WINDOW_S = 60.0
+#: after its pool starts, the time a block needs to register with Parsl and take a stage
+TAKE_STAGE_S = 1.0
+
+
+def check_blocks_take_stages(spec: SiteSpec) -> None:
+    """Refuse a walltime whose blocks end before they can take a stage (Parsl would submit block
+    after block forever): a block takes new stages only for ``drain_period`` seconds after its
+    workers start, and a worker pool must start within them (measured here when the window is short)."""
+    window = drain_period(spec)
+    if window is None or window >= SHORT_WINDOW_S:
+        return
+    startup = pool_startup_seconds()
+    if window >= startup + TAKE_STAGE_S:
+        return
+    walltime, grace = block_seconds(spec)  # type: ignore[misc] - a window means a walltime
+    need = next((w for w in range(int(walltime) + 1, 3601) if _window(spec, w) >= startup + TAKE_STAGE_S), 3600)
+    raise SiteError(f"site {spec.name!r}: walltime {spec.provider.walltime} is too short for a block to take a "
+                    f"stage: a block takes new stages only in its first {window} s (the walltime less 1.5 x its "
+                    f"{grace:g} s grace period), and a worker pool needs {startup:.1f} s to start here (measured) "
+                    f"and about {TAKE_STAGE_S:g} s more to take a stage: use a walltime of at least "
+                    f"{_hms(need)} (pt.workflow(walltime=...), PARSL_TORCH_WALLTIME or the site's provider.walltime)")
+
+
+def pool_startup_seconds() -> float:
+    """Seconds this Python takes to start and import Parsl's worker pool (what a block does first)."""
+    import subprocess
+    import time
+
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import parsl.executors.high_throughput.process_worker_pool"],
+                   capture_output=True, timeout=600, check=False)
+    return time.perf_counter() - t0
+
+
+def _hms(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _window(spec: SiteSpec, walltime: int) -> int:
+    longer = dataclasses.replace(spec, provider=dataclasses.replace(spec.provider, walltime=_hms(walltime)))
+    return drain_period(longer) or 0
+
+
 def _address(spec: SiteSpec) -> dict[str, Any]:
     if not spec.address_interface:
         return {}
