@@ -336,13 +336,20 @@ def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tm
 
     from parsl_torch.apps.futures import stage_error
 
+    from parsl_torch.common.outcome import OUTCOME_FILE, write_outcome
+    from parsl_torch.launch.supervise import _node_outcome
+
+    # what the ranks and the launcher printed does not decide the error (any wording): the record does
     stderr = tmp_path / "stderr.txt"
-    stderr.write_text("parsl-torch: rank 0 on n1 exited with code 1\n"
-                      "parsl-torch: node n2 lost (ranks 2, 3): no heartbeat for 30 s (node down or its network "
-                      "cut); stopping the other 3 rank(s)\n")
+    stderr.write_text("rank 0 on n1: whatever a launcher prints\nBAD TERMINATION OF ONE OF YOUR PROCESSES\n")
+    write_outcome(tmp_path, _node_outcome("lost", {"host": "n2", "ranks": [2, 3], "silent_s": 30.0}))
     err = stage_error("train", BashExitFailure("train", 75), stderr)
     assert str(err).startswith("stage 'train' failed: node n2 lost (ranks 2, 3): no heartbeat for 30 s "
                                "(node down or its network cut) (exit code 75)")
+    assert "BAD TERMINATION" in str(err)  # the tail is still shown, for people
+    (tmp_path / OUTCOME_FILE).unlink()  # no record (the supervisor never ran): no guess from the text
+    assert str(stage_error("train", BashExitFailure("train", 1), stderr)).startswith(
+        "stage 'train' failed: a rank failed (exit code 1)")
 
 
 def test_ranks_per_node_default_to_what_the_job_asked_for(tmp_path):

@@ -222,3 +222,11 @@ def test_adding_a_scheduler_is_one_record(gridengine, tmp_path, monkeypatch):
 def test_every_module_says_what_it_is_for():
     missing = [m for m, path in MODULES.items() if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not missing, f"modules without a docstring at the top: {missing}"
+
+
+def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
+    """The supervisor records how a launch ended (common/outcome.py); the workflow's stage error
+    reads that record, never a regular expression over what ranks or launchers printed."""
+    assert "re" not in {target for target, _ in EDGES["parsl_torch.apps.futures"]}
+    assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.apps.futures"]}
+    assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.launch.supervise"]}

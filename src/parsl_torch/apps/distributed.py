@@ -27,6 +27,7 @@ from typing import Any
 
 from ..common.blocks import CALL_ID_VAR, STAGE_DIR_VAR
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
+from ..common.outcome import forget_outcome
 from ..common.records import ENV_NAME
 from ..errors import ConfigError
 from . import identity
@@ -65,6 +66,7 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
         opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
     identity.forget_call(opts.stage_dir)  # from now on the directory holds this run's files
+    forget_outcome(opts.stage_dir)  # an earlier launch's outcome must not explain this one's failure
     _keep_earlier_attempt(opts.stage_dir)
     Path(opts.stage_dir, STARTED).touch()  # parsl-torch status: the stage is running
     if fn is not None:

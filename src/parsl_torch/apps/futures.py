@@ -3,13 +3,13 @@ stage, which rank on which node, what exit code, and the tail of its stderr."""
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from ..common.blocks import CONTINUE_EXIT
 from ..common.metadata import redact_text
+from ..common.outcome import Cause, read_outcome
 from ..errors import StageError
 
 _TAIL_LINES = 25
@@ -77,17 +77,14 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
                           f"in {where}, where a relative name lands (what they print is in stdout.txt and "
                           f"stderr.txt there)")
     tail = redact_text(stderr_tail(stderr)) if stderr else ""
-    ranks = re.findall(r"parsl-torch: (rank \d+ on \S+ (?:exited with code -?\d+|was killed by \w+))", tail)
-    timed_out = re.search(r"parsl-torch: (timed out after [\d.]+ s)", tail)
-    lost = re.search(r"parsl-torch: (node \S+ lost \([^)]*\)[^;\n]*)", tail)
+    outcome = read_outcome(stderr.parent) if stderr else None  # the supervisor's record of the launch
     if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT:
         head = (f"stage {stage!r} stopped for its block's end (exit code {CONTINUE_EXIT}, its checkpoint saved) "
                 f"but nothing submitted it again: inside pt.workflow without a parsl.load of your own, it "
                 f"continues in the next block")
     elif isinstance(exc, BashExitFailure):
-        # a lost node makes ranks elsewhere fail too: the node is the cause
-        what = lost.group(1) if lost else ranks[0] if ranks else (timed_out.group(1) if timed_out else
-                                                                  "a rank failed")
+        # the supervisor's record names the cause (a lost node, not the ranks elsewhere it took down)
+        what = outcome.summary if outcome is not None and outcome.cause is not Cause.OK else "a rank failed"
         head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
     else:
         head = f"stage {stage!r} failed: {type(exc).__name__}: {exc}"

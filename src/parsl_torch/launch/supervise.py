@@ -39,6 +39,7 @@ from pathlib import Path
 from ..common.blocks import BLOCK_END_VAR, BLOCK_FILE, CONTINUE_EXIT, DEADLINE_VAR, STAGE_DIR_VAR, deadline_from_env
 from ..common.entrypoints import SUPERVISE
 from ..common.files import write_atomic
+from ..common.outcome import Cause, Outcome, forget_outcome, write_outcome
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from ..errors import ConfigError
@@ -143,9 +144,19 @@ def _node_loss_within(events: queue.Queue, wait: float) -> tuple[str, dict] | No
 
 
 def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S,
-              owner: LockWatch | None = None) -> int:
+              owner: LockWatch | None = None, stage_dir: str | None = None) -> int:
     """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost.
-    ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped."""
+    ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped.
+    ``stage_dir``: where the launch's ``Outcome`` is recorded for the workflow."""
+    if stage_dir:
+        forget_outcome(stage_dir)
+    outcome = _supervise(plan, timeout, grace, owner)
+    if stage_dir:
+        write_outcome(stage_dir, outcome)
+    return outcome.exit_code
+
+
+def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None) -> Outcome:
     events: queue.Queue[tuple[str, object]] = queue.Queue()
     listener = RankListener(events, node_timeout_from_env({**os.environ, **plan.env}), plan.nodes)
     env = {**os.environ, **plan.env, NOTIFY_VAR: listener.address}
@@ -161,10 +172,10 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     others = f"the other {plan.num_ranks - 1} rank(s)" if plan.num_ranks else "the other ranks"
     next_owner_check = time.monotonic() + OWNER_CHECK_S
 
-    def node_lost(kind: str, node: dict) -> int:
+    def node_lost(kind: str, node: dict) -> Outcome:
         _say(f"{describe_node_loss(kind, node)}; stopping {others}")
         _stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
-        return NODE_LOST_EXIT
+        return _node_outcome(kind, node)
 
     try:
         while True:
@@ -182,7 +193,8 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 except subprocess.TimeoutExpired:
                     _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
                     _stop(proc, grace)
-                return CONTINUE_EXIT
+                return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end", value["rank"],
+                               value["host"])
             if kind == "report":
                 # a lost node makes the ranks elsewhere fail too: name the cause if it follows at once
                 if cause := _node_loss_within(events, 1.0):
@@ -194,20 +206,23 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
                 # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
                 _say(f"{failed} (the cause: what the launcher printed after it is about the ranks stopped)")
-                return _exit_code(value["code"])
+                return _rank_outcome(value)
             if kind == "exit":
                 code = _exit_code(value)
                 if code == CONTINUE_EXIT:
                     _say("the ranks stopped for the block's end; the stage continues in the next block")
-                elif code:  # name the rank (or the lost node) if its report is on its way
-                    with contextlib.suppress(queue.Empty):
-                        kind, value = events.get(timeout=1.0)
-                        if kind in ("lost", "vanished"):
-                            _say(describe_node_loss(kind, value))
-                            return NODE_LOST_EXIT
-                        if kind == "report":
-                            _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
-                return code
+                    return Outcome(Cause.CONTINUED, code, "stopped for the block's end")
+                if not code:
+                    return Outcome(Cause.OK, 0, "every rank finished")
+                with contextlib.suppress(queue.Empty):  # name the rank (or the lost node) if its report is near
+                    kind, value = events.get(timeout=1.0)
+                    if kind in ("lost", "vanished"):
+                        _say(describe_node_loss(kind, value))
+                        return _node_outcome(kind, value)
+                    if kind == "report":
+                        _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
+                        return _rank_outcome(value, code)
+                return Outcome(Cause.LAUNCHER_FAILED, code, f"the launcher {describe_exit(value)}")
             if received:
                 ending = block_deadline is not None and time.time() >= block_deadline
                 _say(f"received {signal.Signals(received[0]).name}"
@@ -216,18 +231,19 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
                 _stop(proc, grace)
                 if ending:
                     _say("the stage continues in the next block from its last checkpoint")
-                    return CONTINUE_EXIT
-                return 128 + received[0]
+                    return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block ended")
+                name = signal.Signals(received[0]).name
+                return Outcome(Cause.SIGNALLED, 128 + received[0], f"stopped by {name}")
             if owner is not None and time.monotonic() > next_owner_check:
                 next_owner_check = time.monotonic() + OWNER_CHECK_S
                 if why := owner.gone():
                     _say(f"{why}; stopping {plan.num_ranks} rank(s)")
                     _stop(proc, grace)
-                    return ORPHANED_EXIT
+                    return Outcome(Cause.ORPHANED, ORPHANED_EXIT, why)
             if deadline and time.monotonic() > deadline:
                 _say(f"timed out after {timeout:g} s; stopping {plan.num_ranks} rank(s)")
                 _stop(proc, grace)
-                return TIMEOUT_EXIT
+                return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {timeout:g} s")
     finally:
         if proc.poll() is None:
             _stop(proc, grace)
@@ -235,6 +251,17 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
         listener.close()
         for sig, old in handlers.items():
             signal.signal(sig, old)
+
+
+def _rank_outcome(report: dict, code: int | None = None) -> Outcome:
+    summary = f"rank {report['rank']} on {report['host']} {describe_exit(report['code'])}"
+    return Outcome(Cause.RANK_FAILED, _exit_code(report["code"]) if code is None else code, summary,
+                   report["rank"], report["host"])
+
+
+def _node_outcome(kind: str, node: dict) -> Outcome:
+    return Outcome(Cause.NODE_LOST, NODE_LOST_EXIT, describe_node_loss(kind, node), host=node["host"],
+                   ranks=tuple(node["ranks"]))
 
 
 def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) -> None:
@@ -282,8 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         record_block(env[STAGE_DIR_VAR], {**os.environ, **env}, skipped=late)
     if late:  # a block past its deadline took the stage before it stopped taking new ones
         _say("this block is past its deadline: the stage was not started here and goes to the next block")
+        if env.get(STAGE_DIR_VAR):
+            write_outcome(env[STAGE_DIR_VAR], Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block was past its "
+                                                                                       "deadline"))
         return CONTINUE_EXIT
-    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None)
+    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None,
+                     stage_dir=env.get(STAGE_DIR_VAR))
 
 
 if __name__ == "__main__":
