@@ -230,3 +230,8 @@ def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
     assert "re" not in {target for target, _ in EDGES["parsl_torch.apps.futures"]}
     assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.apps.futures"]}
     assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.launch.supervise"]}
+
+
+def test_every_module_stays_under_400_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these by their jobs: {long}"

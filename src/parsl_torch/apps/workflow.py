@@ -14,8 +14,6 @@ import contextlib
 import contextvars
 import json
 import os
-import re
-import shutil
 import threading
 import time
 from collections import Counter
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
-from ..common.runlock import LOCK, RunLock
+from ..common.runlock import RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
 from ..launch.machines import binding_args, get_machine
@@ -33,9 +31,9 @@ from ..launch.schedulers import get_scheduler
 from . import status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations, check_max_continuations
 from .memo import register_memo_ids, stage_memoizer
+from .rundir import check_ours, check_stage_name, prepare
 from .status import STARTED, StatusFile
 
-MARKER = ".parsl-torch-run"
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
 
 
@@ -191,21 +189,6 @@ class Workflow:
         future.add_done_callback(done)
 
 
-#: a stage's directory is one folder under the run directory: these characters, these lengths
-STAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-#: names the run directory already uses for itself
-RESERVED_NAMES = ("parsl", "status.json", "report.md")
-
-
-def check_stage_name(name: Any, explicit: bool) -> None:
-    """A stage name is one safe folder name under the run directory, never a path or a reserved name."""
-    given = "stage=" if explicit else "the stage's name (name= on the decorator or script_app)"
-    if not isinstance(name, str) or not STAGE_NAME.fullmatch(name) or name.lower() in RESERVED_NAMES:
-        raise ConfigError(f"{given} {name!r} is not a stage name: use 1-100 letters, digits, '.', '_' or '-', "
-                          f"starting with a letter or digit, not {', '.join(RESERVED_NAMES)} (each stage is one "
-                          f"folder under the run directory)")
-
-
 #: what pt.workflow does with the stages that run when the workflow script raises
 ON_ERROR = ("wait", "cancel")
 
@@ -240,27 +223,6 @@ def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
                           f"({', '.join(SITE_OVERRIDES)}) or a parsl.Config setting (e.g. monitoring, "
                           f"retry_handler, max_idletime)")
     return site, config
-
-
-def _check_ours(run_dir: Path) -> None:
-    if run_dir.is_symlink() and not run_dir.exists():
-        raise ConfigError(f"run directory {run_dir} is a link to {os.readlink(run_dir)}, which does not exist: "
-                          f"create that directory or pick another --run-dir")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} is a file, not a directory: pick another --run-dir "
-                          f"(nothing there was touched)")
-    if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / MARKER).exists():
-        raise ConfigError(f"run directory {run_dir} exists and was not made by parsl-torch: "
-                          f"pick a new --run-dir (nothing there was touched)")
-
-
-def _prepare(run_dir: Path, fresh: bool) -> None:
-    """Under the run directory's lock: start over if asked (the lock stays), mark it ours."""
-    if fresh:
-        for entry in run_dir.iterdir():
-            if entry.name != LOCK:
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    (run_dir / MARKER).touch()
 
 
 #: set by ``parsl-torch run --site S --run-dir D --fresh`` (JSON): every workflow of the script takes them
@@ -316,13 +278,13 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     elif not get_scheduler(loaded.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
         sites.build.check_blocks_take_stages(loaded.spec)
     run_dir = Path(run_dir).absolute()
-    _check_ours(run_dir)
+    check_ours(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create run directory {run_dir}: {exc.strerror}: pick another --run-dir") from None
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
-        _prepare(run_dir, fresh)
+        prepare(run_dir, fresh)
         register_memo_ids()
         wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi",
                       max_continuations=max_continuations, retry_handler=config_settings.pop("retry_handler", None))

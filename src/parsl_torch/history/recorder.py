@@ -22,7 +22,6 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ from ..core.topology import env_topology
 from ..errors import ConfigError
 from .h5file import H5Writer, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
-from .sinks import CSVSink, SafeSinks, WandbSink, setup_wandb
+from .blocks import Block
+from .sinks import make_sinks
 from .stats import STATS, all_ranks_join, cross_rank_stats, distributed_world, union_keys
 
 _NAN = math.nan
@@ -107,15 +107,16 @@ class History:
         self._start = utc_now()
         self._last_progress = 0.0
         self._keys: dict[str, str] = {}  # metric -> its dataset name in the file
-        self._unreported: _Block | None = None
+        self._unreported: Block | None = None
         self._steps: list[int] = []
         self._cols: dict[str, list[float]] = {}
         self._next_step = 0
         self._writer: Any = None
-        self._blocks: list[_Block] = []  # synced, not yet on disk
+        self._blocks: list[Block] = []  # synced, not yet on disk
         self._last_flush = time.monotonic()
         self._finalized: Path | None = None
-        self._sinks = self._make_sinks(sinks) if self._rank == 0 else None
+        self._sinks = make_sinks(sinks, self._target(None).with_suffix(".csv"), self.name, self.config) \
+            if self._rank == 0 else None
 
     # -- recording ---------------------------------------------------------
     def update(self, metrics: Mapping[str, Any], step: int | None = None) -> str:
@@ -182,7 +183,7 @@ class History:
             full = np.full((len(union), max_rows), np.nan)
             full[[union.index(k) for k in block.keys], :rows] = block.values
             result = cross_rank_stats(full)
-            block = _Block(block.steps, tuple(union), full[:, :rows], {s: result[s][:, :rows] for s in STATS})
+            block = Block(block.steps, tuple(union), full[:, :rows], {s: result[s][:, :rows] for s in STATS})
             if self._rank == 0 and rows < max_rows:
                 get_logger("parsl_torch.history").warning(
                     "history %r: other ranks recorded %d more step(s) than rank 0 since the last "
@@ -193,7 +194,7 @@ class History:
             if time.monotonic() - self._last_flush >= self.flush_every:
                 self.flush()
 
-    def _progress(self, block: _Block, force: bool = False) -> None:
+    def _progress(self, block: Block, force: bool = False) -> None:
         """Rank 0, at a sync, at most every PROGRESS_S (and at finalize): ``<history>.progress.json``
         (step, total, the loss or first metric) for ``parsl-torch run`` and ``status``. No collective."""
         now = time.time()
@@ -212,11 +213,11 @@ class History:
         with contextlib.suppress(OSError):
             write_atomic(str(self._target(None)) + PROGRESS_SUFFIX, json.dumps(progress))
 
-    def _take_pending(self) -> _Block:
+    def _take_pending(self) -> Block:
         """The rows recorded since the last sync as one block; starts a new one."""
         keys, rows = tuple(self._cols), len(self._steps)
         values = np.array([self._cols[k] for k in keys], dtype=np.float64).reshape(len(keys), rows)
-        block = _Block(np.array(self._steps, dtype=np.int64), keys, values, {})
+        block = Block(np.array(self._steps, dtype=np.int64), keys, values, {})
         self._steps, self._cols = [], {}
         return block
 
@@ -225,7 +226,7 @@ class History:
         if self._rank != 0:
             return
         if self._blocks or self._writer is None:
-            self._write(*_Block.merge(self._blocks))
+            self._write(*Block.merge(self._blocks))
             self._blocks = []
         if self._sinks is not None:
             self._sinks.flush()
@@ -319,7 +320,7 @@ class History:
         if len(block.steps):
             own = {"mean": block.values, "min": block.values, "max": block.values,
                    "std": np.full_like(block.values, np.nan)}
-            self._blocks.append(_Block(block.steps, block.keys, block.values, own))
+            self._blocks.append(Block(block.steps, block.keys, block.values, own))
             self._progress(self._blocks[-1])
             self.flush()
             self._writer.set_attrs({"rank0_only_from_step": int(block.steps[0])})
@@ -354,7 +355,7 @@ class History:
         stats = {}
         if data.stats and all(k in data.stats for k in keys):
             stats = {s: np.array([data.stats[k][s][keep] for k in keys]).reshape(values.shape) for s in STATS}
-        self._blocks.insert(0, _Block(data.steps[keep], keys, values, stats))
+        self._blocks.insert(0, Block(data.steps[keep], keys, values, stats))
 
     def mark_failed(self) -> None:
         """Keep what this rank has as a partial file with status "failed" (no collectives)."""
@@ -378,61 +379,6 @@ class History:
         elif self._finalized is None:
             self.finalize()
 
-    def _make_sinks(self, sinks: Iterable[Any]):
-
-        made = []
-        for sink in sinks:
-            if sink == "csv":
-                made.append(CSVSink(self._target(None).with_suffix(".csv")))
-            elif sink == "wandb":
-                run = setup_wandb(project=os.environ.get("WANDB_PROJECT"), name=self.name, config=self.config)
-                if run is not None:
-                    made.append(WandbSink(run))
-            elif sink in ("none", None):
-                continue
-            elif isinstance(sink, str):
-                raise ConfigError(f"sink {sink!r} is unknown: use 'csv', 'wandb', 'none' or a Sink object")
-            else:
-                made.append(sink)
-        return SafeSinks(made)
-
-
-@dataclass
-class _Block:
-    """Rows of several steps: ``values`` and each ``stats`` matrix are keys x steps
-    (one contiguous row per metric: what the file's datasets want)."""
-
-    steps: np.ndarray
-    keys: tuple[str, ...]
-    values: np.ndarray
-    stats: dict[str, np.ndarray]
-
-    def widen(self, keys: tuple[str, ...]) -> _Block:
-        """The same rows over ``keys`` (a superset), NaN in the new columns."""
-        if keys == self.keys:
-            return self
-        idx = [keys.index(k) for k in self.keys]
-
-        def spread(m: np.ndarray) -> np.ndarray:
-            out = np.full((len(keys), len(self.steps)), np.nan)
-            out[idx] = m
-            return out
-
-        return _Block(self.steps, keys, spread(self.values), {s: spread(m) for s, m in self.stats.items()})
-
-    @staticmethod
-    def merge(blocks: list[_Block]) -> tuple[np.ndarray, dict, dict]:
-        """(steps, {metric: values}, {metric: {stat: values}}) of all blocks in order."""
-        keys = tuple(dict.fromkeys(k for b in blocks for k in b.keys))
-        wide = [b.widen(keys) for b in blocks]
-        steps = np.concatenate([b.steps for b in wide]) if wide else np.empty(0, np.int64)
-        values = np.concatenate([b.values for b in wide], axis=1) if wide else np.empty((0, 0))
-        with_stats = [b for b in wide if b.stats]
-        stats: dict[str, dict[str, np.ndarray]] = {}
-        if with_stats and len(with_stats) == len(wide):  # else one process, or a failure flush
-            per_stat = {s: np.concatenate([b.stats[s] for b in wide], axis=1) for s in STATS}
-            stats = {k: {s: per_stat[s][j] for s in STATS} for j, k in enumerate(keys)}
-        return steps, dict(zip(keys, values)), stats
 
 
 def _check_dir(path: Path, where: str, partial: Path | None = None) -> None:

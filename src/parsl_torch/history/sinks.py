@@ -10,13 +10,14 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..common.metadata import redact
 from ..core.log import get_logger
 from ..core.ranks import get_rank
+from ..errors import ConfigError
 
 
 class Sink(Protocol):
@@ -130,3 +131,22 @@ class SafeSinks:
     def close(self) -> None:
         self._call("close")
         self.sinks.clear()
+
+
+def make_sinks(sinks: Iterable[Any], csv_path: Path, name: str, config: Any) -> SafeSinks:
+    """History's ``sinks`` by name ("csv" beside the history file, "wandb", "none") or as objects."""
+    made = []
+    for sink in sinks:
+        if sink == "csv":
+            made.append(CSVSink(csv_path))
+        elif sink == "wandb":
+            run = setup_wandb(project=os.environ.get("WANDB_PROJECT"), name=name, config=config)
+            if run is not None:
+                made.append(WandbSink(run))
+        elif sink in ("none", None):
+            continue
+        elif isinstance(sink, str):
+            raise ConfigError(f"sink {sink!r} is unknown: use 'csv', 'wandb', 'none' or a Sink object")
+        else:
+            made.append(sink)
+    return SafeSinks(made)

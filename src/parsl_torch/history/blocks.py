@@ -1,0 +1,47 @@
+"""Rows of several steps as one block: what History keeps between syncs and writes to its file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .stats import STATS
+
+
+@dataclass
+class Block:
+    """Rows of several steps: ``values`` and each ``stats`` matrix are keys x steps
+    (one contiguous row per metric: what the file's datasets want)."""
+
+    steps: np.ndarray
+    keys: tuple[str, ...]
+    values: np.ndarray
+    stats: dict[str, np.ndarray]
+
+    def widen(self, keys: tuple[str, ...]) -> Block:
+        """The same rows over ``keys`` (a superset), NaN in the new columns."""
+        if keys == self.keys:
+            return self
+        idx = [keys.index(k) for k in self.keys]
+
+        def spread(m: np.ndarray) -> np.ndarray:
+            out = np.full((len(keys), len(self.steps)), np.nan)
+            out[idx] = m
+            return out
+
+        return Block(self.steps, keys, spread(self.values), {s: spread(m) for s, m in self.stats.items()})
+
+    @staticmethod
+    def merge(blocks: list[Block]) -> tuple[np.ndarray, dict, dict]:
+        """(steps, {metric: values}, {metric: {stat: values}}) of all blocks in order."""
+        keys = tuple(dict.fromkeys(k for b in blocks for k in b.keys))
+        wide = [b.widen(keys) for b in blocks]
+        steps = np.concatenate([b.steps for b in wide]) if wide else np.empty(0, np.int64)
+        values = np.concatenate([b.values for b in wide], axis=1) if wide else np.empty((0, 0))
+        with_stats = [b for b in wide if b.stats]
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        if with_stats and len(with_stats) == len(wide):  # else one process, or a failure flush
+            per_stat = {s: np.concatenate([b.stats[s] for b in wide], axis=1) for s in STATS}
+            stats = {k: {s: per_stat[s][j] for s in STATS} for j, k in enumerate(keys)}
+        return steps, dict(zip(keys, values)), stats
