@@ -172,7 +172,7 @@ class DistributedApp:
         args = tuple(_absolute(a) for a in args)
         kwargs = {k: _absolute(v) for k, v in kwargs.items()}
         self._check_arguments(stage or self.name, args, kwargs)
-        code, roots = self._code(stage or self.name, identity.DigestCache.of_run_dir(wf.run_dir))
+        code, roots = self._code(stage or self.name, wf.digests)
         stage = wf.stage_name(stage or self.name, explicit=stage is not None)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,13 @@ PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specifi
 CALL_KWARG = "parsl_torch_call"
 
 
+class _UserAppFiles:
+    """The digest cache of the run whose memoizer started last, for Files in the user's own apps
+    (Parsl's ``id_for_memo`` is one process-wide function and cannot be handed a run's cache)."""
+
+    cache = identity.DigestCache(None)
+
+
 @functools.lru_cache(maxsize=1)
 def register_memo_ids() -> None:
     """A File in the user's own apps is identified by its content (Parsl's ``id_for_memo``: once per process)."""
@@ -43,7 +50,10 @@ def register_memo_ids() -> None:
     def _file(obj: File, output_ref: bool = False) -> bytes:
         if output_ref or obj.scheme != "file":
             return pickle.dumps(("File", obj.url))  # an output is named, not read
-        return pickle.dumps(("File", obj.url, identity.file_digest(obj.filepath)))
+        cache = _UserAppFiles.cache
+        digest = cache.file_digest(obj.filepath)
+        cache.save()
+        return pickle.dumps(("File", obj.url, digest))
 
 
 def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tuple, kwargs: dict[str, Any],
@@ -67,15 +77,18 @@ def _stage_call(task: Any) -> tuple[str, StageOptions, Sequence[Any] | None, tup
     return None
 
 
-def stage_memoizer(checkpoint_files: list[str], run_dir: Path, stopping: threading.Event) -> Any:
-    """A Parsl memoizer for stages (Parsl's BasicMemoizer with the rules above). Once ``stopping``
-    is set (the workflow script raised), a stage that was about to start fails instead."""
+def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, stopping: threading.Event) -> Any:
+    """A Parsl memoizer for stages (Parsl's BasicMemoizer with the rules above), digests in the run's
+    ``cache``. Once ``stopping`` is set (the workflow script raised), a stage about to start fails instead."""
     from parsl.dataflow.memoization import BasicMemoizer
 
-    cache = identity.DigestCache.of_run_dir(run_dir)
     checked: dict[int, dict[str, str]] = {}  # task id -> its identity when it was launched
 
     class StageMemoizer(BasicMemoizer):
+        def start(self, *, run_dir: str, config_run_dir: str) -> None:
+            _UserAppFiles.cache = cache
+            super().start(run_dir=run_dir, config_run_dir=config_run_dir)
+
         def check_memo(self, task):
             call = _stage_call(task)
             if call is None or not self.memoize or not task["memoize"]:

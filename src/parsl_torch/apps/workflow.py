@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..launch.machines import binding_args, get_machine
 from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import get_scheduler
-from . import status, watchdog
+from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations, check_max_continuations
 from .memo import register_memo_ids, stage_memoizer
 from .rundir import check_ours, check_stage_name, prepare
@@ -58,6 +58,8 @@ class Workflow:
         self.memoize = mpi_label == "mpi"
         self._futures: list[Any] = []
         self._submitted: dict[str, float] = {}
+        #: file digests and parsed modules, shared by the stage calls and the memoizer
+        self.digests = identity.DigestCache.of_run_dir(run_dir)
         #: set when the workflow script raised: no stage starts after it (the memoizer refuses them)
         self.stopping = threading.Event()
         self.status = StatusFile(run_dir, site.name)
@@ -303,7 +305,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                 wf.wait()
                 return
             parsl_dir = run_dir / "parsl"
-            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), run_dir, wf.stopping)
+            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
             config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
                                          retries=retries, retry_handler=wf.continuations, **config_settings)
             parsl_log: list = []

@@ -92,8 +92,10 @@ def check_blocks_take_stages(spec: SiteSpec) -> None:
                     f"{_hms(need)} (pt.workflow(walltime=...), PARSL_TORCH_WALLTIME or the site's provider.walltime)")
 
 
+@functools.lru_cache(maxsize=1)
 def pool_startup_seconds() -> float:
-    """Seconds this Python takes to start and import Parsl's worker pool (what a block does first)."""
+    """Seconds this Python takes to start and import Parsl's worker pool (what a block does first);
+    measured once per process (a sweep driver starting many workflows pays it once)."""
     import subprocess
     import time
 
