@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
 #   make test   install into .venv (with the test extras) and run every test
+#   make test-lowest   the fast tests and one 2-rank workflow with the lowest versions
+#                      pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
 # TORCH picks the torch build: the default is the CPU wheel used here; on a GPU
 # machine use e.g. `make demo TORCH=torch` or preinstall your site's torch.
 
@@ -11,7 +13,7 @@ BIN    := $(VENV)/bin
 # Parsl, mpiexec and torchrun are found by name: the venv's bin goes first
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-lowest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +34,17 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python -m pytest
 
+LOWEST := .venv-lowest
+test-lowest:
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt torch
+	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
+	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider \
+		-m "not slow and not multinode" tests/
+	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider \
+		"tests/test_workflow.py::test_train_eval_workflow_then_rerun_does_no_training"
+
 bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_core.py
 	$(RUN) $(BIN)/python benchmarks/bench_history.py
@@ -44,4 +57,4 @@ bench: $(VENV)/.installed-test
 	else echo "bench_multinode.py skipped: the test cluster needs root"; fi
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache runs
+	rm -rf $(VENV) $(LOWEST) build src/*.egg-info .pytest_cache runs

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,38 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
+
+
+def processes_under(directory: Path) -> dict[int, str]:
+    """pid -> command line of every process (but this one) whose working directory is in ``directory``."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cwd = Path(os.readlink(proc / "cwd"))
+            if cwd == directory or directory in cwd.parents:
+                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+        except OSError:
+            continue
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves no process running: none may work in its temporary directories once the
+    last test is done (a watchdog gets a few seconds to sweep); any found fails the run."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or exitstatus not in (0, 1):
+        return
+    base, deadline = factory.getbasetemp(), time.monotonic() + 20
+    while (left := processes_under(base)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        print(f"\nthe test suite left processes running in {base}: {left}", file=sys.stderr)
+        session.exitstatus = 1
 
 
 def launch(launcher: str, n: int, args: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:

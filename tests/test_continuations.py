@@ -21,15 +21,15 @@ from parsl_torch import sites
 from parsl_torch.apps.continuation import Continuations, is_continuation
 from parsl_torch.apps.status import StatusFile
 from parsl_torch.apps.status import read as read_status
+from parsl_torch.common import settings, stagedir
 from parsl_torch.common.blocks import (
-    BLOCK_FILE,
-    CONTINUATION_FILE,
     CONTINUE_EXIT,
-    DEADLINE_VAR,
     deadline_from_env,
     default_grace,
     duration_seconds,
 )
+from parsl_torch.common.stagedir import BLOCK as BLOCK_FILE
+from parsl_torch.common.stagedir import CONTINUATION as CONTINUATION_FILE
 from parsl_torch.errors import ConfigError, SiteError, StageError
 from parsl_torch.launch.shim import catches
 from parsl_torch.sites import build
@@ -49,7 +49,7 @@ def test_durations_and_the_default_grace_period():
     assert default_grace(600) == 120  # at least 2 minutes
     assert default_grace(30) == 10  # but at most a third of a short block
     assert deadline_from_env({"PARSL_TORCH_BLOCK_END": "1000", "PARSL_TORCH_GRACE": "60"}) == 940
-    assert deadline_from_env({DEADLINE_VAR: "500", "PARSL_TORCH_BLOCK_END": "1000"}) == 500
+    assert deadline_from_env({settings.DEADLINE.name: "500", "PARSL_TORCH_BLOCK_END": "1000"}) == 500
     assert deadline_from_env({}) is None
 
 
@@ -100,8 +100,8 @@ def test_continuations_cost_nothing_until_a_stage_stops_making_progress(tmp_path
     ended = BashExitFailure("_stage_command", CONTINUE_EXIT)
 
     def block_ends_at(step, block):
-        (stage_dir / CONTINUATION_FILE).write_text(json.dumps({"step": step, "save_seconds": 9, "grace": 3}))
-        (stage_dir / BLOCK_FILE).write_text(json.dumps({"block": block, "started": time.time()}))
+        stagedir.write(stage_dir / CONTINUATION_FILE, stagedir.ContinuationRecord("c", time.time(), step, 9, 3))
+        stagedir.write(stage_dir / BLOCK_FILE, stagedir.BlockRecord(block, None, None, time.time()))
         return handler(ended, _record())
 
     assert block_ends_at(40, "0") == 0 and block_ends_at(80, "1") == 0  # progress: free
@@ -122,9 +122,9 @@ def test_a_lost_block_is_a_continuation_only_after_the_stage_deadline(tmp_path):
     class ManagerLost(Exception):
         pass
 
-    (tmp_path / BLOCK_FILE).write_text(json.dumps({"deadline": time.time() + 60}))
+    stagedir.write(tmp_path / BLOCK_FILE, stagedir.BlockRecord("0", None, time.time() + 60, time.time()))
     assert not is_continuation(ManagerLost(), tmp_path)
-    (tmp_path / BLOCK_FILE).write_text(json.dumps({"deadline": time.time() - 1}))
+    stagedir.write(tmp_path / BLOCK_FILE, stagedir.BlockRecord("0", None, time.time() - 1, time.time()))
     assert is_continuation(ManagerLost(), tmp_path)
     assert not is_continuation(RuntimeError(), tmp_path)
 
@@ -301,13 +301,14 @@ def test_a_save_longer_than_the_grace_period_is_warned_about_and_recorded(tmp_pa
 
 def test_a_stage_whose_saves_outgrow_the_grace_period_stops_early_enough(tmp_path, monkeypatch, capfd):
     from parsl_torch.core import deadline as ranks_side
+    from parsl_torch.core.ranks import rank_state
 
     end = time.time() + 1000
     for var, value in {"PARSL_TORCH_BLOCK_END": f"{end}", "PARSL_TORCH_GRACE": "10", "PARSL_TORCH_CALL_ID": "c1",
                        "PARSL_TORCH_STAGE_DIR": str(tmp_path)}.items():
         monkeypatch.setenv(var, value)
-    monkeypatch.delenv(DEADLINE_VAR, raising=False)
-    monkeypatch.setattr(ranks_side, "_agreement", None)
+    monkeypatch.delenv(settings.DEADLINE.name, raising=False)
+    monkeypatch.setattr(rank_state(), "deadline", None)
     assert ranks_side.deadline() == pytest.approx(end - 10)  # a quick save: the grace period
     for _ in range(5):  # steps of ~20 ms
         assert not ranks_side.should_checkpoint()
@@ -320,14 +321,14 @@ def test_a_stage_whose_saves_outgrow_the_grace_period_stops_early_enough(tmp_pat
     assert err.count("stopping 50 s before the block's end, not the grace period's 10 s: a checkpoint takes "
                      "40.0 s and a step 0.0 s") == 1, err
     # the next block of this call knows the save time from the start; another call's does not
-    monkeypatch.setattr(ranks_side, "_agreement", None)
+    monkeypatch.setattr(rank_state(), "deadline", None)
     assert ranks_side.deadline() == pytest.approx(end - 50)
     monkeypatch.setenv("PARSL_TORCH_CALL_ID", "c2")
-    monkeypatch.setattr(ranks_side, "_agreement", None)
+    monkeypatch.setattr(rank_state(), "deadline", None)
     assert ranks_side.deadline() == pytest.approx(end - 10)
     ranks_side._record({"step": 3})  # another call's record is replaced, not merged
     assert json.loads((tmp_path / CONTINUATION_FILE).read_text())["step"] == 3
-    assert "save_seconds" not in json.loads((tmp_path / CONTINUATION_FILE).read_text())
+    assert json.loads((tmp_path / CONTINUATION_FILE).read_text())["save_seconds"] is None
 
 
 BIG_SAVE = """

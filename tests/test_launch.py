@@ -322,21 +322,21 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
 
 
 def test_a_bad_node_timeout_names_the_variable():
-    from parsl_torch.launch.supervise import node_timeout_from_env
+    from parsl_torch.common.settings import NODE_TIMEOUT
 
-    assert node_timeout_from_env({}) == 30
-    assert node_timeout_from_env({"PARSL_TORCH_NODE_TIMEOUT": "7.5"}) == 7.5
+    assert NODE_TIMEOUT.get({}) == 30
+    assert NODE_TIMEOUT.get({"PARSL_TORCH_NODE_TIMEOUT": "7.5"}) == 7.5
     for bad in ("0", "soon", "-3"):
         with pytest.raises(ConfigError, match="PARSL_TORCH_NODE_TIMEOUT"):
-            node_timeout_from_env({"PARSL_TORCH_NODE_TIMEOUT": bad})
+            NODE_TIMEOUT.get({"PARSL_TORCH_NODE_TIMEOUT": bad})
 
 
 def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tmp_path):
     from parsl.app.errors import BashExitFailure
 
     from parsl_torch.apps.futures import stage_error
-
-    from parsl_torch.common.outcome import OUTCOME_FILE, write_outcome
+    from parsl_torch.common.outcome import write_outcome
+    from parsl_torch.common.stagedir import OUTCOME as OUTCOME_FILE
     from parsl_torch.launch.supervise import _node_outcome
 
     # what the ranks and the launcher printed does not decide the error (any wording): the record does

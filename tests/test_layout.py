@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import parsl_torch
-from parsl_torch.common import entrypoints
+from parsl_torch.common import entrypoints, settings
 
 from .conftest import clean_env
 
@@ -235,3 +235,102 @@ def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
 def test_every_module_stays_under_400_lines():
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these by their jobs: {long}"
+
+
+REPO = PKG.parent.parent
+VARIABLE = re.compile(r"\bPARSL_TORCH_[A-Z0-9_]+\b")
+
+
+def test_every_environment_variable_is_spelled_once_in_the_settings_registry():
+    """A module reads or sets a variable through its ``settings.Setting``: no other module holds
+    a variable's name as a string of its own (messages may name it, as text)."""
+    names = set(settings.REGISTRY)
+    spelled = [(m, node.value) for m, path in MODULES.items() if m != "parsl_torch.common.settings"
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and node.value in names]
+    assert not spelled, f"use the Setting from parsl_torch.common.settings instead: {spelled}"
+
+
+def test_every_variable_named_anywhere_is_in_the_registry():
+    """A variable named in the code, the tests, the workflows or the docs is one parsl-torch knows."""
+    places = [*PKG.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "workflows").rglob("*.py"),
+              *(REPO / "benchmarks").rglob("*.py"), *(REPO / "docs").rglob("*.md"), REPO / "README.md",
+              REPO / ".ci" / "run"]
+    unknown = {(str(p.relative_to(REPO)), name) for p in places if p.is_file()
+               for name in VARIABLE.findall(p.read_text()) if name not in settings.REGISTRY}
+    assert not unknown, f"add these to parsl_torch/common/settings.py (or fix the name): {sorted(unknown)}"
+
+
+def test_the_readmes_settings_table_is_the_registrys():
+    assert settings.markdown_table() in (REPO / "README.md").read_text(), (
+        "README.md's settings table differs from the registry: paste `python -m parsl_torch.common.settings`")
+
+
+#: where process-wide state may live: the registries (settings, schedulers) and the ranks' state object
+STATE_HOLDERS = {"parsl_torch.common.settings": {"REGISTRY"}, "parsl_torch.core.ranks": {"_STATE"},
+                 "parsl_torch.launch.schedulers": {"SCHEDULERS"}}  # scheduler records, added by register()
+MUTATORS = {"append", "extend", "add", "update", "pop", "remove", "clear", "setdefault", "insert", "discard"}
+
+
+def _module_state_changes(tree: ast.Module) -> set[str]:
+    """Module-level names that the module's functions rebind (``global``) or change in place
+    (a method that mutates, an item or attribute assigned)."""
+    top = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+           for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+    top |= {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    changed: set[str] = set()
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Global):
+                changed.update(node.names)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in MUTATORS and isinstance(node.func.value, ast.Name):
+                changed.add(node.func.value.id)
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(t.value, ast.Name):
+                        changed.add(t.value.id)
+    locals_ = {a.arg for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for a in (*f.args.args, *f.args.kwonlyargs)}
+    return {name for name in changed & top if name not in locals_ or name in
+            {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}}
+
+
+def test_no_module_level_mutable_state_outside_the_registry_and_the_rank_state():
+    """State that outlives a call lives on an object passed where it is needed (a History's
+    communicator, a workflow's digest cache); what must be process-wide is on ``RankState``."""
+    found = {m: sorted(names) for m, path in MODULES.items()
+             if (names := _module_state_changes(ast.parse(path.read_text())) - STATE_HOLDERS.get(m, set()))}
+    assert not found, f"module-level state changed by functions: {found}"
+
+
+def test_stage_directory_file_names_are_spelled_once():
+    """Every file of a stage's directory is named in common/stagedir.py, read and written through it."""
+    from parsl_torch.common import stagedir
+
+    names = {v for k, v in vars(stagedir).items() if k.isupper() and isinstance(v, str)}
+    spelled = [(m, node.value) for m, path in MODULES.items() if m != "parsl_torch.common.stagedir"
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and node.value in names]
+    assert not spelled, f"use the name from parsl_torch.common.stagedir: {spelled}"
+
+
+def test_every_floor_in_pyproject_is_the_version_ci_installs_for_the_lowest_run():
+    """``make test-lowest`` installs .ci/lowest.txt exactly: each floor is a version that was tested."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values()
+                                                 for r in extra)]
+    floors = {}
+    for requirement in requirements:
+        name, _, floor = requirement.partition(">=")
+        if not name.startswith("parsl-torch") and floor:
+            floors[name.split("[")[0].strip().lower()] = floor.strip()
+        elif not name.startswith(("parsl-torch", "parsl[")):
+            raise AssertionError(f"{requirement!r} in pyproject.toml has no floor: give it one CI tests")
+    pins = dict(line.split("==") for line in (REPO / ".ci" / "lowest.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert floors == pins, "pyproject.toml's floors and .ci/lowest.txt's pins must be the same versions"

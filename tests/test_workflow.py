@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import parsl_torch as pt
+from parsl_torch.common import settings
 from parsl_torch.errors import ConfigError, StageError
 from parsl_torch.stages.evaluate import evaluate
 from parsl_torch.stages.train import train
@@ -262,7 +263,7 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
     assert first == identity.file_digest(f, cache) and str(f) in cache.read_text()
     f.write_bytes(b"b" * 100)
     assert identity.file_digest(f, cache) != first
-    monkeypatch.setenv(identity.INPUT_HASH_VAR, "stat")
+    monkeypatch.setenv(settings.INPUT_HASH.name, "stat")
     assert identity.file_digest(f, cache).startswith("stat:")
     assert identity.file_digest(tmp_path / "nope", cache) == "missing"
 

@@ -12,7 +12,6 @@ progress (its checkpoint step does not move) fails with an error that says why.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -20,21 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..common.blocks import BLOCK_FILE, CONTINUATION_FILE, CONTINUE_EXIT
+from ..common import stagedir
+from ..common.blocks import CONTINUE_EXIT
 from ..core.log import get_logger
 from ..errors import ConfigError, StageError
 from .status import StatusFile
 
 #: blocks in a row without progress before a continuing stage fails
 DEFAULT_MAX_CONTINUATIONS = 3
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 @dataclass
@@ -74,18 +66,18 @@ class Continuations:
         return self.then(exc, task_record) if self.then is not None else 1.0
 
     def _continue(self, stage: _Stage) -> float:
-        record = read_json(stage.directory / CONTINUATION_FILE)
-        attempt = read_json(stage.directory / BLOCK_FILE)
-        block = attempt.get("block")
-        if attempt.get("skipped"):  # landed on a block past its deadline: not started, no block's time used
+        record = stagedir.read_or_none(stage.directory / stagedir.CONTINUATION, stagedir.ContinuationRecord, self.log)
+        attempt = stagedir.read_or_none(stage.directory / stagedir.BLOCK, stagedir.BlockRecord, self.log)
+        block = attempt.block if attempt else None
+        if attempt and attempt.skipped:  # landed on a block past its deadline: not started, no block's time used
             self.log.info("[%s] block %s is past its deadline: the stage waits for the next block", stage.name, block)
             return 0.0
-        step = record.get("step")
+        step = record.step if record else None
         progressed = step is not None and (stage.step is None or step > stage.step)
         stage.stalled = 0 if progressed else stage.stalled + 1
         stage.step = step if progressed else stage.step
         stage.continuations += 1
-        save, grace = record.get("save_seconds"), record.get("grace")
+        save, grace = (record.save_seconds, record.grace) if record else (None, None)
         slow = (f"; its last checkpoint took {save:.0f} s, longer than the grace period of {grace:.0f} s"
                 if save and grace and save > grace else "")
         if stage.stalled > self.max_continuations:
@@ -108,6 +100,6 @@ def is_continuation(exc: BaseException, stage_dir: Path) -> bool:
     if getattr(exc, "exitcode", None) == CONTINUE_EXIT:
         return True
     if type(exc).__name__ in ("ManagerLost", "WorkerLost"):  # Parsl's: the block ended under the stage
-        deadline = read_json(stage_dir / BLOCK_FILE).get("deadline")
-        return isinstance(deadline, (int, float)) and time.time() >= deadline
+        block = stagedir.read_or_none(stage_dir / stagedir.BLOCK, stagedir.BlockRecord)
+        return block is not None and block.deadline is not None and time.time() >= block.deadline
     return False

@@ -25,28 +25,21 @@ from concurrent.futures import Future
 from pathlib import Path, PurePath
 from typing import Any
 
-from ..common.blocks import CALL_ID_VAR, STAGE_DIR_VAR
+from ..common import settings
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
 from ..common.outcome import forget_outcome
 from ..common.records import ENV_NAME
+from ..common.stagedir import ARGV as ARGV_FILE
+from ..common.stagedir import ENV as ENV_FILE
+from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
 from ..errors import ConfigError
 from . import identity
-from .futures import StageFuture
 from .fingerprint import Fingerprinter, Unidentifiable
+from .futures import StageFuture
 from .memo import stage_components
-from .payload import (
-    ARGV_FILE,
-    ENV_FILE,
-    PAYLOAD,
-    RESULT,
-    STDERR,
-    STDOUT,
-    ShippedFunction,
-    StageOptions,
-    plain_files,
-)
+from .payload import ShippedFunction, StageOptions, plain_files
 from .remote import submit_remote
-from .status import STARTED
+from .request import BuiltinCall
 from .usercode import rank_import_path
 from .workflow import current_workflow
 
@@ -55,45 +48,68 @@ def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opt
                    *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
                    stderr: str | None = None, parsl_resource_specification: dict | None = None,
                    parsl_torch_call: str | None = None, **kwargs: Any) -> str:
-    """Body of the Parsl bash app (runs on the worker): write the payload, return the command.
+    """Body of the Parsl bash app (runs on the worker): make the stage directory this attempt's,
+    leave the ranks' call in it, return the command.
 
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
     it reads them from the call (redirection, the MPI task's nodes);
     ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
-    py = shlex.quote(sys.executable)
     # who this call is: its ranks resume a checkpoint only if it was written under the same identity
     call = parsl_torch_call or identity.call_id(stage_components(
         opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
-    identity.forget_call(opts.stage_dir)  # from now on the directory holds this run's files
-    forget_outcome(opts.stage_dir)  # an earlier launch's outcome must not explain this one's failure
-    _keep_earlier_attempt(opts.stage_dir)
-    Path(opts.stage_dir, STARTED).touch()  # parsl-torch status: the stage is running
+    _begin_attempt(opts.stage_dir)
     if fn is not None:
-        import dill
-
         kwargs.update({k: v for k, v in {"inputs": list(inputs), "outputs": list(outputs)}.items() if k in fn.takes})
-        args, kwargs = plain_files(args), plain_files(kwargs)
-        payload = os.path.join(opts.stage_dir, PAYLOAD)
-        result = os.path.join(opts.stage_dir, RESULT)
-        if os.path.exists(result):
-            os.unlink(result)  # a stale value must never pass for this run's
-        with _private(payload) as f:  # the call's arguments may hold secrets
-            dill.dump((fn, args, kwargs), f)
-        rank_cmd = f"-- {py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
-    else:  # the script's arguments may hold secrets: the shim reads them from a private file
-        argv_file = os.path.join(opts.stage_dir, ARGV_FILE)
-        with _private(argv_file) as f:
-            f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
-        rank_cmd = f"--argv-file {shlex.quote(argv_file)}"
-    # the stage's environment goes to the supervisor in a private file, not on the command line,
-    # which Parsl echoes into stderr.txt (and so into errors): its values may be secrets
-    env = dict((*opts.env, (CALL_ID_VAR, call)))
+        rank_cmd = _write_payload(opts.stage_dir, fn, args, kwargs)
+    else:
+        rank_cmd = _write_argv(opts.stage_dir, script or ())
+    _write_env(opts, call)
+    return _command(opts, rank_cmd)
+
+
+def _begin_attempt(stage_dir: str) -> None:
+    """From now on the directory holds this attempt's files: an earlier call's record and launch
+    outcome go (they must not explain this one), earlier logs are kept aside, ``status`` sees it run."""
+    identity.forget_call(stage_dir)
+    forget_outcome(stage_dir)
+    _keep_earlier_attempt(stage_dir)
+    Path(stage_dir, STARTED).touch()
+
+
+def _write_payload(stage_dir: str, fn: ShippedFunction, args: tuple, kwargs: dict[str, Any]) -> str:
+    """The pickled call (0600: its arguments may hold secrets); the ranks' command after the shim."""
+    import dill
+
+    payload, result = os.path.join(stage_dir, PAYLOAD), os.path.join(stage_dir, RESULT)
+    if os.path.exists(result):
+        os.unlink(result)  # a stale value must never pass for this run's
+    with _private(payload) as f:
+        dill.dump((fn, plain_files(args), plain_files(kwargs)), f)
+    py = shlex.quote(sys.executable)
+    return f"-- {py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
+
+
+def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
+    """A script's command line in a private file the shim reads (its arguments may hold secrets)."""
+    argv_file = os.path.join(stage_dir, ARGV_FILE)
+    with _private(argv_file) as f:
+        f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
+    return f"--argv-file {shlex.quote(argv_file)}"
+
+
+def _write_env(opts: StageOptions, call: str) -> None:
+    """The stage's environment for the supervisor, in a private file, not on the command line,
+    which Parsl echoes into stderr.txt (and so into errors): its values may be secrets."""
+    env = dict((*opts.env, (settings.CALL_ID.name, call)))
     if opts.import_path:  # the ranks import what the workflow imports from its own folders
         env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
-    env_file = os.path.join(opts.stage_dir, ENV_FILE)
-    with _private(env_file) as f:
+    with _private(os.path.join(opts.stage_dir, ENV_FILE)) as f:
         f.write(json.dumps(env).encode())
+
+
+def _command(opts: StageOptions, rank_cmd: str) -> str:
+    py = shlex.quote(sys.executable)
     timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
@@ -176,7 +192,8 @@ class DistributedApp:
         stage = wf.stage_name(stage or self.name, explicit=stage is not None)
         stage_dir = wf.run_dir / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        env = {"PARSL_TORCH_RUN_DIR": str(wf.run_dir), STAGE_DIR_VAR: str(stage_dir), **wf.rank_env(), **stage_env}
+        env = {settings.RUN_DIR.name: str(wf.run_dir), settings.STAGE_DIR.name: str(stage_dir), **wf.rank_env(),
+               **stage_env}
         shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
         script, module = _script_target(self.script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), wf.launcher_args(ppn),
@@ -349,19 +366,12 @@ def named_path(arg: Any) -> str | None:
     return value if value and os.path.isabs(value) and os.path.exists(value) else None
 
 
-def submit_builtin(builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
-                   input_roles: Sequence[str], output_roles: Sequence[str], app: DistributedApp,
-                   files: Sequence[str] = (), stage: str | None = None, num_nodes: int | None = None,
-                   ranks_per_node: int | None = None,
-                   walltime: float | None = None) -> StageFuture:
-    """A built-in stage: a distributed app here, or on a Globus Compute site its
-    module entry point on the endpoint (only its config travels; see ``remote``).
-    ``builtin`` names the built-in stage (train, evaluate), ``stage`` this call; ``files`` are
-    the files its config names (its data), read by the stage and so part of its identity."""
-    wf = current_workflow(stage or builtin)
+def submit_builtin(call: BuiltinCall, app: DistributedApp) -> StageFuture:
+    """A built-in stage: ``app`` here, or on a Globus Compute site its module entry point on the
+    endpoint (only its config travels; see ``remote``)."""
+    wf = current_workflow(call.name)
     if wf.remote:
-        return submit_remote(wf, builtin, config, inputs=inputs, outputs=outputs, input_roles=input_roles,
-                             output_roles=output_roles, stage=stage, num_nodes=num_nodes,
-                             ranks_per_node=ranks_per_node, walltime=walltime)
-    return app.reading(files)(config, inputs=list(inputs), outputs=list(outputs), stage=stage,
-                              num_nodes=num_nodes, ranks_per_node=ranks_per_node, walltime=walltime)
+        return submit_remote(wf, call)
+    return app.reading(call.files)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
+                                   stage=call.stage, num_nodes=call.num_nodes, ranks_per_node=call.ranks_per_node,
+                                   walltime=call.walltime)

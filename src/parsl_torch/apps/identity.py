@@ -30,13 +30,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..common import settings, stagedir
 from ..common.files import write_atomic
+from ..core.log import get_logger
 from . import usercode
 from .fingerprint import Fingerprinter
 
-INPUT_HASH_VAR = "PARSL_TORCH_INPUT_HASH"
 #: in a stage directory: the call whose files are there (written when it succeeds)
-CALL_FILE = ".call.json"
 DIGESTS = "input-digests.json"
 
 
@@ -88,7 +88,7 @@ class DigestCache:
                              for p in Path(path).rglob("*") if p.is_file())
             return "dir:" + _sha(json.dumps(entries).encode())
         key = _stat_key(st)
-        if os.environ.get(INPUT_HASH_VAR, "content") == "stat":
+        if settings.INPUT_HASH.get() == "stat":
             return f"stat:{key}"
         entry = self._entry(path, key)
         if entry is not None:
@@ -180,30 +180,28 @@ def call_id(parts: Mapping[str, str]) -> str:
     return _sha(json.dumps(dict(parts), sort_keys=True).encode())
 
 
-def read_call(stage_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The record of the call whose files are in ``stage_dir`` (None: none finished, or a run started since)."""
-    data = _read_json(Path(stage_dir) / CALL_FILE)
-    return data or None
+def read_call(stage_dir: str | os.PathLike) -> stagedir.CallRecord | None:
+    """The record of the call whose files are in ``stage_dir`` (None: none finished, or a run started
+    since; a damaged record is None too, with a warning: the stage runs again)."""
+    return stagedir.read_or_none(Path(stage_dir) / stagedir.CALL, stagedir.CallRecord, get_logger("parsl_torch.workflow"))
 
 
 def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, str]) -> None:
-    write_atomic(Path(stage_dir) / CALL_FILE, json.dumps({"memo_key": memo_key, "components": dict(parts)},
-                                                         indent=1, sort_keys=True))
+    stagedir.write(Path(stage_dir) / stagedir.CALL, stagedir.CallRecord(memo_key, dict(parts)))
 
 
 def forget_call(stage_dir: str | os.PathLike) -> None:
     """A run of the stage starts: its directory no longer holds the last finished call's files."""
-    with contextlib.suppress(FileNotFoundError):
-        (Path(stage_dir) / CALL_FILE).unlink()
+    stagedir.forget(Path(stage_dir) / stagedir.CALL)
 
 
-def why_rerun(stage: str, function: str, before: Mapping[str, Any] | None, now: Mapping[str, str],
+def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],
               memo_hit: bool) -> str:
     """Why the stage runs (for the log), comparing the last finished call with this one."""
     if before is None:
         return "no finished run of it in this run directory" if not memo_hit else \
             f"its directory {stage}/ was rewritten by a run that did not finish"
-    old = before.get("components", {})
+    old = before.components
     changed = []
     if old.get("code") != now.get("code"):
         changed.append(f"code of `{function}` changed")

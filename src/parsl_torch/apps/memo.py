@@ -13,11 +13,12 @@ workflow keep Parsl's own rules (a File by its content).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import pickle
 import threading
-from concurrent.futures import Future
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,10 @@ PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specifi
 CALL_KWARG = "parsl_torch_call"
 
 
-class _UserAppFiles:
-    """The digest cache of the run whose memoizer started last, for Files in the user's own apps
-    (Parsl's ``id_for_memo`` is one process-wide function and cannot be handed a run's cache)."""
-
-    cache = identity.DigestCache(None)
+#: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
+#: ``id_for_memo`` is one process-wide function that cannot be handed it (set only around that call)
+_file_digests: contextvars.ContextVar[identity.DigestCache | None] = contextvars.ContextVar(
+    "parsl_torch_file_digests", default=None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,7 +50,7 @@ def register_memo_ids() -> None:
     def _file(obj: File, output_ref: bool = False) -> bytes:
         if output_ref or obj.scheme != "file":
             return pickle.dumps(("File", obj.url))  # an output is named, not read
-        cache = _UserAppFiles.cache
+        cache = _file_digests.get() or identity.DigestCache(None)
         digest = cache.file_digest(obj.filepath)
         cache.save()
         return pickle.dumps(("File", obj.url, digest))
@@ -85,14 +85,14 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
     checked: dict[int, dict[str, str]] = {}  # task id -> its identity when it was launched
 
     class StageMemoizer(BasicMemoizer):
-        def start(self, *, run_dir: str, config_run_dir: str) -> None:
-            _UserAppFiles.cache = cache
-            super().start(run_dir=run_dir, config_run_dir=config_run_dir)
-
         def check_memo(self, task):
             call = _stage_call(task)
             if call is None or not self.memoize or not task["memoize"]:
-                return super().check_memo(task)
+                token = _file_digests.set(cache)  # Files in the user's own apps, through the run's cache
+                try:
+                    return super().check_memo(task)
+                finally:
+                    _file_digests.reset(token)
             function, opts, script, args, kwargs = call
             if stopping.is_set():
                 refused: Future = Future()
@@ -104,7 +104,7 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             kwargs[CALL_KWARG] = key  # the ranks' checkpoints belong to this call
             result = self.memo_lookup_table.get(key)
             before = identity.read_call(opts.stage_dir)
-            if result is not None and before is not None and before.get("memo_key") == key:
+            if result is not None and before is not None and before.memo_key == key:
                 return result
             if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
                 stage = Path(opts.stage_dir).name

@@ -17,12 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: files in <run_dir>/<stage>/: the shipped call, rank 0's return value, the stage's output
-PAYLOAD, RESULT, STDOUT, STDERR = "payload.pkl", "result.pkl", "stdout.txt", "stderr.txt"
-#: the stage's environment for its supervisor, a script stage's command line for the shim
-#: (0600 both: values may be secrets; neither reaches a command line)
-ENV_FILE, ARGV_FILE = ".env.json", ".argv.json"
-
 
 @dataclass(frozen=True)
 class ShippedFunction:

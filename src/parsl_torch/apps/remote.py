@@ -20,7 +20,7 @@ import json
 import os
 import shlex
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ..common.metadata import package_versions
 from ..errors import ConfigError, StageError
 from ..sites.globus import make_client, make_executor
 from .futures import StageFuture
+from .request import BuiltinCall
 
 __all__ = ["RemoteStages", "compare_versions", "make_client", "make_executor", "parse_result", "probe",
            "run_stage_on_endpoint", "stage_command", "submit_remote", "versions"]
@@ -92,20 +93,19 @@ def _remote_app():
     return python_app(run_stage_on_endpoint, executors=["mpi"], cache=True)
 
 
-def submit_remote(wf: Any, builtin: str, config: dict[str, Any], *, inputs: Sequence, outputs: Sequence,
-                  input_roles: Sequence[str], output_roles: Sequence[str], stage: str | None,
-                  num_nodes: int | None, ranks_per_node: int | None, walltime: float | None) -> StageFuture:
+def submit_remote(wf: Any, call: BuiltinCall) -> StageFuture:
     """A built-in stage of workflow ``wf`` as one task on its site's endpoint:
     files under the site's ``remote_run_dir``/<run dir name>/<stage>."""
-    nodes, ppn = num_nodes or 1, ranks_per_node or wf.ranks_per_node
-    wf.check_resources(stage or builtin, nodes, ppn)
-    name = wf.stage_name(stage or builtin, explicit=stage is not None)
+    nodes, ppn = call.num_nodes or 1, call.ranks_per_node or wf.ranks_per_node
+    wf.check_resources(call.name, nodes, ppn)
+    name = wf.stage_name(call.name, explicit=call.stage is not None)
     g = wf.site.spec.globus
     remote_dir = f"{g.remote_run_dir.rstrip('/')}/{wf.run_dir.name}/{name}"
-    outputs = [wf.place(o, Path(remote_dir)) for o in outputs]
+    outputs = [wf.place(o, Path(remote_dir)) for o in call.outputs]
     spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
-    app_future = _remote_app()(builtin, config, g.python, walltime, tuple(input_roles), tuple(output_roles),
-                               inputs=list(inputs), outputs=outputs, parsl_resource_specification=spec)
+    app_future = _remote_app()(call.builtin, call.config, g.python, call.walltime, call.input_roles,
+                               call.output_roles, inputs=list(call.inputs), outputs=outputs,
+                               parsl_resource_specification=spec)
     future = StageFuture(name, app_future, None, None)
     wf.track(future, nodes * ppn)
     return future

@@ -16,11 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..common.blocks import BLOCK_FILE
+from ..common import stagedir
 from ..common.files import write_atomic
 
 STATUS = "status.json"
-STARTED = ".started"
 _lock = threading.Lock()
 
 
@@ -63,19 +62,16 @@ class StageRow:
 def _progress(stage_dir: Path, started: float | None, first_step: int = 0) -> str:
     """``first_step``: where this attempt started (a continuation resumes there): the ETA's rate
     counts this attempt's steps only."""
-    files = sorted(stage_dir.glob("*.progress.json"), key=lambda p: p.stat().st_mtime)
-    if not files:
+    files = sorted(stage_dir.glob("*" + stagedir.PROGRESS_SUFFIX), key=lambda p: p.stat().st_mtime)
+    p = stagedir.read_or_none(files[-1], stagedir.ProgressRecord) if files else None
+    if p is None:
         return ""
-    try:
-        p = json.loads(files[-1].read_text())
-    except (OSError, ValueError):
-        return ""
-    step, total = p.get("step", 0), p.get("total")
+    step, total = p.step, p.total
     text = f"step {step + 1}/{total}" if total else f"step {step + 1}"
-    if p.get("metric") is not None and p.get("value") is not None:
-        text += f" {p['metric']}={p['value']:.4g}"
+    if p.metric is not None and p.value is not None:
+        text += f" {p.metric}={p.value:.4g}"
     if total and started and first_step <= step and step + 1 < total:
-        rate = (p["time"] - started) / (step + 1 - first_step)
+        rate = (p.time - started) / (step + 1 - first_step)
         text += f" ETA {int(rate * (total - step - 1)) // 60}:{int(rate * (total - step - 1)) % 60:02d}"
     return text
 
@@ -83,12 +79,9 @@ def _progress(stage_dir: Path, started: float | None, first_step: int = 0) -> st
 def _continued(stage_dir: Path, s: dict[str, Any], state: str) -> str:
     """"continued in block 2 (2 block ends)", or, between blocks, where it will resume."""
     ends = f"{s['continuations']} block end{'s' if s['continuations'] > 1 else ''}"
-    try:
-        block = json.loads((stage_dir / BLOCK_FILE).read_text())
-    except (OSError, ValueError):
-        block = {}
-    if state != "waiting" and block.get("started", 0) >= s.get("submitted_at", 0):
-        return f"continued in block {block.get('block')} ({ends})"
+    block = stagedir.read_or_none(stage_dir / stagedir.BLOCK, stagedir.BlockRecord)
+    if state != "waiting" and block is not None and block.started >= s.get("submitted_at", 0):
+        return f"continued in block {block.block} ({ends})"
     return f"to continue in the next block from step {s.get('continued_at_step')} ({ends})"
 
 
@@ -103,7 +96,7 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
     rows = []
     for name, s in data.get("stages", {}).items():
         stage_dir = run_dir / name
-        started_file = stage_dir / STARTED
+        started_file = stage_dir / stagedir.STARTED
         started = started_file.stat().st_mtime if started_file.exists() else None
         state = s.get("state", "waiting")
         if state == "waiting" and started and started >= s.get("submitted_at", 0):

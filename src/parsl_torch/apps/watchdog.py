@@ -1,11 +1,12 @@
 """``python -m parsl_torch.apps.watchdog TOKEN``: what a workflow leaves behind dies with it.
 
-A workflow exports PARSL_TORCH_WORKFLOW=TOKEN before Parsl starts anything,
+A workflow exports settings.WORKFLOW (a token) before Parsl starts anything,
 so Parsl's interchange, the local worker pools, the stages' supervisors and
-their local ranks all carry it. This process waits on a pipe from the
-workflow, noting every second the workflow's descendants that Parsl renamed
-(its interchange calls setproctitle, which overwrites its environment: the
-token alone would miss it). When the pipe closes (the
+their local ranks all carry it from their first instant (with settings.KEEP_ENVIRON,
+Parsl's setproctitle leaves it in the environment of the processes it renames).
+This process waits on a pipe from the workflow, also noting every second the
+workflow's descendants that Parsl renamed (for a setproctitle that overwrites
+the environment regardless). When the pipe closes (the
 workflow ended, however: even SIGKILL), it kills the descendants it noted
 (if still the same processes) and every process on this host carrying the
 token; after a normal end (the workflow says so before closing the pipe),
@@ -25,16 +26,15 @@ import subprocess
 import sys
 import time
 
+from ..common import settings
 from ..common.entrypoints import WATCHDOG
 from ..common.procs import proc_stat
 from ..launch.supervise import reap
 
-WORKFLOW_VAR = "PARSL_TORCH_WORKFLOW"
-
 
 def start(token: str) -> subprocess.Popen:
     """The watchdog for this workflow (``token``); close its stdin to end it (then it reaps)."""
-    env = {k: v for k, v in os.environ.items() if k != WORKFLOW_VAR}  # it must not carry the token
+    env = {k: v for k, v in os.environ.items() if k != settings.WORKFLOW.name}  # it must not carry the token
     return subprocess.Popen([sys.executable, "-m", WATCHDOG, token, str(os.getpid())], stdin=subprocess.PIPE,
                             env=env, start_new_session=True)  # Ctrl-C in the terminal must not kill it first
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             if pid in table and table[pid][1] == start and pid != os.getpid():
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-        reap(f"{WORKFLOW_VAR}={argv[0]}", spare)
+        reap(f"{settings.WORKFLOW.name}={argv[0]}", spare)
         time.sleep(0.5)
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
+from ..common import settings, stagedir
 from ..common.runlock import RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
@@ -29,10 +29,11 @@ from ..launch.machines import binding_args, get_machine
 from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
-from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations, check_max_continuations
+from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
 from .memo import register_memo_ids, stage_memoizer
+from .request import WorkflowRequest
 from .rundir import check_ours, check_stage_name, prepare
-from .status import STARTED, StatusFile
+from .status import StatusFile
 
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
 
@@ -129,13 +130,13 @@ class Workflow:
             where = "runs on this machine only" if self.scheduler.max_nodes_per_block == 1 else (
                 f"has blocks of {limit} node(s) (provider.nodes_per_block)")
             raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
-                              f"ask for fewer nodes or raise the site's nodes (--nodes / PARSL_TORCH_NODES)")
+                              f"ask for fewer nodes or raise the site's nodes (--nodes / {settings.NODES.name})")
 
     def running(self) -> list[Any]:
         """The stages that are running now (started since they were submitted, not done)."""
         now = []
         for future in self._futures:
-            started = self.run_dir / future.stage / STARTED
+            started = self.run_dir / future.stage / stagedir.STARTED
             with contextlib.suppress(OSError):
                 if not future.done() and started.stat().st_mtime >= self._submitted[future.stage]:
                     now.append(future)
@@ -191,60 +192,10 @@ class Workflow:
         future.add_done_callback(done)
 
 
-#: what pt.workflow does with the stages that run when the workflow script raises
-ON_ERROR = ("wait", "cancel")
-
-
-#: pt.workflow's keywords that change the site, as for sites.load
-SITE_OVERRIDES = ("account", "queue", "walltime", "nodes")
-#: parsl.Config settings the workflow owns: the stages' guarantees rest on them
-OWNED_SETTINGS = {"executors": "the site's executors run the stages", "run_dir": "it is <run_dir>/parsl",
-                  "memoizer": "stage reruns are decided by parsl-torch's memoizer"}
-
-
-def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(site overrides, parsl.Config settings); anything else is an error, before anything is made."""
-    import inspect
-
-    from parsl.config import Config
-
-    config_params = set(inspect.signature(Config).parameters)
-    site, config, unknown = {}, {}, []
-    for key, value in settings.items():
-        if key in SITE_OVERRIDES:
-            site[key] = value
-        elif key in OWNED_SETTINGS:
-            raise ConfigError(f"pt.workflow({key}=...): the workflow sets this parsl.Config setting itself "
-                              f"({OWNED_SETTINGS[key]}); leave it out")
-        elif key in config_params:
-            config[key] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        raise ConfigError(f"pt.workflow: unknown keyword(s) {', '.join(sorted(unknown))}: use a site override "
-                          f"({', '.join(SITE_OVERRIDES)}) or a parsl.Config setting (e.g. monitoring, "
-                          f"retry_handler, max_idletime)")
-    return site, config
-
-
-#: set by ``parsl-torch run --site S --run-dir D --fresh`` (JSON): every workflow of the script takes them
-RUN_FLAGS_VAR = "PARSL_TORCH_RUN_FLAGS"
-
-
-def _run_flags() -> dict[str, Any]:
-    try:
-        flags = json.loads(os.environ.get(RUN_FLAGS_VAR) or "{}")
-    except ValueError:
-        flags = None
-    if not isinstance(flags, dict):
-        raise ConfigError(f"{RUN_FLAGS_VAR} is not what parsl-torch run sets (a JSON object): unset it")
-    return flags
-
-
 @contextlib.contextmanager
 def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *, fresh: bool = False,
              retries: int = 0, max_continuations: int = DEFAULT_MAX_CONTINUATIONS, on_error: str = "wait",
-             gc_executor: Any = None, **settings: Any) -> Iterator[Workflow]:
+             gc_executor: Any = None, **keywords: Any) -> Iterator[Workflow]:
     """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
 
     ``retries``: times Parsl reruns a failed stage (the built-in train stage
@@ -262,69 +213,74 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     Executor (tests). Under ``parsl-torch run --site S --run-dir D --fresh``
     those flags replace what the script passes (the log says so).
     """
-    import parsl
-    from parsl.utils import get_all_checkpoints
-
-    flags = _run_flags()
-    given = {"site": site, "run_dir": os.fspath(run_dir)}
-    site, run_dir = flags.get("site", site), flags.get("run_dir", run_dir)
-    fresh = bool(fresh or flags.get("fresh"))
-    site_overrides, config_settings = _split_settings(settings)
-    check_max_continuations(max_continuations)
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"pt.workflow(on_error={on_error!r}): use one of {', '.join(map(repr, ON_ERROR))}")
-    loaded = sites.load(site, **site_overrides)
+    request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
+    loaded = sites.load(request.site, **request.site_overrides)
     users_dfk = _loaded_dfk()
     if users_dfk is not None:  # stages run on the site's executors in the user's own config
-        _check_users_dfk(users_dfk, loaded, retries=retries, gc_executor=gc_executor, settings=config_settings)
+        _check_users_dfk(users_dfk, loaded, request)
     elif not get_scheduler(loaded.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
         sites.build.check_blocks_take_stages(loaded.spec)
-    run_dir = Path(run_dir).absolute()
-    check_ours(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create run directory {run_dir}: {exc.strerror}: pick another --run-dir") from None
+    run_dir = _made_run_dir(request.run_dir)
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
-        prepare(run_dir, fresh)
+        prepare(run_dir, request.fresh)
         register_memo_ids()
         wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi",
-                      max_continuations=max_continuations, retry_handler=config_settings.pop("retry_handler", None))
+                      max_continuations=request.max_continuations, retry_handler=request.retry_handler)
         wf.log.info("workflow on site %r, run directory %s%s", loaded.name, run_dir,
                     " (in your own Parsl config: stages always run)" if users_dfk else "")
-        for key in ("site", "run_dir"):
-            if key in flags and str(flags[key]) != given[key]:
-                wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
-                            flags[key], key.replace("_", "-"), given[key])
+        for key, asked in request.given.items():
+            wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
+                        getattr(request, key), key.replace("_", "-"), asked)
         token = _current.set(wf)
-        watching = _watch_progress(run_dir)
+        watching = _watch_progress(run_dir, request.progress)
         try:
             if users_dfk is not None:
-                with wf.running_stages_finish(on_error):
+                with wf.running_stages_finish(request.on_error):
                     yield wf
                 wf.wait()
                 return
-            parsl_dir = run_dir / "parsl"
-            memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
-            config = loaded.parsl_config(run_dir=str(parsl_dir), gc_executor=gc_executor, memoizer=memoizer,
-                                         retries=retries, retry_handler=wf.continuations, **config_settings)
-            parsl_log: list = []
-            with _everything_ends_with_this_process():
-                try:
-                    with parsl.load(config) as dfk:
-                        parsl_log = _file_handlers("parsl", parsl_dir)
-                        for handler in parsl_log:
-                            handler.addFilter(_without_task_arguments)
-                        with wf.running_stages_finish(on_error):
-                            yield wf
-                        dfk.wait_for_current_tasks()
-                finally:
-                    for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:
-                        handler.close()        # one fd more per workflow in a notebook or a sweep driver
+            with _parsl_loaded(wf, loaded, request) as dfk:
+                with wf.running_stages_finish(request.on_error):
+                    yield wf
+                dfk.wait_for_current_tasks()
         finally:
             wf.status.finish()
             watching.set()
             _current.reset(token)
+
+
+def _made_run_dir(run_dir: str) -> Path:
+    path = Path(run_dir).absolute()
+    check_ours(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create run directory {path}: {exc.strerror}: pick another --run-dir") from None
+    return path
+
+
+@contextlib.contextmanager
+def _parsl_loaded(wf: Workflow, site: sites.Site, request: WorkflowRequest) -> Iterator[Any]:
+    """Parsl loaded with the site's config, memoizer and checkpoints under ``<run_dir>/parsl``;
+    what it starts ends with this process; its log leaves out the tasks' arguments."""
+    import parsl
+    from parsl.utils import get_all_checkpoints
+
+    parsl_dir = wf.run_dir / "parsl"
+    memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
+    config = site.parsl_config(run_dir=str(parsl_dir), gc_executor=request.gc_executor, memoizer=memoizer,
+                               retries=request.retries, retry_handler=wf.continuations, **request.config_settings)
+    parsl_log: list = []
+    with _everything_ends_with_this_process():
+        try:
+            with parsl.load(config) as dfk:
+                parsl_log = _file_handlers("parsl", parsl_dir)
+                for handler in parsl_log:
+                    handler.addFilter(_without_task_arguments)
+                yield dfk
+        finally:
+            for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:
+                handler.close()        # one fd more per workflow in a notebook or a sweep driver
 
 
 @contextlib.contextmanager
@@ -335,11 +291,19 @@ def _everything_ends_with_this_process() -> Iterator[None]:
 
     token = secrets.token_hex(12)
     dog = watchdog.start(token)
-    os.environ[watchdog.WORKFLOW_VAR] = token
+    # Parsl's interchange and pools retitle themselves (setproctitle), which overwrites their
+    # environment and so the token, unless setproctitle is told to keep it: then every process
+    # started from here carries the token from its first instant, whatever instant this one dies
+    given = {name: os.environ.get(name) for name in (settings.WORKFLOW.name, settings.KEEP_ENVIRON.name)}
+    os.environ.update({settings.WORKFLOW.name: token, settings.KEEP_ENVIRON.name: "1"})
     try:
         yield
     finally:
-        os.environ.pop(watchdog.WORKFLOW_VAR, None)
+        for name, value in given.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         watchdog.stop(dog)
 
 
@@ -358,14 +322,14 @@ def _file_handlers(logger: str, under: Path) -> list:
             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(under)]
 
 
-def _watch_progress(run_dir: Path) -> threading.Event:
-    """With PARSL_TORCH_PROGRESS set (``parsl-torch run`` sets it), show the stages as they go:
-    a live table on a terminal, else plain lines every PARSL_TORCH_PROGRESS_EVERY s (default 30)."""
+def _watch_progress(run_dir: Path, show: bool) -> threading.Event:
+    """With ``show`` (``parsl-torch run``, or settings.PROGRESS), show the stages as they go:
+    a live table on a terminal, else plain lines every settings.PROGRESS_EVERY s (default 30)."""
     stop = threading.Event()
-    if os.environ.get("PARSL_TORCH_PROGRESS"):
+    if show:
         import sys
 
-        every = float(os.environ.get("PARSL_TORCH_PROGRESS_EVERY", "30") or 30)
+        every = settings.PROGRESS_EVERY.get()
         threading.Thread(target=status.watch, args=(run_dir, stop, every, sys.stderr.isatty()),
                          daemon=True).start()
     return stop
@@ -382,11 +346,11 @@ def _loaded_dfk() -> Any:
         return None
 
 
-def _check_users_dfk(dfk: Any, site: sites.Site, **ours: Any) -> None:
+def _check_users_dfk(dfk: Any, site: sites.Site, request: WorkflowRequest) -> None:
     """Under a DataFlowKernel the user loaded: it must hold the site's executors, and the settings
     of Parsl's own config are theirs. Checked before anything is made."""
-    given = [k for k, v in {"retries": ours["retries"], "gc_executor": ours["gc_executor"],
-                            **ours["settings"]}.items() if v]
+    given = [k for k, v in {"retries": request.retries, "gc_executor": request.gc_executor,
+                            "retry_handler": request.retry_handler, **request.config_settings}.items() if v]
     if given:
         raise ConfigError(f"Parsl is already loaded (parsl.load): set {', '.join(given)} in your own "
                           f"parsl.Config, not in pt.workflow")

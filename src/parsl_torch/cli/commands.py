@@ -15,12 +15,14 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import sites
 from ..apps import status as run_status
 from ..apps.remote import make_executor, probe
-from ..apps.workflow import RUN_FLAGS_VAR
-from ..common.blocks import DEADLINE_VAR, duration_seconds
+from ..apps.request import RunFlags, run_flags
+from ..common import settings
+from ..common.blocks import duration_seconds
 from ..common.environ import path_with_python_bin
 from ..common.metadata import redact
 from ..core.device import get_backend, get_torch_device_type
@@ -95,7 +97,7 @@ def _launch(args: argparse.Namespace) -> int:
         command = [sys.executable, "-m", args.module, *command]
     if args.timeout is not None and not 0 < args.timeout < math.inf:
         raise ConfigError(f"--timeout {args.timeout:g}: give the seconds before every rank is stopped, > 0")
-    deadline = {DEADLINE_VAR: f"{time.time() + duration_seconds(args.deadline, '--deadline'):.3f}"} \
+    deadline = {settings.DEADLINE.name: f"{time.time() + duration_seconds(args.deadline, '--deadline'):.3f}"} \
         if args.deadline else {}
     request = LaunchRequest(tuple(command), args.n, args.ppn, args.nodes, args.launcher)
     detection = sites.detect_job()
@@ -183,10 +185,10 @@ def _sites_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def split_run_flags(argv: list[str]) -> tuple[dict[str, object], list[str]]:
+def split_run_flags(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """``run``'s own flags (``--site S``, ``--run-dir D``, ``--fresh``, anywhere before a ``--``) and
     the script's arguments (the rest; after ``--``, everything)."""
-    flags: dict[str, object] = {}
+    flags: dict[str, Any] = {}
     rest: list[str] = []
     items = iter(argv)
     for item in items:
@@ -212,15 +214,13 @@ def _run(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise ConfigError(f"workflow script {script} does not exist")
     flags, script_args = split_run_flags(args.script_args)
-    if flags:  # every pt.workflow in the script takes them (see workflow.RUN_FLAGS_VAR)
-        os.environ[RUN_FLAGS_VAR] = json.dumps(flags)
     # Parsl starts its workers by name: this environment's bin must come first
     os.environ["PATH"] = path_with_python_bin()
-    os.environ.setdefault("PARSL_TORCH_PROGRESS", "1")  # the workflow shows its stages as they go
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.resolve().parent))  # as `python SCRIPT`: its own folder's modules import
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        with run_flags(RunFlags(**flags, progress=True)):  # every pt.workflow in the script takes them
+            runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except StageError as exc:  # a stage failed at run time: say which and how, without a traceback

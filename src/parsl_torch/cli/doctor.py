@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import sites
+from ..common import settings
 from ..common.entrypoints import CLI
 from ..common.environ import find_local_tool, path_with_python_bin
 from ..core.device import get_backend, get_torch_device_type
@@ -94,7 +95,7 @@ def check_timeout() -> Check:
 
 
 def check_mpi() -> Check:
-    mpiexec = os.environ.get("PARSL_TORCH_MPIEXEC") or find_local_tool("mpiexec")
+    mpiexec = settings.MPIEXEC.get() or find_local_tool("mpiexec")
     try:
         from mpi4py import MPI
 
@@ -160,7 +161,7 @@ def _job_nodes() -> tuple[str, ...]:
 
 def check_nodes(nodes: tuple[str, ...]) -> Check:
     """One rank on every node of the job, one all_reduce, through the job's launcher."""
-    env = {**os.environ, "PARSL_TORCH_TIMEOUT": "30"}
+    env = {**os.environ, settings.TIMEOUT.name: "30"}
     env["PATH"] = path_with_python_bin(env)
     name = f"all_reduce on {len(nodes)} nodes"
     cmd = [sys.executable, "-m", CLI, "launch", "--nodes", str(len(nodes)), "--ppn", "1",
@@ -182,7 +183,7 @@ def check_nodes(nodes: tuple[str, ...]) -> Check:
 
 def check_smoke() -> Check:
     """2 local ranks, one all_reduce, through parsl-torch launch."""
-    env = {**os.environ, "PARSL_TORCH_SCHEDULER": "local", "PARSL_TORCH_TIMEOUT": "30"}
+    env = {**os.environ, settings.SCHEDULER.name: "local", settings.TIMEOUT.name: "30"}
     env["PATH"] = path_with_python_bin(env)
     cmd = [sys.executable, "-m", CLI, "launch", "-n", "2", "--timeout", str(SMOKE_TIMEOUT_S),
            "--", sys.executable, "-c", _SMOKE]

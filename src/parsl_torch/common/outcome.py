@@ -12,10 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .files import write_atomic
-
-#: in a stage's directory: the outcome of its last launch
-OUTCOME_FILE = ".outcome.json"
+from . import stagedir
 
 
 class Cause(str, enum.Enum):
@@ -46,26 +43,21 @@ class Outcome:
         return json.dumps({**asdict(self), "cause": self.cause.value, "ranks": list(self.ranks)})
 
     @classmethod
-    def from_json(cls, text: str) -> Outcome:
-        data = json.loads(text)
+    def from_dict(cls, data: dict) -> Outcome:
         return cls(Cause(data["cause"]), int(data["exit_code"]), str(data["summary"]), data.get("rank"),
                    data.get("host"), tuple(data.get("ranks") or ()))
 
 
 def write_outcome(stage_dir: str | os.PathLike, outcome: Outcome) -> None:
     with contextlib.suppress(OSError):  # the exit code still tells the workflow that it failed
-        write_atomic(Path(stage_dir) / OUTCOME_FILE, outcome.to_json())
+        stagedir.write(Path(stage_dir) / stagedir.OUTCOME, outcome)
 
 
 def forget_outcome(stage_dir: str | os.PathLike) -> None:
     """A launch starts: an earlier launch's outcome must not pass for its own."""
-    with contextlib.suppress(FileNotFoundError):
-        (Path(stage_dir) / OUTCOME_FILE).unlink()
+    stagedir.forget(Path(stage_dir) / stagedir.OUTCOME)
 
 
-def read_outcome(stage_dir: str | os.PathLike) -> Outcome | None:
-    """The last launch's outcome; None if none was recorded (or the record is damaged)."""
-    try:
-        return Outcome.from_json((Path(stage_dir) / OUTCOME_FILE).read_text())
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+def read_outcome(stage_dir: str | os.PathLike, log: object = None) -> Outcome | None:
+    """The last launch's outcome; None if none was recorded (a damaged record: None and a warning in ``log``)."""
+    return stagedir.read_or_none(Path(stage_dir) / stagedir.OUTCOME, Outcome, log)

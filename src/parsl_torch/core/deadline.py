@@ -22,28 +22,19 @@ is submitted again and resumes from its checkpoint in the next block.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any, NoReturn
 
-from ..common.blocks import (
-    BLOCK_END_VAR,
-    CALL_ID_VAR,
-    CONTINUATION_FILE,
-    CONTINUE_EXIT,
-    GRACE_VAR,
-    STAGE_DIR_VAR,
-    deadline_from_env,
-)
-from ..common.files import write_atomic
-from .dist import BEFORE_CLEANUP, cleanup, exit_process
+from ..common import settings, stagedir
+from ..common.blocks import CONTINUE_EXIT, deadline_from_env
+from .dist import cleanup, exit_process
 from .log import get_logger
-from .ranks import get_rank, process_group
-
+from .ranks import get_rank, process_group, rank_state
 
 #: how much more than two steps and a save a rank allows itself before the block's end
 STOP_MARGIN = 1.25
@@ -51,27 +42,15 @@ STOP_MARGIN = 1.25
 _CALLS_KEPT = 10
 
 
-def _float_env(name: str) -> float | None:
-    try:
-        return float(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def _stage_record() -> dict[str, Any]:
-    """This stage call's continuation record (rank 0 keeps it in the stage's directory); empty
+def _stage_record() -> stagedir.ContinuationRecord | None:
+    """This stage call's continuation record (rank 0 keeps it in the stage's directory); None
     when there is none, or when it was left by another call of the stage."""
-    stage_dir = os.environ.get(STAGE_DIR_VAR)
+    stage_dir = settings.STAGE_DIR.get()
     if not stage_dir:
-        return {}
-    try:
-        with open(os.path.join(stage_dir, CONTINUATION_FILE)) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(record, dict) or record.get("call") != os.environ.get(CALL_ID_VAR):
-        return {}
-    return record
+        return None
+    record = stagedir.read_or_none(os.path.join(stage_dir, stagedir.CONTINUATION), stagedir.ContinuationRecord,
+                                   get_logger("parsl_torch"))
+    return record if record is not None and record.call == settings.CALL_ID.get() else None
 
 
 class _Agreement:
@@ -79,10 +58,10 @@ class _Agreement:
 
     def __init__(self) -> None:
         self.deadline = deadline_from_env(os.environ)
-        self.block_end = _float_env(BLOCK_END_VAR)
-        last_save = _stage_record().get("save_seconds")
+        self.block_end = settings.BLOCK_END.get()
+        last = _stage_record()
         #: the longest save of this block so far, starting from the last save of the call's previous block
-        self.save_seconds = float(last_save) if isinstance(last_save, (int, float)) else 0.0
+        self.save_seconds = float(last.save_seconds) if last and last.save_seconds is not None else 0.0
         self._calls: deque[float] = deque(maxlen=_CALLS_KEPT)
         self._told = False
         self.signalled = False
@@ -150,7 +129,7 @@ class _Agreement:
 
         if self._group is None:  # collective: the first call is at the same point on every rank
             self._group = d.new_group(backend="gloo")
-            BEFORE_CLEANUP.append(self.release)
+            rank_state().before_cleanup.append(self.release)
         if self._pending is not None:
             self._pending.wait()
             self.agreed = bool(self._flag.item())
@@ -167,17 +146,14 @@ class _Agreement:
             self._pending.wait()
             self._pending = None
         self._group = None
-        BEFORE_CLEANUP.remove(self.release)
-
-
-_agreement: _Agreement | None = None
+        rank_state().before_cleanup.remove(self.release)
 
 
 def _state() -> _Agreement:
-    global _agreement
-    if _agreement is None:
-        _agreement = _Agreement()
-    return _agreement
+    state = rank_state()
+    if state.deadline is None:
+        state.deadline = _Agreement()
+    return state.deadline
 
 
 def should_checkpoint() -> bool:
@@ -198,11 +174,11 @@ def deadline() -> float | None:
 
 def _record(fields: dict[str, Any]) -> None:
     """Rank 0 leaves the stage's record beside its files, for the workflow (under a workflow only)."""
-    stage_dir = os.environ.get(STAGE_DIR_VAR)
+    stage_dir = settings.STAGE_DIR.raw()
     if get_rank() != 0 or not stage_dir or not os.path.isdir(stage_dir):
         return
-    record = {**_stage_record(), **fields, "call": os.environ.get(CALL_ID_VAR), "time": time.time()}
-    write_atomic(os.path.join(stage_dir, CONTINUATION_FILE), json.dumps(record))
+    record = _stage_record() or stagedir.ContinuationRecord(settings.CALL_ID.get(), time.time())
+    stagedir.write(os.path.join(stage_dir, stagedir.CONTINUATION), replace(record, **fields, time=time.time()))
 
 
 def note_checkpoint(step: int, seconds: float) -> None:
@@ -211,7 +187,7 @@ def note_checkpoint(step: int, seconds: float) -> None:
     Later stops come early enough for a save that long (see ``stop_time``)."""
     state = _state()
     state.save_seconds = max(state.save_seconds, seconds)
-    grace = float(os.environ.get(GRACE_VAR) or 0)
+    grace = settings.GRACE.get()
     if grace and seconds > grace and get_rank() == 0:
         get_logger("parsl_torch").warning(
             "the checkpoint of step %d took %.0f s, longer than the grace period of %.0f s: a block may end "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from ..common import settings
 from ..errors import ConfigError
 from .topology import env_topology
 
@@ -21,7 +22,7 @@ _BACKEND_NEEDS = {"nccl": "cuda", "xccl": "xpu"}
 
 def get_torch_device_type() -> str:
     """``"cuda"``, ``"xpu"``, ``"mps"`` or ``"cpu"``."""
-    forced = os.environ.get("TORCH_DEVICE", "").strip().lower()
+    forced = (settings.DEVICE.get() or "").lower()
     if forced:
         kind = forced.split(":")[0]
         if kind not in DEVICE_TYPES:
@@ -55,10 +56,7 @@ def device_index(local_rank: int, count: int, order: str | None = None) -> int:
     (PARSL_TORCH_GPU_ORDER, e.g. Polaris "3,2,1,0": its NUMA layout) when it covers ``count``."""
     index = local_rank % count
     if order:
-        try:
-            gpus = [int(g) for g in order.split(",")]
-        except ValueError:
-            raise ConfigError(f"PARSL_TORCH_GPU_ORDER={order!r}: give device indices, e.g. 3,2,1,0") from None
+        gpus = list(settings.GPU_ORDER.get({settings.GPU_ORDER.name: order}))
         if sorted(gpus) == list(range(count)):  # a narrowed CUDA_VISIBLE_DEVICES: the plain order
             index = gpus[index]
     return index
@@ -79,16 +77,16 @@ def get_torch_device(local_rank: int | None = None):
                 f"device type {kind!r} was chosen but no {kind} device is visible "
                 f"(check CUDA_VISIBLE_DEVICES / ZE_AFFINITY_MASK, or set TORCH_DEVICE=cpu)"
             )
-        return torch.device(kind, device_index(local_rank, count, os.environ.get("PARSL_TORCH_GPU_ORDER")))
+        return torch.device(kind, device_index(local_rank, count, settings.GPU_ORDER.raw()))
     return torch.device(kind)
 
 
 def get_backend(device_type: str | None = None) -> str:
     """The collective backend for ``device_type`` (default: this rank's)."""
     device_type = device_type or get_torch_device_type()
-    forced = os.environ.get("TORCH_BACKEND", "").strip().lower()
+    forced = (settings.BACKEND.get() or "").lower()
     backend = forced or _DEFAULT_BACKEND.get(device_type, "gloo")
-    return check_backend(backend, device_type, source="TORCH_BACKEND" if forced else "backend")
+    return check_backend(backend, device_type, source=settings.BACKEND.name if forced else "backend")
 
 
 def check_backend(backend: str, device_type: str, source: str = "backend") -> str:

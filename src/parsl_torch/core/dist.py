@@ -10,22 +10,17 @@ import pdb
 import random
 import sys
 import time
-from collections.abc import Callable
 from typing import NoReturn
 
+from ..common import settings
 from ..errors import ConfigError
 from .device import check_backend, get_backend, get_torch_device, get_torch_device_type
 from .log import get_logger
-from .ranks import get_rank, process_group
+from .ranks import get_rank, process_group, rank_state
 from .topology import describe_rank_source, env_topology, get_topology
 
-#: called before the process group is destroyed (should_checkpoint's reduction in flight)
-BEFORE_CLEANUP: list[Callable[[], None]] = []
-#: seconds a collective may wait before the job fails (env: PARSL_TORCH_TIMEOUT)
-DEFAULT_TIMEOUT_S = 300.0
 #: seconds the main thread lets go of the GIL at exit, before the interpreter finalizes
 EXIT_HANDOVER_S = 0.05
-_handover_registered = False
 
 
 def _hand_over_gil_at_exit() -> None:
@@ -43,11 +38,7 @@ def _hand_over_gil_at_exit() -> None:
 
 def collective_timeout(timeout: float | None = None) -> float:
     """Seconds: ``timeout``, else PARSL_TORCH_TIMEOUT, else 300."""
-    raw = timeout if timeout is not None else os.environ.get("PARSL_TORCH_TIMEOUT", DEFAULT_TIMEOUT_S)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"PARSL_TORCH_TIMEOUT={raw!r} is not a number of seconds") from None
+    value = float(timeout) if timeout is not None else settings.TIMEOUT.get()
     if value <= 0:
         raise ConfigError(f"collective timeout must be > 0 seconds, got {value}")
     return value
@@ -89,10 +80,10 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if accelerator else None,
     )
-    global _handover_registered
-    if not _handover_registered:  # registered after the user's earlier handlers: it runs after later ones
+    state = rank_state()
+    if not state.exit_handover:  # registered after the user's earlier handlers: it runs after later ones
         atexit.register(_hand_over_gil_at_exit)
-        _handover_registered = True
+        state.exit_handover = True
     get_logger("parsl_torch").info(
         "setup_torch: rank %d/%d, %d node(s), ranks from %s, device %s, backend %s, "
         "master %s:%s, timeout %.0fs (%.2fs)",
@@ -188,7 +179,7 @@ def cleanup() -> None:
     """Destroy the process group if there is one (safe to call twice)."""
     d = process_group()
     if d:
-        for release in list(BEFORE_CLEANUP):  # work in flight must not outlive its group
+        for release in list(rank_state().before_cleanup):  # work in flight must not outlive its group
             release()
         d.destroy_process_group()
 
@@ -205,9 +196,6 @@ class _RankPdb(pdb.Pdb):
         self._release()
 
 
-_breakpoints = 0
-
-
 def breakpoint(rank: int = 0) -> None:  # noqa: A001 - the ezpz name
     """Drop into pdb on ``rank`` while every other rank waits for ``continue``.
 
@@ -215,9 +203,9 @@ def breakpoint(rank: int = 0) -> None:  # noqa: A001 - the ezpz name
     collective, so a long debugging session does not trip the collective
     timeout. mpiexec forwards stdin to rank 0 only: debug rank 0 where you can.
     """
-    global _breakpoints
-    _breakpoints += 1
-    key = f"parsl_torch/breakpoint/{_breakpoints}"
+    state = rank_state()
+    state.breakpoints += 1
+    key = f"parsl_torch/breakpoint/{state.breakpoints}"
     d = process_group()
     # the default group's store is private in torch; it is what every rank already
     # connected to, and waiting on it is not a collective (no timeout trips)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from ..common import settings
 from .ranks import get_rank
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,7 +55,7 @@ def get_logger(name: str = "parsl_torch", level: str | int | None = None,
     Level: ``level``, else ``PARSL_TORCH_LOG_LEVEL``, else INFO.
     """
     logger = logging.getLogger(name)
-    level = level or os.environ.get("PARSL_TORCH_LOG_LEVEL", "INFO")
+    level = level or settings.LOG_LEVEL.get()
     logger.setLevel(level.upper() if isinstance(level, str) else level)
     handler = next((h for h in logger.handlers if getattr(h, "_parsl_torch", False)), None)
     if handler is None:

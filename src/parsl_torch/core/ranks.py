@@ -9,9 +9,35 @@ history code can ask on every record without paying for torch.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .topology import env_topology
+
+
+@dataclass
+class RankState:
+    """What this process keeps between calls of parsl-torch's free functions
+    (``setup_torch``, ``should_checkpoint``, ``breakpoint``, ``cleanup``): the one
+    place with process-wide state in the package (a layout test holds it)."""
+
+    #: called before the process group is destroyed (``should_checkpoint``'s reduction in flight)
+    before_cleanup: list[Callable[[], None]] = field(default_factory=list)
+    #: breakpoints passed so far (the ranks' keys in the store agree on it)
+    breakpoints: int = 0
+    #: the exit handover is registered with atexit (once per process)
+    exit_handover: bool = False
+    #: ``core.deadline``'s agreement that the block is ending, made at its first use
+    deadline: Any = None
+
+
+_STATE = RankState()
+
+
+def rank_state() -> RankState:
+    """This process's ``RankState``."""
+    return _STATE
 
 
 def process_group() -> Any:

@@ -37,6 +37,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from ..common import settings
 from ..errors import TopologyError
 
 #: rank sources that mean "an MPI launcher started us" (mpi4py can talk to the others)
@@ -224,7 +225,6 @@ def topology_from_env(env: Mapping[str, str] | None = None, hostname: str | None
 
 
 #: "SOURCE:RANK:WORLD", set by parsl-torch's shim beside the torchrun variables it derived
-SHIM_SOURCE_VAR = "PARSL_TORCH_SHIM_SOURCE"
 
 
 def describe_rank_source(topo: Topology, env: Mapping[str, str] | None = None) -> str:
@@ -232,7 +232,7 @@ def describe_rank_source(topo: Topology, env: Mapping[str, str] | None = None) -
     derived from the launcher's (``mpich, via parsl-torch's shim``), unless a torchrun started
     below the shim set its own (rank or size differ)."""
     env = os.environ if env is None else env
-    source, _, ranks = env.get(SHIM_SOURCE_VAR, "").partition(":")
+    source, _, ranks = (settings.SHIM_SOURCE.get(env) or "").partition(":")
     if topo.rank_source == "torchrun" and source and ranks == f"{topo.rank}:{topo.world_size}":
         return f"{source}, via parsl-torch's shim"
     return topo.rank_source

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common.files import write_atomic
+from ..common import settings, stagedir
 from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..core.device import get_torch_device_type
 from ..core.dist import collective_timeout
@@ -35,21 +35,20 @@ from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
 from ..errors import ConfigError
+from .blocks import Block
 from .h5file import H5Writer, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
-from .blocks import Block
 from .sinks import make_sinks
-from .stats import STATS, all_ranks_join, cross_rank_stats, distributed_world, union_keys
+from .stats import STATS, RankComm, cross_rank_stats, distributed_world, union_keys
 
 _NAN = math.nan
 #: beside the history file: its progress, for parsl-torch run / status (rank 0, at most every PROGRESS_S)
-PROGRESS_SUFFIX = ".progress.json"
 PROGRESS_S = 2.0
 
 
 def default_history_path(name: str) -> Path:
     """``$PARSL_TORCH_RUN_DIR/outputs/<name>/history.h5`` (run dir: current directory)."""
-    return Path(os.environ.get("PARSL_TORCH_RUN_DIR", ".")) / "outputs" / name / "history.h5"
+    return Path(settings.RUN_DIR.get()) / "outputs" / name / "history.h5"
 
 
 def _as_float(key: str, value: Any) -> float:
@@ -112,6 +111,7 @@ class History:
         self._cols: dict[str, list[float]] = {}
         self._next_step = 0
         self._writer: Any = None
+        self._comm: RankComm | None = None  # made at the first cross-rank sync
         self._blocks: list[Block] = []  # synced, not yet on disk
         self._last_flush = time.monotonic()
         self._finalized: Path | None = None
@@ -179,10 +179,11 @@ class History:
         block = self._take_pending()
         if distributed_world() > 1:
             rows = len(block.steps)
-            union, max_rows = union_keys(block.keys, rows)
+            self._comm = self._comm or RankComm()
+            union, max_rows = union_keys(self._comm, block.keys, rows)
             full = np.full((len(union), max_rows), np.nan)
             full[[union.index(k) for k in block.keys], :rows] = block.values
-            result = cross_rank_stats(full)
+            result = cross_rank_stats(self._comm, full)
             block = Block(block.steps, tuple(union), full[:, :rows], {s: result[s][:, :rows] for s in STATS})
             if self._rank == 0 and rows < max_rows:
                 get_logger("parsl_torch.history").warning(
@@ -207,11 +208,10 @@ class History:
         values = block.stats.get("mean", block.values) if block.stats else block.values
         row = block.keys.index(metric) if metric else 0
         total = self.config.get("steps")  # the built-in stages record their config
-        progress = {"step": int(block.steps[-1]), "total": total if isinstance(total, int) else None,
-                    "metric": metric, "value": float(values[row, -1]) if metric else None,
-                    "time": now}
+        progress = stagedir.ProgressRecord(int(block.steps[-1]), total if isinstance(total, int) else None, metric,
+                                           float(values[row, -1]) if metric else None, now)
         with contextlib.suppress(OSError):
-            write_atomic(str(self._target(None)) + PROGRESS_SUFFIX, json.dumps(progress))
+            stagedir.write(str(self._target(None)) + stagedir.PROGRESS_SUFFIX, progress)
 
     def _take_pending(self) -> Block:
         """The rows recorded since the last sync as one block; starts a new one."""
@@ -266,7 +266,7 @@ class History:
 
         ``ranks="all"`` (default): collective, every rank calls it; rank 0
         writes, every rank returns the same path. If the other ranks do not
-        join within the collective timeout (PARSL_TORCH_TIMEOUT), an error
+        join within the collective timeout (settings.TIMEOUT), an error
         says so instead of a hang. ``ranks="this"``: rank 0 alone (ezpz's
         habit: ``if rank == 0: history.finalize()``); the rows since the last
         sync are rank 0's own (attribute ``rank0_only_from_step``), other
@@ -307,7 +307,8 @@ class History:
         if distributed_world() == 1:
             return
         try:
-            all_ranks_join(collective_timeout())
+            self._comm = self._comm or RankComm()
+            self._comm.join(collective_timeout())
         except Exception as exc:  # noqa: BLE001 - gloo, NCCL and MPI each raise their own kind
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"History.finalize on rank {self._rank}: not every rank called it ({first}); every "

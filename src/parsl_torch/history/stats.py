@@ -24,8 +24,9 @@ from ..core.topology import MPI_SOURCES, env_topology
 STATS = ("mean", "min", "max", "std")
 
 
-class _Comm:
-    """allgather of Python objects and elementwise sum/max of float64 arrays."""
+class RankComm:
+    """The ranks' statistics: allgather of Python objects and elementwise sum/max of float64 arrays
+    (over MPI when the ranks came from mpiexec, else the process group). A History keeps one."""
 
     def __init__(self) -> None:
         topo = env_topology()
@@ -80,45 +81,32 @@ class _Comm:
         return t.cpu().numpy()
 
 
-_comm: _Comm | None = None
-
-
 def distributed_world() -> int:
     """Ranks that take part in statistics: the process group's, else 1."""
     group = process_group()
     return group.get_world_size() if group else 1
 
 
-def all_ranks_join(timeout: float) -> None:
-    """Collective: every rank of the process group is here (see ``_Comm.join``)."""
-    global _comm
-    _comm = _comm or _Comm()
-    _comm.join(timeout)
-
-
-def union_keys(keys: Sequence[str], rows: int) -> tuple[list[str], int]:
+def union_keys(comm: RankComm, keys: Sequence[str], rows: int) -> tuple[list[str], int]:
     """Every rank's keys (sorted union) and the largest row count (collective)."""
-    global _comm
-    _comm = _comm or _Comm()
-    gathered = _comm.allgather((list(keys), rows))
+    gathered = comm.allgather((list(keys), rows))
     union = sorted({k for ks, _ in gathered for k in ks})
     return union, max(n for _, n in gathered)
 
 
-def cross_rank_stats(block: np.ndarray) -> dict[str, np.ndarray]:
+def cross_rank_stats(comm: RankComm, block: np.ndarray) -> dict[str, np.ndarray]:
     """mean/min/max/std over ranks of ``block`` (k x n, NaN = not recorded).
 
     Collective: every rank calls it with the same shape (see ``union_keys``).
     """
-    assert _comm is not None, "union_keys() first"
     present = ~np.isnan(block)
-    sums = _comm.allreduce(np.stack([np.where(present, block, 0.0), present.astype(np.float64)]), "sum")
+    sums = comm.allreduce(np.stack([np.where(present, block, 0.0), present.astype(np.float64)]), "sum")
     count = sums[1]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(count > 0, sums[0] / count, np.nan)
-        extremes = _comm.allreduce(np.stack([np.where(present, block, -np.inf),
+        extremes = comm.allreduce(np.stack([np.where(present, block, -np.inf),
                                              np.where(present, -block, -np.inf)]), "max")
-        dev = _comm.allreduce(np.where(present, (block - mean) ** 2, 0.0), "sum")
+        dev = comm.allreduce(np.where(present, (block - mean) ** 2, 0.0), "sum")
         std = np.where(count > 0, np.sqrt(dev / count), np.nan)
     none = count == 0
     return {"mean": mean, "min": np.where(none, np.nan, -extremes[1]),

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..common import settings
 from ..errors import ConfigError
 
 #: set by launches on machines with a gpu_order; read by core.device (which cannot import this layer)
-GPU_ORDER_VAR = "PARSL_TORCH_GPU_ORDER"
 
 #: ALCF's binding for 12 ranks per Aurora node, one per GPU tile (8 cores each, skipping 0 and 52).
 #: Source: ALCF "Running jobs on Aurora" (argonne-lcf/user-guides docs/aurora/running-jobs-aurora.md):
@@ -71,7 +71,7 @@ class Machine:
 
     def rank_env(self) -> dict[str, str]:
         """What every rank on this machine needs in its environment from the launch."""
-        return {GPU_ORDER_VAR: ",".join(map(str, self.gpu_order))} if self.gpu_order else {}
+        return {settings.GPU_ORDER.name: ",".join(map(str, self.gpu_order))} if self.gpu_order else {}
 
     def binding_args(self, ranks_per_node: int) -> list[str]:
         """The launcher flags that bind ``ranks_per_node`` ranks to CPUs and accelerators."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..common import settings
 from ..common.environ import find_local_tool, python_bin
 from ..core.topology import expand_hostlist
 from ..errors import ConfigError
@@ -129,7 +130,7 @@ class PBS(Scheduler):
         return lines.count(lines[0]) if lines else None
 
     def rank_launch(self, program, num_nodes, ranks_per_node, num_ranks, nodes, machine, env):
-        mpiexec = env.get("PARSL_TORCH_MPIEXEC") or shutil.which("mpiexec")
+        mpiexec = settings.MPIEXEC.get(env) or shutil.which("mpiexec")
         if not mpiexec:
             raise ConfigError("mpiexec is not on PATH: load the MPI module (module load ...) "
                               "or set PARSL_TORCH_MPIEXEC")
@@ -205,7 +206,7 @@ class Local(Scheduler):
         return ("localhost",)
 
     def rank_launch(self, program, num_nodes, ranks_per_node, num_ranks, nodes, machine, env):
-        mpiexec = None if program == "torchrun" else (env.get("PARSL_TORCH_MPIEXEC") or find_local_tool("mpiexec"))
+        mpiexec = None if program == "torchrun" else (settings.MPIEXEC.get(env) or find_local_tool("mpiexec"))
         master = {"MASTER_ADDR": "127.0.0.1"}
         if mpiexec:
             return RankLaunch((mpiexec, "-n", str(num_ranks)), "mpiexec", master)
@@ -299,14 +300,14 @@ def detect_scheduler(env: Mapping[str, str] | None = None, *, machine: str | Non
     overrides the machine.
     """
     env = os.environ if env is None else env
-    forced_machine = env.get("PARSL_TORCH_MACHINE")
+    forced_machine = settings.MACHINE.get(env)
     if forced_machine:
         try:
             get_machine(forced_machine)
         except ConfigError as exc:
             raise ConfigError(f"PARSL_TORCH_MACHINE: {exc}") from None
         machine, why = forced_machine, f"PARSL_TORCH_MACHINE={forced_machine}"
-    forced = env.get("PARSL_TORCH_SCHEDULER", "").strip().lower()
+    forced = settings.SCHEDULER.get(env) or ""
     if forced:
         launchable = [n for n, s in SCHEDULERS.items() if s.launchers]
         if forced not in launchable:

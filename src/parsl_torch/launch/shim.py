@@ -4,10 +4,10 @@ It exports the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) from whatever launcher
 started it (and OMP_NUM_THREADS=1 with several ranks per node, as torchrun), so an unmodified torchrun-style script runs under mpiexec or srun,
 then runs CMD as its child, forwarding signals. When CMD fails it tells
-``parsl-torch launch`` which rank failed (PARSL_TORCH_LAUNCH_NOTIFY), so the
+``parsl-torch launch`` which rank failed (settings.LAUNCH_NOTIFY), so the
 launch stops every rank within seconds; the first shim on each node also
 sends the launch a heartbeat, so a lost node is named (see ``supervise``).
-At PARSL_TORCH_DEADLINE (the block is about to end) it sends CMD SIGUSR1 if CMD
+At settings.DEADLINE (the block is about to end) it sends CMD SIGUSR1 if CMD
 catches that signal (``pt.should_checkpoint()`` does; a script that does not is left alone).
 It never initialises MPI: the command may.
 """
@@ -24,11 +24,11 @@ import threading
 import time
 from collections.abc import Mapping
 
+from ..common import settings
 from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
-from ..core.topology import SHIM_SOURCE_VAR, Topology, resolve_master, topology_from_env
+from ..core.topology import Topology, resolve_master, topology_from_env
 
-NOTIFY_VAR = "PARSL_TORCH_LAUNCH_NOTIFY"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0
 
@@ -43,7 +43,7 @@ def torchrun_env(env: Mapping[str, str]) -> tuple[Topology, dict[str, str]]:
         "WORLD_SIZE": str(topo.world_size), "LOCAL_WORLD_SIZE": str(topo.local_world_size),
         "GROUP_RANK": str(topo.rank // topo.local_world_size),
         "MASTER_ADDR": str(topo.master_addr), "MASTER_PORT": str(topo.master_port),
-        SHIM_SOURCE_VAR: f"{topo.rank_source}:{topo.rank}:{topo.world_size}",
+        settings.SHIM_SOURCE.name: f"{topo.rank_source}:{topo.rank}:{topo.world_size}",
     }
     if "OMP_NUM_THREADS" not in env and topo.local_world_size > 1:
         extra["OMP_NUM_THREADS"] = "1"
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m {SHIM} -- COMMAND [ARGS...] | --argv-file FILE (a JSON list)", file=sys.stderr)
         return 2
     topo, extra = torchrun_env(os.environ)
-    address = os.environ.get(NOTIFY_VAR)
+    address = settings.LAUNCH_NOTIFY.raw()
     heartbeat = Heartbeat(address, topo) if address and topo.local_rank == 0 else None
     stopping: list[int] = []
     try:

@@ -4,14 +4,14 @@
   ``shim``); the launch then stops all ranks and exits with that rank's code
   within seconds. mpiexec alone would wait for the other ranks forever.
 * Each node's first shim keeps a heartbeat connection open: a node whose
-  processes vanish, or that goes silent for PARSL_TORCH_NODE_TIMEOUT seconds
+  processes vanish, or that goes silent for settings.NODE_TIMEOUT seconds
   (default 30; a powered-off node sends nothing, not even a reset), is named
   with its ranks, everything is stopped, and the exit code is 75. Without
   this the other nodes' ranks fail only at the collective timeout, naming
   themselves.
 * ``timeout`` stops everything and exits 124; SIGINT/SIGTERM stop everything
   and exit 128+signal.
-* A block that ends: the ranks get PARSL_TORCH_DEADLINE (the block's end less
+* A block that ends: the ranks get settings.DEADLINE (the block's end less
   the grace period, see ``common.blocks``); ranks that stop there exit 99
   (CONTINUE_EXIT) and so does this, as when the scheduler's SIGTERM comes
   after the deadline: the workflow submits the stage again.
@@ -36,23 +36,20 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..common.blocks import BLOCK_END_VAR, BLOCK_FILE, CONTINUE_EXIT, DEADLINE_VAR, STAGE_DIR_VAR, deadline_from_env
+from ..common import settings, stagedir
+from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SUPERVISE
-from ..common.files import write_atomic
 from ..common.outcome import Cause, Outcome, forget_outcome, write_outcome
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
-from ..errors import ConfigError
 from .listener import RankListener
 from .plan import LaunchPlan
-from .shim import NOTIFY_VAR, describe_exit
+from .shim import describe_exit
 
 GRACE_S = 10.0
 TIMEOUT_EXIT = 124
 #: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
 NODE_LOST_EXIT = 75
-NODE_TIMEOUT_VAR = "PARSL_TORCH_NODE_TIMEOUT"
-NODE_TIMEOUT_S = 30.0
 LOST_NODE_GRACE_S = 3.0
 #: the workflow that started a stage is gone: nobody will use its result
 ORPHANED_EXIT = 143
@@ -63,19 +60,6 @@ CONTINUE_WAIT_S = 30.0
 
 def _say(message: str) -> None:
     print(f"parsl-torch: {message}", file=sys.stderr, flush=True)
-
-
-def node_timeout_from_env(env: Mapping[str, str] = os.environ) -> float:
-    """Seconds of silence after which a node counts as lost (PARSL_TORCH_NODE_TIMEOUT, default 30)."""
-    raw = env.get(NODE_TIMEOUT_VAR, "")
-    try:
-        value = float(raw) if raw else NODE_TIMEOUT_S
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"{NODE_TIMEOUT_VAR}={raw!r}: give the seconds of silence after which a node counts as "
-                          f"lost, e.g. 30")
-    return value
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -158,11 +142,11 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
 
 def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None) -> Outcome:
     events: queue.Queue[tuple[str, object]] = queue.Queue()
-    listener = RankListener(events, node_timeout_from_env({**os.environ, **plan.env}), plan.nodes)
-    env = {**os.environ, **plan.env, NOTIFY_VAR: listener.address}
+    listener = RankListener(events, settings.NODE_TIMEOUT.get({**os.environ, **plan.env}), plan.nodes)
+    env = {**os.environ, **plan.env, settings.LAUNCH_NOTIFY.name: listener.address}
     block_deadline = deadline_from_env(env)
     if block_deadline is not None:
-        env[DEADLINE_VAR] = f"{block_deadline:.3f}"
+        env[settings.DEADLINE.name] = f"{block_deadline:.3f}"
     received: list[int] = []
     handlers = {sig: signal.signal(sig, lambda s, _f: received.append(s))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -268,9 +252,8 @@ def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) 
     """Which block this attempt runs in, when that block ends, and whether the attempt was
     skipped there (the block was past its deadline): ``parsl-torch status`` and the workflow read it."""
     with contextlib.suppress(OSError):
-        write_atomic(Path(stage_dir, BLOCK_FILE), json.dumps({
-            "block": env.get("PARSL_WORKER_BLOCK_ID"), "end": float(env[BLOCK_END_VAR]) if env.get(BLOCK_END_VAR)
-            else None, "deadline": deadline_from_env(env), "started": time.time(), "skipped": skipped}))
+        stagedir.write(Path(stage_dir, stagedir.BLOCK), stagedir.BlockRecord(
+            env.get("PARSL_WORKER_BLOCK_ID"), settings.BLOCK_END.get(env), deadline_from_env(env), time.time(), skipped))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,19 +285,18 @@ def main(argv: list[str] | None = None) -> int:
             env = {**json.load(f), **env}
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0,
                       tuple(h for h in hosts if h), env)
-    run_dir = env.get("PARSL_TORCH_RUN_DIR")
+    run_dir = settings.RUN_DIR.raw(env)
     block_deadline = deadline_from_env({**os.environ, **env})
     late = block_deadline is not None and time.time() >= block_deadline
-    if env.get(STAGE_DIR_VAR):
-        record_block(env[STAGE_DIR_VAR], {**os.environ, **env}, skipped=late)
+    stage_dir = settings.STAGE_DIR.get(env)
+    if stage_dir:
+        record_block(stage_dir, {**os.environ, **env}, skipped=late)
     if late:  # a block past its deadline took the stage before it stopped taking new ones
         _say("this block is past its deadline: the stage was not started here and goes to the next block")
-        if env.get(STAGE_DIR_VAR):
-            write_outcome(env[STAGE_DIR_VAR], Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block was past its "
-                                                                                       "deadline"))
+        if stage_dir:
+            write_outcome(stage_dir, Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block was past its deadline"))
         return CONTINUE_EXIT
-    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None,
-                     stage_dir=env.get(STAGE_DIR_VAR))
+    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir)
 
 
 if __name__ == "__main__":

@@ -22,19 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..common import settings
 from ..errors import SiteError
 from ..launch.schedulers import Detection, detect_scheduler
 from . import build
 from .schema import SiteSpec, parse_site
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "site_configs"
-_OVERRIDES = {"account": "PARSL_TORCH_ACCOUNT", "queue": "PARSL_TORCH_QUEUE",
-              "walltime": "PARSL_TORCH_WALLTIME", "nodes": "PARSL_TORCH_NODES"}
+_OVERRIDES = {"account": settings.ACCOUNT, "queue": settings.QUEUE, "walltime": settings.WALLTIME,
+              "nodes": settings.NODES}
 
 
 def search_path(env: Mapping[str, str] | None = None) -> list[Path]:
     env = os.environ if env is None else env
-    user = [Path(p).expanduser() for p in env.get("PARSL_TORCH_SITE_PATH", "").split(os.pathsep) if p]
+    user = [Path(p).expanduser() for p in (settings.SITE_PATH.get(env) or "").split(os.pathsep) if p]
     return [*user, BUILTIN_DIR]
 
 
@@ -75,7 +76,7 @@ class SiteChoice:
 def detect(hostname: str | None = None, env: Mapping[str, str] | None = None) -> SiteChoice:
     """Which site ``load("auto")`` picks here, and why."""
     env = os.environ if env is None else env
-    forced = env.get("PARSL_TORCH_SITE")
+    forced = settings.SITE.get(env)
     if forced:
         return SiteChoice(forced, f"PARSL_TORCH_SITE={forced}")
     hostname = hostname or socket.gethostname()  # getfqdn can block on DNS
@@ -189,17 +190,17 @@ def load(name: str = "auto", *, account: str | None = None, queue: str | None = 
     given = {"account": account, "queue": queue, "walltime": walltime, "nodes": nodes}
     changes: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    for key, var in _OVERRIDES.items():
-        value = given[key] if given[key] is not None else env.get(var)
+    for key, setting in _OVERRIDES.items():
+        value = given[key] if given[key] is not None else setting.get(env)
         if value is None or value == "":
             continue
         field_name = "nodes_per_block" if key == "nodes" else key
-        origins[f"provider.{field_name}"] = "argument" if given[key] is not None else f"environment {var}"
+        origins[f"provider.{field_name}"] = "argument" if given[key] is not None else f"environment {setting.name}"
         if key == "nodes":
             try:
                 value = int(value)
             except (TypeError, ValueError):
-                raise SiteError(f"nodes: {value!r} (from {var} or nodes=) is not a whole number") from None
+                raise SiteError(f"nodes: {value!r} (from {setting.name} or nodes=) is not a whole number") from None
             if value < 1:
                 raise SiteError(f"nodes: must be at least 1, got {value}")
             changes["nodes_per_block"] = value

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..common.blocks import BLOCK_END_VAR, GRACE_VAR
+from ..common import settings
 from ..errors import SiteError
 from ..launch.schedulers import get_scheduler
 from .globus import make_executor
@@ -56,7 +56,7 @@ def block_end_lines(spec: SiteSpec) -> list[str]:
     start_plus = f"$(( $(date +%s) + {walltime:.0f} ))"
     end_var = get_scheduler(spec.scheduler).end_time_var
     end = f"${{{end_var}:-{start_plus}}}" if end_var else start_plus
-    return [f'export {BLOCK_END_VAR}="{end}" {GRACE_VAR}={grace:g}']
+    return [f'export {settings.BLOCK_END.name}="{end}" {settings.GRACE.name}={grace:g}']
 
 
 def drain_period(spec: SiteSpec) -> int | None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from ..common import settings
 from ..core.dist import barrier
 from ..core.ranks import get_rank, get_world_size
 
@@ -84,7 +85,7 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
 def _maybe_fault_in_save(step: int) -> None:
     """Fault injection for tests: PARSL_TORCH_FAULT=killsave@RANK:STEP kills that rank after writing
     its shards of the checkpoint of STEP, before the others finish."""
-    spec = os.environ.get("PARSL_TORCH_FAULT", "")
+    spec = settings.FAULT.get() or ""
     if spec.startswith("killsave@") and spec.split("@", 1)[1] == f"{get_rank()}:{step}":
         os.kill(os.getpid(), 9)
 

@@ -12,12 +12,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..apps.distributed import distributed_app, submit_builtin
+from ..apps.request import BuiltinCall
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.ranks import get_world_size
 from ..errors import ConfigError
 from .config import (
-    DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_strategy, data_files, load_config,
+    DataConfig,
+    ModelConfig,
+    as_dict,
+    at_least,
+    check_data_fits_model,
+    check_strategy,
+    data_files,
+    load_config,
 )
 from .entry import run_stage
 from .model import build_model, check_checkpoint_model
@@ -94,9 +102,8 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
     if len(inputs) != 1:
         raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
                           f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
-    return submit_builtin(STAGE, as_dict(cfg), inputs=inputs, outputs=outputs, input_roles=("checkpoint",),
-                          output_roles=("history",), app=_evaluate,
-                          files=data_files(cfg.data), **call)
+    return submit_builtin(BuiltinCall(STAGE, as_dict(cfg), tuple(inputs), tuple(outputs), ("checkpoint",),
+                                      ("history",), tuple(data_files(cfg.data)), **call), _evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..apps.distributed import distributed_app, submit_builtin
-from ..common.blocks import CALL_ID_VAR
+from ..apps.request import BuiltinCall
+from ..common import settings
 from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
@@ -32,7 +33,14 @@ from ..core.log import get_logger
 from ..core.ranks import get_rank, get_world_size
 from ..errors import ConfigError
 from .config import (
-    DataConfig, ModelConfig, as_dict, at_least, check_data_fits_model, check_seed, check_strategy, data_files,
+    DataConfig,
+    ModelConfig,
+    as_dict,
+    at_least,
+    check_data_fits_model,
+    check_seed,
+    check_strategy,
+    data_files,
     load_config,
 )
 from .entry import run_stage
@@ -77,7 +85,7 @@ class TrainConfig:
 def _maybe_fault(rank: int, step: int) -> None:
     """Fault injection for resilience tests: PARSL_TORCH_FAULT=kill|hang@RANK:STEP[:ONCE_FILE], or
     slow@RANK:SECONDS (that rank takes SECONDS longer every step: a training time no machine beats)."""
-    spec = os.environ.get("PARSL_TORCH_FAULT")
+    spec = settings.FAULT.get()
     if not spec:
         return
     kind, _, where = spec.partition("@")
@@ -120,7 +128,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     history = History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
                          descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
     start = 0
-    call = os.environ.get(CALL_ID_VAR)
+    call = settings.CALL_ID.raw()
     state = ckpt.read(checkpoint_path) if Path(checkpoint_path).exists() else None
     if state is not None and state.get("call") != call:
         # a checkpoint of another call of this stage (another config, code or input): never resume it
@@ -197,9 +205,8 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
     checked here, before anything is submitted. Returns a StageFuture."""
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
-    return submit_builtin(STAGE, as_dict(cfg), inputs=(), outputs=outputs, input_roles=(),
-                          output_roles=("history", "checkpoint"), app=_train,
-                          files=data_files(cfg.data), **call)
+    return submit_builtin(BuiltinCall(STAGE, as_dict(cfg), (), tuple(outputs), (), ("history", "checkpoint"),
+                                      tuple(data_files(cfg.data)), **call), _train)
 
 
 def main(argv: list[str] | None = None) -> int:

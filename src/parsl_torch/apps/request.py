@@ -1,0 +1,132 @@
+"""What a workflow was asked for, checked once before anything is made: ``pt.workflow``'s
+keywords, with the flags of ``parsl-torch run`` over the script's own."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..common import settings
+from ..errors import ConfigError
+from .continuation import check_max_continuations
+
+#: what pt.workflow does with the stages that run when the workflow script raises
+ON_ERROR = ("wait", "cancel")
+#: pt.workflow's keywords that change the site, as for sites.load
+SITE_OVERRIDES = ("account", "queue", "walltime", "nodes")
+#: parsl.Config settings the workflow owns: the stages' guarantees rest on them
+OWNED_SETTINGS = {"executors": "the site's executors run the stages", "run_dir": "it is <run_dir>/parsl",
+                  "memoizer": "stage reruns are decided by parsl-torch's memoizer"}
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """``parsl-torch run --site S --run-dir D --fresh``: every workflow of the script takes them;
+    ``progress``: show the stages as they go (``run`` always does)."""
+
+    site: str | None = None
+    run_dir: str | None = None
+    fresh: bool = False
+    progress: bool = False
+
+
+#: the flags of the ``parsl-torch run`` this code runs under (a context variable: the CLI
+#: runs the user's script, whose pt.workflow calls cannot be handed an argument)
+_cli_flags: contextvars.ContextVar[RunFlags] = contextvars.ContextVar("parsl_torch_run_flags", default=RunFlags())
+
+
+@contextlib.contextmanager
+def run_flags(flags: RunFlags) -> Iterator[None]:
+    """Within the block, every ``pt.workflow`` takes ``flags`` over what its script passes."""
+    token = _cli_flags.set(flags)
+    try:
+        yield
+    finally:
+        _cli_flags.reset(token)
+
+
+@dataclass(frozen=True)
+class WorkflowRequest:
+    """``pt.workflow``'s arguments, validated, with ``parsl-torch run``'s flags applied
+    (``given`` keeps what the script asked for, for the log)."""
+
+    site: str
+    run_dir: str
+    fresh: bool
+    retries: int
+    max_continuations: int
+    on_error: str
+    gc_executor: Any
+    progress: bool
+    retry_handler: Any = None
+    site_overrides: dict[str, Any] = field(default_factory=dict)
+    config_settings: dict[str, Any] = field(default_factory=dict)
+    given: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, site: str, run_dir: str | os.PathLike, fresh: bool, retries: int, max_continuations: int,
+           on_error: str, gc_executor: Any, keywords: dict[str, Any]) -> WorkflowRequest:
+        flags = _cli_flags.get()
+        site_overrides, config_settings = split_settings(keywords)
+        check_max_continuations(max_continuations)
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"pt.workflow(on_error={on_error!r}): use one of {', '.join(map(repr, ON_ERROR))}")
+        given = {"site": site, "run_dir": os.fspath(run_dir)}
+        retry_handler = config_settings.pop("retry_handler", None)  # the workflow's own handler calls it
+        return cls(site=flags.site or site, run_dir=flags.run_dir or os.fspath(run_dir),
+                   fresh=bool(fresh or flags.fresh), retries=retries, max_continuations=max_continuations,
+                   on_error=on_error, gc_executor=gc_executor, progress=flags.progress or settings.PROGRESS.get(),
+                   retry_handler=retry_handler, site_overrides=site_overrides, config_settings=config_settings,
+                   given={k: v for k, v in given.items() if getattr(flags, k) not in (None, v)})
+
+
+def split_settings(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(site overrides, parsl.Config settings); anything else is an error, before anything is made."""
+    import inspect
+
+    from parsl.config import Config
+
+    config_params = set(inspect.signature(Config).parameters)
+    site, config, unknown = {}, {}, []
+    for key, value in keywords.items():
+        if key in SITE_OVERRIDES:
+            site[key] = value
+        elif key in OWNED_SETTINGS:
+            raise ConfigError(f"pt.workflow({key}=...): the workflow sets this parsl.Config setting itself "
+                              f"({OWNED_SETTINGS[key]}); leave it out")
+        elif key in config_params:
+            config[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(f"pt.workflow: unknown keyword(s) {', '.join(sorted(unknown))}: use a site override "
+                          f"({', '.join(SITE_OVERRIDES)}) or a parsl.Config setting (e.g. monitoring, "
+                          f"retry_handler, max_idletime)")
+    return site, config
+
+
+@dataclass(frozen=True)
+class BuiltinCall:
+    """One call of a built-in stage (train, evaluate): its config (checked), its files by role, and
+    where it runs. ``files``: what its config names (its data), part of its identity."""
+
+    builtin: str
+    config: dict[str, Any]
+    inputs: tuple = ()
+    outputs: tuple = ()
+    input_roles: tuple[str, ...] = ()
+    output_roles: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    stage: str | None = None
+    num_nodes: int | None = None
+    ranks_per_node: int | None = None
+    walltime: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The name asked for: ``stage=``, else the built-in's."""
+        return self.stage or self.builtin

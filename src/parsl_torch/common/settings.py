@@ -1,0 +1,179 @@
+"""Every environment variable parsl-torch reads or sets, in one registry.
+
+A ``Setting`` is a variable's name, its default, how its text is parsed, what it
+does, and who sets it: the user (``user=True``: listed in the README's settings
+table, which ``python -m parsl_torch.common.settings`` prints and a test keeps
+equal), parsl-torch itself for a process it starts (a block's end for the
+supervisor, a stage's directory for its ranks), or the tests. Modules read a
+variable through its ``Setting`` only (a layout test holds it), so a name is
+spelled once and a bad value is refused with the variable's name and what to give.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+#: who sets a variable
+USER, INTERNAL, TESTS = "user", "parsl-torch, for the processes it starts", "the tests"
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return math.nan
+
+
+def seconds(value: str) -> float:
+    number = _number(value)
+    if not 0 < number < math.inf:
+        raise ValueError("give a number of seconds > 0")
+    return number
+
+
+def epoch(value: str) -> float:
+    """Epoch seconds (or, for a grace period, seconds >= 0)."""
+    number = _number(value)
+    if not 0 <= number < math.inf:
+        raise ValueError("not a number of seconds")
+    return number
+
+
+def text(value: str) -> str:
+    return value.strip()
+
+
+def flag(value: str) -> bool:
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def gpu_order(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(g) for g in value.split(","))
+    except ValueError:
+        raise ValueError("give device indices, e.g. 3,2,1,0") from None
+
+
+def one_of(*choices: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        value = value.strip().lower()
+        if value not in choices:
+            raise ValueError(f"use one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``get`` gives its parsed value (the default when unset or empty)."""
+
+    name: str
+    doc: str
+    default: Any = None
+    parse: Callable[[str], Any] = text
+    who: str = USER
+
+    def raw(self, env: Mapping[str, str] | None = None) -> str | None:
+        value = (os.environ if env is None else env).get(self.name)
+        return value if value and value.strip() else None
+
+    def get(self, env: Mapping[str, str] | None = None) -> Any:
+        raw = self.raw(env)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:  # the parsers' messages say what to give
+            raise ConfigError(f"{self.name}={raw!r}: {exc}") from None
+
+
+REGISTRY: dict[str, Setting] = {}
+
+
+def _add(setting: Setting) -> Setting:
+    assert setting.name not in REGISTRY, setting.name
+    REGISTRY[setting.name] = setting
+    return setting
+
+
+# -- set by users ------------------------------------------------------------------------------
+DEVICE = _add(Setting("TORCH_DEVICE", "force `cuda`, `xpu`, `mps` or `cpu`"))
+BACKEND = _add(Setting("TORCH_BACKEND", "force `nccl`, `xccl`, `gloo`, `mpi` or `ccl` (checked against the device)"))
+TIMEOUT = _add(Setting("PARSL_TORCH_TIMEOUT", "seconds a collective may wait (default 300: a hung rank fails the "
+                       "job in minutes, not torch's default 10-30 min)", 300.0, seconds))
+NODE_TIMEOUT = _add(Setting("PARSL_TORCH_NODE_TIMEOUT", "seconds of silence after which a node of a launch counts "
+                            "as lost (default 30; see \"When a node is lost\")", 30.0, seconds))
+GPU_ORDER = _add(Setting("PARSL_TORCH_GPU_ORDER", "accelerator per local rank, e.g. `3,2,1,0` (set by launches on "
+                         "Polaris: its NUMA layout); rank r uses the r-th entry", None, gpu_order))
+INPUT_HASH = _add(Setting("PARSL_TORCH_INPUT_HASH", "`content` (default: SHA-256 of each input File when its "
+                          "size/mtime change) or `stat` (size, mtime, inode only: for huge inputs)", "content",
+                          one_of("content", "stat")))
+LOG_LEVEL = _add(Setting("PARSL_TORCH_LOG_LEVEL", "level of `get_logger` loggers (default INFO)", "INFO",
+                         lambda v: v.strip().upper()))
+SCHEDULER = _add(Setting("PARSL_TORCH_SCHEDULER", "the scheduler `launch` uses: `pbs`, `slurm` or `local` "
+                         "(default: detected from the job's variables)", None, lambda v: v.strip().lower()))
+MACHINE = _add(Setting("PARSL_TORCH_MACHINE", "the machine (aurora, sunspot, polaris, frontier, ...; default: from "
+                       "the site files' host names)"))
+MPIEXEC = _add(Setting("PARSL_TORCH_MPIEXEC", "the mpiexec to launch with (default: the one beside this Python, "
+                       "then PATH)"))
+SITE = _add(Setting("PARSL_TORCH_SITE", "the site a workflow with `site=\"auto\"` uses (default: by host name)"))
+SITE_PATH = _add(Setting("PARSL_TORCH_SITE_PATH", "`:`-separated directories of your own site files, searched "
+                         "before the packaged ones"))
+ACCOUNT = _add(Setting("PARSL_TORCH_ACCOUNT", "the site's account (project), over the site file"))
+QUEUE = _add(Setting("PARSL_TORCH_QUEUE", "the site's queue (partition), over the site file"))
+WALLTIME = _add(Setting("PARSL_TORCH_WALLTIME", "the walltime of the site's blocks (`HH:MM:SS`), over the site file"))
+NODES = _add(Setting("PARSL_TORCH_NODES", "nodes per block, over the site file"))
+PROGRESS = _add(Setting("PARSL_TORCH_PROGRESS", "`1`: a workflow shows its stages as they go (`parsl-torch run` "
+                        "does this always)", False, flag))
+PROGRESS_EVERY = _add(Setting("PARSL_TORCH_PROGRESS_EVERY", "seconds between progress blocks off a terminal "
+                              "(default 30)", 30.0, seconds))
+RUN_DIR = _add(Setting("PARSL_TORCH_RUN_DIR", "where `History` puts `outputs/<name>/history.h5` without a path "
+                       "(set for a workflow's ranks; default: the current directory)", "."))
+
+# -- set by parsl-torch for the processes it starts ------------------------------------------
+BLOCK_END = _add(Setting("PARSL_TORCH_BLOCK_END", "epoch seconds when this block ends (the scheduler's end time, "
+                         "or start + walltime)", None, epoch, INTERNAL))
+GRACE = _add(Setting("PARSL_TORCH_GRACE", "seconds before the block's end at which stages checkpoint and stop",
+                     0.0, epoch, INTERNAL))
+DEADLINE = _add(Setting("PARSL_TORCH_DEADLINE", "epoch seconds from which ranks checkpoint and stop (block end - "
+                        "grace, or launch --deadline)", None, epoch, INTERNAL))
+STAGE_DIR = _add(Setting("PARSL_TORCH_STAGE_DIR", "the stage's directory, where its ranks leave their records",
+                         None, text, INTERNAL))
+CALL_ID = _add(Setting("PARSL_TORCH_CALL_ID", "the stage call's identity (a checkpoint resumes only under the "
+                       "same one)", None, text, INTERNAL))
+WORKFLOW = _add(Setting("PARSL_TORCH_WORKFLOW", "the token of the workflow that started a process (its watchdog "
+                        "ends them with it)", None, text, INTERNAL))
+LAUNCH_NOTIFY = _add(Setting("PARSL_TORCH_LAUNCH_NOTIFY", "where a rank's shim reports to `parsl-torch launch` "
+                             "(host:port)", None, text, INTERNAL))
+KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "
+                            "(its interchange, worker pools) readable, so the workflow's token stays in it", None,
+                            text, INTERNAL))
+SHIM_SOURCE = _add(Setting("PARSL_TORCH_SHIM_SOURCE", "how the shim learnt the rank's topology", None, text,
+                           INTERNAL))
+
+# -- set by the tests --------------------------------------------------------------------------
+FAULT = _add(Setting("PARSL_TORCH_FAULT", "fault injection: kill|hang@RANK:STEP, killsave@RANK:STEP", None, text,
+                     TESTS))
+REQUIRE_SLURM = _add(Setting("PARSL_TORCH_REQUIRE_SLURM", "a missing Slurm fails the tests instead of skipping",
+                             False, flag, TESTS))
+REQUIRE_CLUSTER = _add(Setting("PARSL_TORCH_REQUIRE_CLUSTER", "a multi-node test cluster that cannot start fails "
+                               "the tests", False, flag, TESTS))
+UPDATE_GOLDEN = _add(Setting("PARSL_TORCH_UPDATE_GOLDEN", "rewrite tests/golden/ from this run", False, flag, TESTS))
+
+
+def markdown_table() -> str:
+    """The README's settings table: the variables users set."""
+    rows = ["| environment variable | effect |", "|---|---|"]
+    rows += [f"| `{s.name}` | {s.doc} |" for s in REGISTRY.values() if s.who == USER]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

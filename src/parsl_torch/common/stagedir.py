@@ -1,0 +1,150 @@
+"""A stage's directory: the files through which the processes of a stage talk.
+
+The workflow, the Parsl worker, the supervisor, the shim and the ranks run in
+different processes (often on different nodes); what one leaves for another is a
+file here. This module owns the names of those files, one typed record per JSON
+file, its atomic write, and one reader that names the file that is damaged and
+what is wrong with it. docs/architecture.md ("What crosses a process boundary")
+says who writes and who reads each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import ParslTorchError
+from .files import write_atomic
+
+#: the identity of the call whose files the directory holds (written when it succeeded)
+CALL = ".call.json"
+#: rank 0's record of where the stage stands (step, checkpoint time), for its continuation
+CONTINUATION = ".continuation.json"
+#: the supervisor's record of the block an attempt runs in
+BLOCK = ".block.json"
+#: the supervisor's record of how the last launch ended (``common.outcome``)
+OUTCOME = ".outcome.json"
+#: touched when an attempt starts (``parsl-torch status``: running)
+STARTED = ".started"
+#: the stage's environment for the supervisor (0600: values may be secrets), and a script's argv for the shim
+ENV, ARGV = ".env.json", ".argv.json"
+#: a function stage's pickled call, and rank 0's return value
+PAYLOAD, RESULT = "payload.pkl", "result.pkl"
+#: what the ranks print (earlier attempts: stdout.1.txt, ...)
+STDOUT, STDERR = "stdout.txt", "stderr.txt"
+#: beside each history file: rank 0's progress (``<history>.progress.json``)
+PROGRESS_SUFFIX = ".progress.json"
+
+
+class DamagedRecord(ParslTorchError):
+    """A record file that exists but cannot be read as its record."""
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    memo_key: str
+    components: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ContinuationRecord:
+    """Written by rank 0 at each checkpoint under a block end, and when it stops for one."""
+
+    call: str | None
+    time: float
+    step: int | None = None
+    save_seconds: float | None = None
+    grace: float | None = None
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """Written by the supervisor when an attempt starts (``skipped``: the block was past its deadline)."""
+
+    block: str | None
+    end: float | None
+    deadline: float | None
+    started: float
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """Written by a History on rank 0 as the stage goes."""
+
+    step: int
+    total: int | None
+    metric: str | None
+    value: float | None
+    time: float
+
+
+R = TypeVar("R")
+#: the JSON types an annotation allows (None is always allowed where the annotation says so)
+_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict[str, str]": (dict,),
+          "dict[str, Any]": (dict,)}
+
+
+def to_json(record: Any) -> str:
+    return record.to_json() if hasattr(record, "to_json") else json.dumps(asdict(record), sort_keys=True)
+
+
+def from_dict(kind: type[R], data: Any) -> R:
+    """``kind`` from a JSON object: every field without a default present, each of its type."""
+    if hasattr(kind, "from_dict"):
+        return kind.from_dict(data)
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object but {type(data).__name__}")
+    values = {}
+    for f in fields(kind):
+        if f.name not in data:
+            if f.default is f.default_factory:  # both MISSING: required
+                raise ValueError(f"field {f.name!r} is missing")
+            continue
+        value, allowed = data[f.name], [t.strip() for t in str(f.type).split("|")]
+        if not (value is None and "None" in allowed) and not any(
+                isinstance(value, _TYPES.get(t, (object,))) and not (t in ("int", "float") and value is True)
+                for t in allowed if t != "None"):
+            raise ValueError(f"field {f.name!r} is {value!r}, not {f.type}")
+        values[f.name] = value
+    return kind(**values)
+
+
+def write(path: str | os.PathLike, record: Any) -> None:
+    """The record, whole or not at all (readers in other processes poll it)."""
+    write_atomic(path, to_json(record))
+
+
+def read(path: str | os.PathLike, kind: type[R]) -> R | None:
+    """The record in ``path``; None when there is none. A file that is there but is not a
+    ``kind`` raises DamagedRecord naming the file and what is wrong."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DamagedRecord(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        return from_dict(kind, json.loads(text))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DamagedRecord(f"{path}: damaged, not a {kind.__name__} record ({exc})") from None
+
+
+def read_or_none(path: str | os.PathLike, kind: type[R], log: Any = None) -> R | None:
+    """``read`` for pollers and best-effort readers: a damaged record is None (and a warning in ``log``)."""
+    try:
+        return read(path, kind)
+    except DamagedRecord as exc:
+        if log is not None:
+            log.warning("%s: read as missing", exc)
+        return None
+
+
+def forget(path: str | os.PathLike) -> None:
+    """An earlier attempt's record must not pass for this one's."""
+    with contextlib.suppress(FileNotFoundError):
+        Path(path).unlink()
