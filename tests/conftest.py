@@ -49,6 +49,41 @@ def processes_under(directory: Path) -> dict[int, str]:
     return found
 
 
+def _parents() -> dict[int, int]:
+    found = {}
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if proc.name.isdigit():
+                found[int(proc.name)] = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+    return found
+
+
+def _carries_a_workflow_token(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"PARSL_TORCH_WORKFLOW=" in Path(f"/proc/{pid}/environ").read_bytes()
+    return False
+
+
+def _left_running(base: Path) -> dict[int, str]:
+    """Processes working in ``base`` that outlive what started them: any that is no descendant of
+    this process (an orphan, e.g. a killed workflow's interchange), a deeper descendant that carries
+    a workflow's token (a pool, supervisor or rank of a workflow that ended), or a child Parsl
+    titled (an interchange). This process's own helpers (multiprocessing's resource tracker,
+    wandb's service) end with it."""
+    parents, me = _parents(), os.getpid()
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == me:
+                return True
+        return False
+
+    return {pid: cmd for pid, cmd in processes_under(base).items()
+            if not descends(pid) or (parents.get(pid) != me and _carries_a_workflow_token(pid))
+            or cmd.startswith("parsl: ")}
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite leaves no process running: none may work in its temporary directories once the
     last test is done (a watchdog gets a few seconds to sweep); any found fails the run."""
@@ -56,7 +91,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if factory is None or exitstatus not in (0, 1):
         return
     base, deadline = factory.getbasetemp(), time.monotonic() + 20
-    while (left := processes_under(base)) and time.monotonic() < deadline:
+    while (left := _left_running(base)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if left:
         for pid in left:

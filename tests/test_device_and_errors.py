@@ -30,8 +30,12 @@ def test_overrides(monkeypatch):
     monkeypatch.delenv("TORCH_BACKEND", raising=False)
     assert get_torch_device_type() == "cuda"
     assert get_backend() == "nccl"
-    monkeypatch.setenv("TORCH_DEVICE", "xpu")
-    assert get_backend() == "xccl"
+    monkeypatch.setenv("TORCH_DEVICE", "xpu")  # xccl where this torch has it, else oneCCL's ccl (ezpz's rule)
+    import torch.distributed as dist
+
+    for has_xccl, expected in ((True, "xccl"), (False, "ccl")):
+        monkeypatch.setattr(dist, "is_backend_available", lambda name, has=has_xccl: has and name == "xccl")
+        assert get_backend() == expected
     monkeypatch.setenv("TORCH_DEVICE", "cpu")
     monkeypatch.setenv("TORCH_BACKEND", "mpi")
     assert get_backend() == "mpi"

@@ -22,7 +22,7 @@ from .conftest import clean_env
 PKG = Path(parsl_torch.__file__).parent
 DOC = Path(__file__).parent.parent / "docs" / "architecture.md"
 # subpackage (or top module) -> layer; a module may import lower layers and its own subpackage
-LAYERS = {"errors": 0, "common": 0, "core": 1, "history": 2, "launch": 2, "compat": 3, "sites": 3, "apps": 4, "stages": 5,
+LAYERS = {"errors": 0, "common": 0, "core": 1, "history": 2, "launch": 2, "sites": 3, "compat": 4, "apps": 4, "stages": 5,
           "cli": 6}
 HEAVY = {"torch", "numpy", "h5py", "parsl", "dill", "yaml", "matplotlib", "xarray", "wandb", "globus_compute_sdk",
          "mpi4py", "h5netcdf"}

@@ -92,3 +92,54 @@ def test_stages_under_the_users_own_parsl_config(tmp_path, monkeypatch):
             with pt.workflow(site="local", run_dir="runs/other", retries=2):
                 pass
     assert not (tmp_path / "runs" / "other").exists()
+
+
+def test_parsl_mpi_apps_as_parsls_docs_write_them_run_on_a_site_config(tmp_path, monkeypatch):
+    """Parsl's MPI-apps documentation: a bash app running ``$PARSL_MPI_PREFIX`` and a python app,
+    each given ``parsl_resource_specification``, no ``executors=``, beside ordinary apps. Parsl picks
+    an executor at random for each: every call runs, as on Parsl's own MPI config."""
+    import parsl
+    from parsl import bash_app, python_app
+
+    @bash_app
+    def ranks_report(out: str, stdout: str | None = None, parsl_resource_specification: dict = {}):  # noqa: B006
+        return (f'$PARSL_MPI_PREFIX python -c "import os; open(\'{out}.\' + os.environ[\'PMI_RANK\'], \'w\')'
+                f'.write(os.environ[\'PMI_SIZE\'])"')
+
+    @python_app
+    def prefix(parsl_resource_specification: dict = {}):  # noqa: B006
+        import os
+
+        return os.environ["PARSL_MPI_PREFIX"]
+
+    @python_app
+    def square(x):
+        return x * x
+
+    @python_app(executors=["mpi"])
+    def pinned_mpi(parsl_resource_specification: dict = {}):  # noqa: B006
+        import os
+
+        return os.environ["PARSL_NUM_RANKS"]
+
+    @python_app(executors=["htex"])
+    def pinned_htex(x):
+        return -x
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # Parsl ships test functions by reference to this module
+    spec = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
+    with parsl.load(pt.sites.load("local").parsl_config(run_dir=str(tmp_path / "runinfo"))):
+        reports = [ranks_report(str(tmp_path / f"ranks-{i}"), stdout=str(tmp_path / f"ranks-{i}.txt"),
+                                parsl_resource_specification=spec)
+                   for i in range(20)]
+        prefixes = [prefix(parsl_resource_specification=spec) for _ in range(10)]
+        squares = [square(i) for i in range(20)]
+        mpi, htex = pinned_mpi(parsl_resource_specification=spec), pinned_htex(3)
+        assert [f.result(timeout=300) for f in reports] == [0] * 20
+        assert all("-n 2" in p.result(timeout=120) or "-np 2" in p.result(timeout=120) for p in prefixes), \
+            prefixes[0].result()
+        assert [f.result(timeout=120) for f in squares] == [i * i for i in range(20)]
+        assert (mpi.result(timeout=120), htex.result(timeout=120)) == ("2", -3)
+    for i in range(20):  # each call ran 2 ranks
+        assert [(tmp_path / f"ranks-{i}.{r}").read_text() for r in (0, 1)] == ["2", "2"]

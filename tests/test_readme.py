@@ -31,6 +31,7 @@ EXAMPLES = {
     'h = pt.History(name="train"': ("python", "", ()),
     'with h5py.File("outputs/train/history.h5")': ("python", "complete 1", ()),
     "import parsl_torch.compat.ezpz as ezpz": ("python", "", ()),
+    "parsl_torch.compat.ezpz.alias()": ("python", "", ()),
     "def long_loop(steps: int)": ("python", "300", ()),
 }
 

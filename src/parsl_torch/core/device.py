@@ -1,8 +1,8 @@
 """Which device this rank computes on and which collective backend fits it.
 
-Order: ``TORCH_DEVICE`` (cuda, xpu, mps, cpu), else the first of cuda, xpu,
-mps that is available, else cpu. Backend: ``TORCH_BACKEND``, else nccl for
-cuda, xccl for xpu, gloo otherwise.
+Order: ``TORCH_DEVICE`` (cuda, xpu, mps, cpu), else the first of xpu, cuda,
+mps that is available, else cpu (ezpz's order). Backend: ``TORCH_BACKEND``, else
+nccl for cuda, xccl for xpu (ccl where this torch has no xccl), gloo otherwise.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def get_torch_device_type() -> str:
     import torch
 
     _fix_rocm_visibility(torch)
+    if hasattr(torch, "xpu") and torch.xpu.is_available():  # first, as ezpz: a torch that has both
+        return "xpu"
     if torch.cuda.is_available():
         return "cuda"
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu"
     if torch.backends.mps.is_available():
         return "mps"
     return "cpu"
@@ -85,8 +85,16 @@ def get_backend(device_type: str | None = None) -> str:
     """The collective backend for ``device_type`` (default: this rank's)."""
     device_type = device_type or get_torch_device_type()
     forced = (settings.BACKEND.get() or "").lower()
-    backend = forced or _DEFAULT_BACKEND.get(device_type, "gloo")
+    backend = forced or (_xpu_backend() if device_type == "xpu" else _DEFAULT_BACKEND.get(device_type, "gloo"))
     return check_backend(backend, device_type, source=settings.BACKEND.name if forced else "backend")
+
+
+def _xpu_backend() -> str:
+    """xccl where this torch has it (2.8 and later), else oneCCL's ccl (older torch with
+    oneccl_bindings_for_pytorch, as on Aurora's earlier frameworks): ezpz's rule."""
+    import torch.distributed as dist
+
+    return "xccl" if dist.is_available() and dist.is_backend_available("xccl") else "ccl"
 
 
 def check_backend(backend: str, device_type: str, source: str = "backend") -> str:

@@ -17,7 +17,8 @@ read in this order, the first source whose rank *and* size are both set wins:
 ====================  =====================================================
 
 A local rank missing from the winning source is taken from the others that are
-present (``srun --mpi=pmi2`` sets PMI_RANK but only Slurm knows the local id).
+present (``srun --mpi=pmi2`` sets PMI_RANK but only Slurm knows the local id), then
+from PMI_LOCAL_RANK, PMIX_LOCAL_RANK or MPICH_LOCALRANKID.
 
 The master address is MASTER_ADDR, else rank 0's hostname broadcast over
 mpi4py (MPI launchers only, mpi4py optional), else the first host of the node
@@ -91,6 +92,10 @@ _SOURCES = (
     ),
     _Source("slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", ""),
 )
+
+
+#: local-rank variables of launchers that are no rank source here (PMI-1/2, PMIx, MPICH's Hydra)
+LOCAL_RANK_HINTS = ("PMI_LOCAL_RANK", "PMIX_LOCAL_RANK", "MPICH_LOCALRANKID")
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -191,6 +196,8 @@ def topology_from_env(env: Mapping[str, str] | None = None, hostname: str | None
             local_rank = _int(env, src.local_rank) if src.local_rank else None
         if local_size is None and src.local_size:
             local_size = _int(env, src.local_size)
+    if local_rank is None:  # what PMI, PMIx and Hydra set without a full source (ezpz reads them too)
+        local_rank = next((v for v in (_int(env, name) for name in LOCAL_RANK_HINTS) if v is not None), None)
     if local_size is None and "SLURM_STEP_ID" in env:
         local_size = _slurm_tasks_on_my_node(env)
 

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +83,15 @@ class History:
     the partial file, checked at syncs (0: at every sync); a crash loses at
     most that much history. ``config``: stored as JSON with
     secrets redacted. ``units``/``descriptions``: per-metric attributes.
-    ``sinks``: "csv", "wandb" or Sink objects, fed on rank 0.
+    ``sinks``: "csv", "wandb" or Sink objects, fed on rank 0. ``on_sync``: called on
+    every rank with each synced Block (its rows and their cross-rank statistics).
     """
 
     def __init__(self, name: str = "history", *, path: str | os.PathLike | None = None,
                  sync_every: int = 100, flush_every: float = 30.0,
                  config: Mapping[str, Any] | None = None,
                  units: Mapping[str, str] | None = None, descriptions: Mapping[str, str] | None = None,
-                 sinks: Iterable[Any] = ()) -> None:
+                 sinks: Iterable[Any] = (), on_sync: Callable[[Block], None] | None = None) -> None:
 
         if not isinstance(sync_every, int) or sync_every < 0:
             raise ConfigError(f"sync_every={sync_every!r}: use a non-negative int (0: sync at finalize only)")
@@ -98,6 +99,7 @@ class History:
         self.path = Path(path).absolute() if path is not None else None
         self.sync_every = sync_every
         self.flush_every = flush_every
+        self._on_sync = on_sync
         self.config = dict(config or {})
         self._meta = {k: {"units": v} for k, v in (units or {}).items()}
         for k, v in (descriptions or {}).items():
@@ -189,6 +191,8 @@ class History:
                 get_logger("parsl_torch.history").warning(
                     "history %r: other ranks recorded %d more step(s) than rank 0 since the last "
                     "sync; the file keeps rank 0's steps", self.name, max_rows - rows)
+        if self._on_sync is not None:
+            self._on_sync(block)
         if self._rank == 0:
             self._blocks.append(block)
             self._progress(block)

@@ -155,15 +155,20 @@ def htex_provider(spec: SiteSpec) -> Any:
                     max_blocks=spec.htex.max_blocks, queue=spec.htex.queue)
 
 
+#: the keys of a resource specification that HighThroughputExecutor takes; any other asks for MPI ranks
+HTEX_RESOURCE_KEYS = frozenset({"priority"})
+
+
 @functools.lru_cache(maxsize=1)
-def _site_mpi_executor_class() -> type:
-    from parsl.executors import MPIExecutor
+def _site_executor_classes() -> tuple[type, type]:
+    """(MPI executor, single-process executor) classes that hand each other the apps Parsl gives
+    the wrong one: Parsl sends an app without ``executors=`` to any executor of the config, so a
+    site's config runs a Parsl user's apps as Parsl's own MPI config would."""
+    from parsl.executors import HighThroughputExecutor, MPIExecutor
 
     class SiteMPIExecutor(MPIExecutor):
-        """Parsl's MPIExecutor, which also takes an ordinary app (no resource specification):
-        Parsl hands an app without ``executors=`` to any executor of the config, and a plain
-        MPIExecutor fails it. Such an app goes to the site's single-process executor (``htex``)
-        when there is one, else runs as one process on one node of this executor's block."""
+        """An ordinary app (no resource specification), which a plain MPIExecutor fails, goes to the
+        site's single-process executor when there is one, else runs as one process on one node."""
 
         single_process: Any = None
 
@@ -174,21 +179,30 @@ def _site_mpi_executor_class() -> type:
                 resource_specification = {"num_nodes": 1, "ranks_per_node": 1, "num_ranks": 1}
             return super().submit(func, resource_specification, *args, **kwargs)
 
-    return SiteMPIExecutor
+    class SiteHighThroughputExecutor(HighThroughputExecutor):
+        """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor
+        refuses (InvalidResourceSpecification), goes to the site's MPI executor."""
+
+        multi_process: Any = None
+
+        def submit(self, func, resource_specification, *args, **kwargs):
+            if self.multi_process is not None and set(resource_specification or ()) - HTEX_RESOURCE_KEYS:
+                return self.multi_process.submit(func, resource_specification, *args, **kwargs)
+            return super().submit(func, resource_specification, *args, **kwargs)
+
+    return SiteMPIExecutor, SiteHighThroughputExecutor
 
 
 def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL) -> Any:
     prov = mpi_provider(spec)
     max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
         else spec.mpi.max_workers_per_block
-    return _site_mpi_executor_class()(label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
+    return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
                                       drain_period=drain_period(spec), **_address(spec))
 
 
 def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
-    from parsl.executors import HighThroughputExecutor
-
     h = spec.htex
     kwargs: dict[str, Any] = {"cpu_affinity": h.cpu_affinity, "prefetch_capacity": 0,
                               "poll_period": spec.poll_period_ms, "drain_period": drain_period(spec)}
@@ -196,7 +210,7 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
         kwargs["available_accelerators"] = list(h.accelerators)
     if h.max_workers_per_node:
         kwargs["max_workers_per_node"] = h.max_workers_per_node
-    return HighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
+    return _site_executor_classes()[1](label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
 
 
 def site_executors(spec: SiteSpec, prefix: str = "") -> list[Any]:
@@ -205,6 +219,8 @@ def site_executors(spec: SiteSpec, prefix: str = "") -> list[Any]:
     mpi = mpi_executor(spec, prefix + MPI_LABEL)
     htex = htex_executor(spec, prefix + HTEX_LABEL) if spec.htex.enabled else None
     mpi.single_process = htex
+    if htex is not None:
+        htex.multi_process = mpi
     return [mpi, *([htex] if htex else [])]
 
 
