@@ -25,7 +25,7 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test]"
+	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test,endpoint]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -53,6 +53,7 @@ bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_checkpoint.py
 	$(RUN) $(BIN)/python benchmarks/bench_continuation.py
 	$(RUN) $(BIN)/python benchmarks/bench_identity.py
+	$(RUN) $(BIN)/python benchmarks/bench_remote.py
 	@if [ "$$(id -u)" = 0 ]; then $(RUN) $(BIN)/python benchmarks/bench_multinode.py; \
 	else echo "bench_multinode.py skipped: the test cluster needs root"; fi
 

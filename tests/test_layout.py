@@ -25,6 +25,7 @@ DOC = Path(__file__).parent.parent / "docs" / "architecture.md"
 LAYERS = {"errors": 0, "common": 0, "core": 1, "history": 2, "launch": 2, "sites": 3, "compat": 4, "apps": 4, "stages": 5,
           "cli": 6}
 HEAVY = {"torch", "numpy", "h5py", "parsl", "dill", "yaml", "matplotlib", "xarray", "wandb", "globus_compute_sdk",
+         "globus_compute_endpoint", "globus_compute_common",
          "mpi4py", "h5netcdf"}
 
 
@@ -143,7 +144,7 @@ def test_workflow_side_modules_import_nothing_heavy():
 
 
 @pytest.mark.parametrize("module", [entrypoints.SUPERVISE, entrypoints.SHIM, entrypoints.STAGE_MAIN, entrypoints.CLI,
-                                    entrypoints.stage_module("train"), entrypoints.stage_module("evaluate")])
+                                    entrypoints.SMOKE, entrypoints.stage_module("train"), entrypoints.stage_module("evaluate")])
 def test_entry_points_exist(module):
     mod = importlib.import_module(module)
     assert callable(getattr(mod, "main", None)), f"{module} has no main()"

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..common.blocks import CONTINUE_EXIT
 from ..common.metadata import redact_text
-from ..common.outcome import Cause, read_outcome
+from ..common.outcome import Cause, failure_message, read_outcome
 from ..errors import StageError
 
 _TAIL_LINES = 25
@@ -40,8 +40,11 @@ class StageFuture(Future):
         if exc is not None:
             self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr))
             return
-        if self._result_file is None:
-            self.set_result(fut.result())
+        if self._result_file is None:  # a remote stage: its summary, or the error it returned
+            if (failed := failure_message(fut.result())) is not None:
+                self.set_exception(StageError(failed))
+            else:
+                self.set_result(fut.result())
             return
         try:
             import dill

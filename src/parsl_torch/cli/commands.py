@@ -19,7 +19,6 @@ from typing import Any
 
 from .. import sites
 from ..apps import status as run_status
-from ..apps.remote import make_executor, probe
 from ..apps.request import RunFlags, run_flags
 from ..common import settings
 from ..common.blocks import duration_seconds
@@ -35,6 +34,7 @@ from ..launch.supervise import supervise
 from ..sites.build import drain_period
 from ..sites.endpoint import render_endpoint_config
 from ..sites.schema import block_seconds
+from . import remote_cmds
 from .doctor import as_json, run_checks
 
 
@@ -254,20 +254,6 @@ def _endpoint_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remote_probe(args: argparse.Namespace) -> int:
-    """Versions on the endpoint against these; warnings for the mismatches."""
-    executor = make_executor(args.endpoint)
-    try:
-        remote, warnings = probe(executor)
-    finally:
-        executor.shutdown(wait=False)
-    for name, version in sorted(remote.items()):
-        print(f"{name:>20}: {version}")
-    for warning in warnings:
-        print(f"parsl-torch: warning: {warning}", file=sys.stderr)
-    return 1 if warnings else 0
-
-
 class _Version(argparse.Action):
     """--version: asks the installed distribution only when used (importlib.metadata costs ~20 ms)."""
 
@@ -348,10 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="the environment on the machine that holds parsl-torch")
         cmd.set_defaults(func=func)
 
-    remote = sub.add_parser("remote", help="Globus Compute endpoints").add_subparsers(dest="action", required=True)
-    probe_cmd = remote.add_parser("probe", help="versions on an endpoint vs here; exit 1 on mismatches")
-    probe_cmd.add_argument("--endpoint", required=True, help="the endpoint's UUID")
-    probe_cmd.set_defaults(func=_remote_probe)
+    remote_cmds.add_commands(sub)
 
     history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
     show = history.add_parser("show", help="summary table of a history file")

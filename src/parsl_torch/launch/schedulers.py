@@ -200,6 +200,7 @@ class Local(Scheduler):
     name = "local"
     launchers = ("mpiexec", "torchrun")
     parsl_provider = "LocalProvider"
+    endpoint_provider = "LocalProvider"  # an endpoint on this machine (parsl-torch endpoint test local)
     max_nodes_per_block = 1
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:

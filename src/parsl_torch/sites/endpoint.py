@@ -24,14 +24,15 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
     """The endpoint's config.yaml as data: a GlobusMPIEngine over the site's provider."""
     scheduler = get_scheduler(spec.scheduler)
     if not scheduler.endpoint_provider:
-        raise SiteError(f"site {spec.name!r} ({spec.scheduler}) has no batch scheduler to put behind an "
-                        f"endpoint: use aurora, polaris, frontier or a site of your own with pbs or slurm")
+        raise SiteError(f"site {spec.name!r} ({spec.scheduler}) has no scheduler to put behind an endpoint: "
+                        f"use aurora, polaris, frontier, local, or a site of your own with pbs or slurm")
     p = spec.provider
-    options = {k: v for k, v in scheduler.provider_options(p).items() if v is not None}
+    raw = scheduler.provider_options(p)
+    options = {k: v for k, v in raw.items() if v is not None}
     provider: dict[str, Any] = {
         "type": scheduler.endpoint_provider,
         **options,
-        "account": p.account or "YOUR_ACCOUNT",
+        **({"account": p.account or "YOUR_ACCOUNT"} if "account" in raw else {}),
         "nodes_per_block": p.nodes_per_block,
         "init_blocks": 0,  # no job until a stage arrives
         "min_blocks": 0,
@@ -39,10 +40,14 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
         "worker_init": worker_init(spec, python_env),
         "launcher": {"type": "SimpleLauncher"},  # the MPI engine launches ranks itself
     }
+    this_host = scheduler.max_nodes_per_block == 1  # the local site: an engine for this machine alone
     engine: dict[str, Any] = {"type": "GlobusMPIEngine", "mpi_launcher": spec.mpi.launcher,
-                              "max_workers_per_block": spec.mpi.max_workers_per_block, "provider": provider}
+                              "max_workers_per_block": spec.local_slots if this_host else spec.mpi.max_workers_per_block,
+                              "provider": provider}
     if spec.address_interface:
         engine["address"] = {"type": "address_by_interface", "ifname": spec.address_interface}
+    elif this_host:
+        engine["address"] = "127.0.0.1"
     return {"display_name": f"parsl-torch-{spec.name}", "engine": engine}
 
 
