@@ -158,6 +158,8 @@ def test_workflow_runs_unchanged_on_a_globus_site(tmp_path, monkeypatch, engine)
     assert trained["checkpoint"] == str(remote_train / "model.pt") and (remote_train / "train.h5").exists()
     assert evaluated["trained_steps"] == 20
     assert t.outputs[1].result().filepath == str(remote_train / "model.pt")
+    # each stage's records in its own remote directory (evaluate's are not beside the checkpoint it reads)
+    assert (remote_train / ".env.json").exists() and (tmp_path / "remote" / "run" / "evaluate" / ".env.json").exists()
     # multi-rank stages asked the MPI engine for the stage's ranks
     assert submitted[0] == TWO_RANKS
     assert not (tmp_path / "run" / "train").exists()  # nothing of the stage is written locally

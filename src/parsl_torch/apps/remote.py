@@ -82,17 +82,17 @@ def parse_result(stage: str, result: Any, outcome: Outcome | None = None) -> dic
     raise StageError(f"stage {stage!r} ended without a summary on stdout:\n{stdout[-2000:]}")
 
 
-def run_stage_here(stage: str, config: dict[str, Any], files: Mapping[str, str], python: str,
+def run_stage_here(stage: str, config: dict[str, Any], files: Mapping[str, str], stage_dir: str, python: str,
                    time_limit: float | None = None, launcher_args: Sequence[str] = (),
                    rank_env: Mapping[str, str] | None = None, num_ranks: int = 0) -> dict[str, Any]:
     """Runs on the endpoint, in a task with a resource specification: the stage on every rank,
-    its directory (its first file's folder) holding what a local stage's holds (the ranks'
-    environment file, the supervisor's records), then its summary or its error."""
+    ``stage_dir`` holding what a local stage's holds (the ranks' environment file, the
+    supervisor's records), then its summary or the error it ended with."""
     from globus_compute_sdk import ShellFunction
 
-    stage_dir = Path(next(iter(files.values()))).parent
-    for path in files.values():
+    for path in (*files.values(), Path(stage_dir) / stagedir.ENV):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+    stage_dir = Path(stage_dir)
     env_file = stage_dir / stagedir.ENV
     with os.fdopen(os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump({settings.STAGE_DIR.name: str(stage_dir), **(rank_env or {})}, f)
@@ -114,8 +114,9 @@ def run_stage_on_endpoint(stage: str, config: dict[str, Any], python: str, time_
     named by role (``--history``, ``--checkpoint``) from the app's resolved inputs/outputs.
     ``parsl_resource_specification`` is how Parsl asks the engine for the stage's nodes and ranks."""
     files = {role: os.fspath(f) for role, f in zip((*input_roles, *output_roles), (*inputs, *outputs))}
+    stage_dir = os.path.dirname(os.fspath(outputs[0]))  # outputs are placed in the stage's remote directory
     # (not named walltime: Parsl treats an app parameter of that name as its own)
-    return run_stage_here(stage, config, files, python, time_limit, launcher_args, rank_env,
+    return run_stage_here(stage, config, files, stage_dir, python, time_limit, launcher_args, rank_env,
                           (parsl_resource_specification or {}).get("num_ranks", 0))
 
 
@@ -160,7 +161,8 @@ class RemoteStages:
         with self._lock:
             self.executor.resource_specification = {"num_nodes": num_nodes, "ranks_per_node": ranks_per_node,
                                                     "num_ranks": ranks}
-            inner = self.executor.submit(run_stage_here, stage, dict(config), files, self.python, walltime,
+            inner = self.executor.submit(run_stage_here, stage, dict(config), files,
+                                         f"{self.remote_run_dir}/{stage}", self.python, walltime,
                                          tuple(launcher_args), dict(rank_env or {}), ranks)
         outer: Future = Future()
 
