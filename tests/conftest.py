@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from parsl_torch.common.procs import proc_stat
+
 BIN = Path(sys.executable).parent
 RANKS_DIR = Path(__file__).parent / "ranks"
 # variables a launcher sets; a test's child must not inherit them from the runner
@@ -50,12 +52,8 @@ def processes_under(directory: Path) -> dict[int, str]:
 
 
 def _parents() -> dict[int, int]:
-    found = {}
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if proc.name.isdigit():
-                found[int(proc.name)] = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
-    return found
+    stats = {int(e.name): proc_stat(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
+    return {pid: stat.ppid for pid, stat in stats.items() if stat is not None}
 
 
 def _carries_a_workflow_token(pid: int) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..common import settings
 from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
+from ..common.files import open_private
 from ..common.outcome import forget_outcome
 from ..common.records import ENV_NAME
 from ..common.stagedir import ARGV as ARGV_FILE
@@ -84,7 +85,7 @@ def _write_payload(stage_dir: str, fn: ShippedFunction, args: tuple, kwargs: dic
     payload, result = os.path.join(stage_dir, PAYLOAD), os.path.join(stage_dir, RESULT)
     if os.path.exists(result):
         os.unlink(result)  # a stale value must never pass for this run's
-    with _private(payload) as f:
+    with open_private(payload) as f:
         dill.dump((fn, plain_files(args), plain_files(kwargs)), f)
     py = shlex.quote(sys.executable)
     return f"-- {py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
@@ -93,7 +94,7 @@ def _write_payload(stage_dir: str, fn: ShippedFunction, args: tuple, kwargs: dic
 def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
     """A script's command line in a private file the shim reads (its arguments may hold secrets)."""
     argv_file = os.path.join(stage_dir, ARGV_FILE)
-    with _private(argv_file) as f:
+    with open_private(argv_file) as f:
         f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
     return f"--argv-file {shlex.quote(argv_file)}"
 
@@ -104,7 +105,7 @@ def _write_env(opts: StageOptions, call: str) -> None:
     env = dict((*opts.env, (settings.CALL_ID.name, call)))
     if opts.import_path:  # the ranks import what the workflow imports from its own folders
         env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
-    with _private(os.path.join(opts.stage_dir, ENV_FILE)) as f:
+    with open_private(os.path.join(opts.stage_dir, ENV_FILE)) as f:
         f.write(json.dumps(env).encode())
 
 
@@ -114,11 +115,6 @@ def _command(opts: StageOptions, rank_cmd: str) -> str:
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
             f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} {rank_cmd}")
-
-
-def _private(path: str):
-    """``path`` opened for writing, readable by its owner only (0600), truncated."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
 
 
 def _keep_earlier_attempt(stage_dir: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..common import settings, stagedir
 from ..common.entrypoints import SHIM, SUPERVISE, stage_module
+from ..common.files import open_private
 from ..common.metadata import package_versions
 from ..common.outcome import Cause, Outcome, failure_message, failure_result, forget_outcome, read_outcome
 from ..errors import ConfigError, StageError
@@ -94,8 +95,8 @@ def run_stage_here(stage: str, config: dict[str, Any], files: Mapping[str, str],
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     stage_dir = Path(stage_dir)
     env_file = stage_dir / stagedir.ENV
-    with os.fdopen(os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump({settings.STAGE_DIR.name: str(stage_dir), **(rank_env or {})}, f)
+    with open_private(env_file) as f:
+        f.write(json.dumps({settings.STAGE_DIR.name: str(stage_dir), **(rank_env or {})}).encode())
     forget_outcome(stage_dir)
     command = stage_command(stage, config, files, python, launcher_args, num_ranks, str(env_file), time_limit)
     result = ShellFunction(f"cd {_quote(str(stage_dir))} && {command}")()
