@@ -97,7 +97,7 @@ def test_continuations_cost_nothing_until_a_stage_stops_making_progress(tmp_path
     stage_dir = tmp_path / "train"
     stage_dir.mkdir()
     handler.watch(1, "train", stage_dir)
-    ended = BashExitFailure("_stage_command", CONTINUE_EXIT)
+    ended = BashExitFailure("stage_command", CONTINUE_EXIT)
 
     def block_ends_at(step, block):
         stagedir.write(stage_dir / CONTINUATION_FILE, stagedir.ContinuationRecord("c", time.time(), step, 9, 3))
@@ -113,7 +113,7 @@ def test_continuations_cost_nothing_until_a_stage_stops_making_progress(tmp_path
                                          r"raise the site provider.grace_period"):
         block_ends_at(80, "3")
     # a real failure goes to the user's handler; another task's too
-    crash = BashExitFailure("_stage_command", 1)
+    crash = BashExitFailure("stage_command", 1)
     assert handler(crash, _record()) == 7.0 and handler(ended, _record(2)) == 7.0 and len(failures) == 2
     assert Continuations(status)(crash, _record()) == 1.0  # Parsl's default cost
 

@@ -334,7 +334,7 @@ def test_a_bad_node_timeout_names_the_variable():
 def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tmp_path):
     from parsl.app.errors import BashExitFailure
 
-    from parsl_torch.apps.futures import stage_error
+    from parsl_torch.apps.stage_errors import stage_error
     from parsl_torch.common.outcome import write_outcome
     from parsl_torch.common.stagedir import OUTCOME as OUTCOME_FILE
     from parsl_torch.launch.supervise import _node_outcome

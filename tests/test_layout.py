@@ -144,7 +144,7 @@ def test_workflow_side_modules_import_nothing_heavy():
 
 
 @pytest.mark.parametrize("module", [entrypoints.SUPERVISE, entrypoints.SHIM, entrypoints.STAGE_MAIN, entrypoints.CLI,
-                                    entrypoints.SMOKE, entrypoints.stage_module("train"), entrypoints.stage_module("evaluate")])
+                                    entrypoints.stage_module("train"), entrypoints.stage_module("evaluate")])
 def test_entry_points_exist(module):
     mod = importlib.import_module(module)
     assert callable(getattr(mod, "main", None)), f"{module} has no main()"
@@ -228,8 +228,8 @@ def test_every_module_says_what_it_is_for():
 def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
     """The supervisor records how a launch ended (common/outcome.py); the workflow's stage error
     reads that record, never a regular expression over what ranks or launchers printed."""
-    assert "re" not in {target for target, _ in EDGES["parsl_torch.apps.futures"]}
-    assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.apps.futures"]}
+    assert "re" not in {target for target, _ in EDGES["parsl_torch.apps.stage_errors"]}
+    assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.apps.stage_errors"]}
     assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.launch.supervise"]}
 
 

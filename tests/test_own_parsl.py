@@ -33,7 +33,7 @@ def test_parsl_config_settings_pass_through_and_monitoring_sees_the_stage(tmp_pa
         assert world().result(timeout=180) == 2
     with sqlite3.connect(db) as con:
         names = [row[0] for row in con.execute("select task_func_name from task")]
-    assert "_stage_command" in names  # parsl-visualize shows the stage
+    assert "stage_command" in names  # parsl-visualize shows the stage
 
 
 def test_bad_keywords_fail_before_anything_is_made(tmp_path):

@@ -11,7 +11,7 @@ import h5py
 import pytest
 
 import parsl_torch as pt
-from parsl_torch.apps.distributed import caller_path, script_stage_name
+from parsl_torch.apps.scriptargs import caller_path, script_stage_name
 from parsl_torch.cli import main as cli
 
 from .conftest import BIN, clean_env

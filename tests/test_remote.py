@@ -11,8 +11,8 @@ the service's hop is left out. Client is a Mock where one is needed.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -56,64 +56,64 @@ def engine(tmp_path_factory):
 TWO_RANKS = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
 
 
-@pytest.fixture(autouse=True)
-def _in_tmp_path(tmp_path, monkeypatch):
-    # a ShellFunction writes <hash>.stdout/.stderr into the working directory: not the repository's
-    monkeypatch.chdir(tmp_path)
+def _job(tmp_path, fn, ranks=2, **opts):
+    """A function stage packed for the endpoint, as a workflow packs one."""
+    from parsl_torch.apps.payload import ShippedFunction, StageOptions
+    from parsl_torch.apps.remote_job import RemoteJob
 
-
-def test_stage_command_carries_only_data_without_braces():
-    cmd = remote.stage_command("train", {"steps": 5, "model": {"dim": 8}}, {"history": "/r/t.h5"}, python="py")
-    assert cmd.startswith("py -m parsl_torch.launch.supervise --ranks 0 -- $PARSL_MPI_PREFIX py -m "
-                          "parsl_torch.launch.shim -- py -m parsl_torch.stages.train --config-b64 "), cmd
-    assert "{" not in cmd and "}" not in cmd and cmd.endswith("--history /r/t.h5")
-    with pytest.raises(ConfigError, match="stage 'finetune' cannot run remotely"):
-        remote.stage_command("finetune", {}, {})
-
-
-def test_a_remote_stage_is_launched_as_a_local_one_with_the_machines_flags():
-    """Polaris's binding after the launcher the engine sets ($PARSL_MPI_PREFIX), the supervisor around
-    it (timeout, ranks, the environment file with the machine's rank variables), the shim around each rank."""
-    from parsl_torch.launch.machines import get_machine
-
-    flags = get_machine("polaris").binding_args(4)
-    cmd = remote.stage_command("train", {"steps": 5}, {"history": "/r/t.h5"}, python="py", launcher_args=flags,
-                               num_ranks=8, env_file="/r/.env.json", timeout=600)
-    assert cmd.startswith(f"py -m parsl_torch.launch.supervise --env-file /r/.env.json --timeout 600 --ranks 8 -- "
-                          f"$PARSL_MPI_PREFIX {' '.join(flags)} py -m parsl_torch.launch.shim -- py -m "
-                          f"parsl_torch.stages.train "), cmd
-    with pytest.raises(ConfigError, match="contains braces"):
-        remote.stage_command("train", {}, {}, launcher_args=("--cpu-bind={0}",))
-
-
-def test_failed_shell_result_names_stage_and_shows_stderr():
-    result = mock.Mock(returncode=3, stdout="", stderr="Traceback...\nValueError: boom\n")
-    with pytest.raises(StageError, match=r"(?s)stage 'train' failed on the endpoint with exit code 3.*boom"):
-        remote.parse_result("train", result)
-    assert remote.parse_result("train", {"returncode": 0, "stdout": 'log\n{"final_loss": 1.5}\n'}) == {
-        "final_loss": 1.5}
-    from parsl_torch.common.outcome import Cause, Outcome
-
-    killed = Outcome(Cause.RANK_FAILED, 137, "rank 1 on n2 was killed by SIGKILL", rank=1, host="n2")
-    with pytest.raises(StageError, match=r"^stage 'train' failed on the endpoint with exit code 3: rank 1 on n2 "
-                                         r"was killed by SIGKILL\n"):
-        remote.parse_result("train", result, killed)
+    stage_dir = tmp_path / "remote" / fn.__name__
+    env = (("PARSL_TORCH_STAGE_DIR", str(stage_dir)), ("PARSL_TORCH_GPU_ORDER", "1,0"))
+    return RemoteJob(StageOptions(str(stage_dir), 1, ranks, 120.0, env, (), **opts), ShippedFunction.of(fn), code=())
 
 
 @pytest.mark.slow
-def test_mpifunction_runs_stages_on_two_real_ranks_of_the_endpoints_engine(tmp_path, engine):
-    stages = remote.RemoteStages(engine.executor(), str(tmp_path / "remote"), python=sys.executable)
-    (tmp_path / "remote" / "train").mkdir(parents=True)
-    (tmp_path / "remote" / "evaluate").mkdir(parents=True)
-    trained = stages.submit("train", SMALL, {"history": "train.h5", "checkpoint": "model.pt"}, ranks_per_node=2,
-                            rank_env={"PARSL_TORCH_GPU_ORDER": "1,0"}).result(timeout=300)
-    assert trained["world_size"] == 2 and Path(trained["checkpoint"]).exists()
-    assert trained["checkpoint"] == str(tmp_path / "remote" / "train" / "model.pt")
-    assert set(trained["history_summary"]["loss"]) == {"last", "min", "max", "mean", "of"}
-    assert "PARSL_TORCH_GPU_ORDER" in (tmp_path / "remote" / "train" / ".env.json").read_text()
-    evaluated = stages.submit("evaluate", SMALL_EVAL, {"checkpoint": trained["checkpoint"],
-                                                       "history": "eval.h5"}, ranks_per_node=2).result(300)
-    assert evaluated["trained_steps"] == 20 and 0 <= evaluated["eval_acc"] <= 1
+def test_a_job_runs_its_function_on_two_real_ranks_of_the_endpoints_engine(tmp_path, engine):
+    """The task launches the ranks as a local stage's worker does: the supervisor, the shim, the
+    rank variables in the stage's 0600 environment file; rank 0's value comes back."""
+    from parsl_torch.apps.remote_job import run_job
+
+    def ranks(scale):  # defined here: it travels by value, as a function of a workflow script does
+        import os
+
+        import torch.distributed as dist
+
+        return {"world": dist.get_world_size(), "value": scale * 2, "order": os.environ["PARSL_TORCH_GPU_ORDER"]}
+
+    answer = engine.submit(run_job, _job(tmp_path, ranks), 21, resource_specification=TWO_RANKS).result(120)
+    assert answer.result() == {"world": 2, "value": 42, "order": "1,0"} and answer.ran
+    env_file = tmp_path / "remote" / "ranks" / ".env.json"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    again = engine.submit(run_job, _job(tmp_path, ranks), 21, resource_specification=TWO_RANKS).result(120)
+    assert again.ran is None and again.result()["value"] == 42  # the same call: not run again
+    other = engine.submit(run_job, _job(tmp_path, ranks), 1, resource_specification=TWO_RANKS).result(120)
+    assert other.ran == "arguments changed" and other.result()["value"] == 2
+
+
+@pytest.mark.slow
+def test_a_failing_rank_and_an_oversized_result_come_back_as_the_stages_error(tmp_path, engine):
+    from parsl_torch.apps.remote_job import run_job
+
+    def killed():
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    def oversized():
+        return b"x" * (11 * 1024 * 1024)
+
+    answer = engine.submit(run_job, _job(tmp_path, killed), resource_specification=TWO_RANKS).result(120)
+    with pytest.raises(StageError, match=r"^stage 'killed' failed: rank 1 on \S+ was killed by SIGKILL \(exit code"):
+        answer.result()
+    answer = engine.submit(run_job, _job(tmp_path, oversized), resource_specification=TWO_RANKS).result(120)
+    with pytest.raises(StageError, match=r"stage 'oversized' returned 11.0 MiB, more than Globus Compute carries "
+                                         r"back \(10 MiB\): write it to a file in outputs="):
+        answer.result()
+    assert not (tmp_path / "remote" / "oversized" / ".call.json").exists()  # not a result to skip on
 
 
 @pytest.mark.slow
@@ -147,13 +147,16 @@ def gc_site(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_workflow_runs_unchanged_on_a_globus_site(tmp_path, monkeypatch, engine):
     gc_site(tmp_path, monkeypatch)
-    executor = engine.executor()
     submitted = []
     monkeypatch.setattr(engine, "submit", _recording(engine.submit, submitted))
-    with pt.workflow(site="gclab", run_dir=tmp_path / "run", gc_executor=executor):
-        t = train(SMALL)
-        e = evaluate(SMALL_EVAL, inputs=[t.outputs[1]])
-        trained, evaluated = t.result(), e.result()
+
+    def run(config=SMALL):
+        with pt.workflow(site="gclab", run_dir=tmp_path / "run", gc_executor=engine.executor()):
+            t = train(config)
+            e = evaluate(SMALL_EVAL, inputs=[t.outputs[1]])
+            return t, e, t.result(), e.result()
+
+    t, e, trained, evaluated = run()
     remote_train = tmp_path / "remote" / "run" / "train"
     assert trained["checkpoint"] == str(remote_train / "model.pt") and (remote_train / "train.h5").exists()
     assert evaluated["trained_steps"] == 20
@@ -163,19 +166,75 @@ def test_workflow_runs_unchanged_on_a_globus_site(tmp_path, monkeypatch, engine)
     # multi-rank stages asked the MPI engine for the stage's ranks
     assert submitted[0] == TWO_RANKS
     assert not (tmp_path / "run" / "train").exists()  # nothing of the stage is written locally
+    assert not t.from_cache and not e.from_cache
+
+    t, e, _, again = run()  # a rerun: the endpoint finds both calls' files
+    assert t.from_cache and e.from_cache and again == evaluated
+    t, e, _, evaluated = run({**SMALL, "steps": 30})  # evaluate's own call is the same; the checkpoint it
+    assert not t.from_cache and not e.from_cache and evaluated["trained_steps"] == 30  # reads changed there
+
+
+#: a workflow script of a multi-file project, its stage's code in a module beside it
+PROJECT_SCRIPT = """
+import sys
+import parsl_torch as pt
+from parsl_torch.sites.endpoint import endpoint_config
+from parsl_torch.sites.engine import LocalEndpoint
+import helpers
+
+@pt.distributed_app
+def scaled(x, out=None):
+    import torch.distributed as dist
+    import helpers  # the ranks import it from the shipped copy: it is not on the endpoint
+    return {"value": helpers.scale(x), "ranks": dist.get_world_size(), "helpers": helpers.__file__}
+
+endpoint = LocalEndpoint(endpoint_config(pt.sites.load("local").spec, sys.prefix), sys.argv[1])
+with endpoint, pt.workflow(site="gclab", run_dir=sys.argv[2], gc_executor=endpoint.executor()):
+    f = scaled(2)
+    print("RESULT", f.result(), "CACHED", f.from_cache, flush=True)
+"""
 
 
 @pytest.mark.slow
-def test_workflow_functions_are_refused_on_a_globus_site(tmp_path, monkeypatch, engine):
+def test_workflow_functions_and_their_modules_run_on_a_globus_site(tmp_path, monkeypatch):
+    """A function of the workflow script travels by value, the user module it uses travels with it (the
+    endpoint's ranks cannot see the project), and the endpoint skips it only when nothing changed."""
     gc_site(tmp_path, monkeypatch)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "wf.py").write_text(PROJECT_SCRIPT)
+    (project / "helpers.py").write_text("def scale(x):\n    return x * 10\n")
+    env = {**os.environ, "PYTHONPATH": ""}  # the engine's workers see neither the project nor the tests
 
-    @pt.distributed_app
-    def mine():
-        return 1
+    def run():
+        out = subprocess.run([sys.executable, "wf.py", str(tmp_path / "engine"), str(tmp_path / "run")], cwd=project,
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))
 
-    with pt.workflow(site="gclab", run_dir=tmp_path / "run", gc_executor=engine.executor()):
-        with pytest.raises(ConfigError, match="only the built-in stages run"):
-            mine()
+    first = run()
+    shipped = tmp_path / "remote" / "run" / "scaled" / ".sources" / "helpers.py"
+    assert f"'value': 20, 'ranks': 2, 'helpers': '{shipped}'" in first and first.endswith("CACHED False")
+    assert run().endswith("CACHED True")  # nothing changed: skipped on the endpoint
+    (project / "helpers.py").write_text("def scale(x):\n    return x * 100\n")
+    assert "'value': 200" in (rerun := run()) and rerun.endswith("CACHED False")  # a module edited here
+
+
+@pytest.mark.slow
+def test_a_script_on_the_endpoints_file_system_runs_there(tmp_path, monkeypatch, engine):
+    gc_site(tmp_path, monkeypatch)
+    script = tmp_path / "remote_fs" / "hello.py"  # named by its path on the endpoint
+    script.parent.mkdir()
+    script.write_text("import os\nopen(f\"out.{os.environ['RANK']}\", 'w').write('hi')\n")
+    stage_dir = tmp_path / "remote" / "run" / "hello"
+    hello = pt.script_app(script, ranks_per_node=2)
+    for edit, cached in ((None, False), (None, True), ("# edited\nprint('changed')\n", False)):
+        if edit:
+            script.write_text(script.read_text() + edit)
+        with pt.workflow(site="gclab", run_dir=tmp_path / "run", gc_executor=engine.executor()):
+            f = hello()
+            assert f.result() is None and f.from_cache is cached
+        assert (stage_dir / "out.0").exists() and (stage_dir / "out.1").exists()
 
 
 def test_executor_factory_with_a_mock_client():
@@ -271,19 +330,6 @@ def test_failures_come_back_from_the_engine_as_the_sdk_raises_them(engine):
 
 
 @pytest.mark.slow
-def test_a_rank_killed_on_the_endpoint_is_named_in_the_stage_error(tmp_path, monkeypatch):
-    """The ranks run under the shim on the endpoint too: the failed rank and how it ended reach the error."""
-    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PARSL_TORCH_FAULT", "kill@1:5")  # the engine's block inherits it, as a worker_init would
-    with LocalEndpoint(endpoint_config(sites.load("local").spec, sys.prefix), tmp_path / "engine") as endpoint:
-        stages = remote.RemoteStages(endpoint.executor(), str(tmp_path / "remote"), python=sys.executable)
-        (tmp_path / "remote" / "train").mkdir(parents=True)
-        with pytest.raises(StageError, match=r"^stage 'train' failed on the endpoint with exit code \d+: rank 1 on \S+ "
-                                             r"was killed by SIGKILL"):
-            stages.submit("train", SMALL, {"history": "t.h5", "checkpoint": "m.pt"}, ranks_per_node=2).result(300)
-
-
-@pytest.mark.slow
 def test_endpoint_test_starts_the_sites_engine_and_runs_a_two_rank_smoke_stage(engine, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
     assert cli(["endpoint", "test", "local", "--run-dir", str(tmp_path / "et")]) == 0
@@ -291,7 +337,7 @@ def test_endpoint_test_starts_the_sites_engine_and_runs_a_two_rank_smoke_stage(e
     assert "ok: site local: the endpoint's loader built GlobusMPIEngine over LocalProvider (mpi_launcher mpiexec)" \
         in out, out
     assert "ok: 2-rank smoke stage" in out and "all_reduce sum 3.0 (expected 3) over 2 ranks (gloo)" in out, out
-    assert (tmp_path / "et" / "smoke.h5").is_file()
+    assert (tmp_path / "et" / "smoke" / "smoke.h5").is_file()
 
 
 def test_endpoint_test_of_a_site_without_a_scheduler_is_one_line(tmp_path, monkeypatch, capsys):

@@ -55,6 +55,12 @@ def flavor(path, array, ordered, names, opts):
             opts.scale]
 
 
+@pt.distributed_app(ranks_per_node=1)
+def inner(x):
+    import innermod  # imported where it runs: the workflow process never imports it
+    return innermod.value(x)
+
+
 def text(future):
     future.result()
     return (Path(future.outputs[0].result().filepath)).read_text()
@@ -63,6 +69,7 @@ def text(future):
 with pt.workflow(site="local", run_dir="runs"):
     stages = {
         "helper": helper(3),
+        "inner": inner(3),
         "flavor": flavor(Path("data/note.txt"), np.arange(4.0), OrderedDict(z=1, a=2), {"x", "y"},
                          Opts(2, ("p",)), env={"FLAVOR": os.environ.get("FLAVOR", "plain")}),
         "app": pt.script_app("app/main.py", ranks_per_node=1)(outputs=["out.txt"]),
@@ -81,6 +88,7 @@ with pt.workflow(site="local", run_dir="runs"):
 
 FILES = {
     "mymod.py": "def helper(x):\n    return x * 2\n",
+    "innermod.py": "def value(x):\n    return x + 1\n",
     "app/main.py": "from util import factor\nopen('out.txt', 'w').write(str(factor(5)))\n",
     "app/util.py": "def factor(x):\n    return x * 10\n",
     "reader.py": textwrap.dedent("""
@@ -95,7 +103,7 @@ FILES = {
     "data/note.txt": "note\n",
     "wf.py": WORKFLOW,
 }
-STAGES = ("helper", "flavor", "app", "reader", "mypkg", "train")
+STAGES = ("helper", "inner", "flavor", "app", "reader", "mypkg", "train")
 
 
 def write_tokens(path: Path, seed: int) -> None:
@@ -128,6 +136,8 @@ def edit(project: Path, name: str, old: str, new: str) -> None:
 EDITS = [
     ("helper x*2 -> x*3 in mymod.py", lambda p, env: edit(p, "mymod.py", "x * 2", "x * 3"),
      "helper", "mymod.py changed", ("helper", {"value": 9, "ranks": 2, "globals": "[1, 2, 3]2"})),
+    ("innermod.py, imported inside a stage's function", lambda p, env: edit(p, "innermod.py", "x + 1", "x + 2"),
+     "inner", "innermod.py changed", ("inner", 5)),
     ("app/util.py, imported by the script", lambda p, env: edit(p, "app/util.py", "x * 10", "x * 100"),
      "app", "app/util.py changed", ("app", "500")),
     ("a data file named in args", lambda p, env: (p / "data/tokens.txt").write_text("tokens-v2\n"),
@@ -153,7 +163,7 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path):
 
     first, states = run(project)
     assert set(states.values()) == {"no finished run of it in this run directory"}, states
-    assert first["helper"] == {"value": 6, "ranks": 2, "globals": "[1, 2, 3]2"}
+    assert first["helper"] == {"value": 6, "ranks": 2, "globals": "[1, 2, 3]2"} and first["inner"] == 4
     assert first["flavor"] == ["plain", "note\n", 6.0, ["z", "a"], ["x", "y"], 2]  # env= per call reached it
     assert (first["app"], first["reader"], first["mypkg"]) == ("50", "tokens-v1:m1", "pkg-v1")
     assert isinstance(first["train"], float)

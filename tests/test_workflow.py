@@ -181,11 +181,11 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
     import json
     import stat
 
-    from parsl_torch.apps.distributed import _stage_command
+    from parsl_torch.apps.stagecmd import stage_command
     from parsl_torch.apps.payload import StageOptions
 
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
-    cmd = _stage_command(None, ["python", "train.py", "--token", "t0k"], opts)
+    cmd = stage_command(None, ["python", "train.py", "--token", "t0k"], opts)
     assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --ranks 24 -- $PARSL_MPI_PREFIX "
             "--cpu-bind list:1-8:9-16 ") in cmd
     assert cmd.startswith(f"cd {tmp_path} && ")
@@ -279,7 +279,7 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
 
     def parts(walltime=None, **opts):
         o = StageOptions(str(tmp_path / "runs" / "s"), 1, 1, walltime, (), (), script=str(script), **opts)
-        return identity.components(o, ("args", {}), [], cache)
+        return {**identity.code_components(o, cache), **identity.data_components(o, ("args", {}), [], cache)}
 
     first = parts()
     assert set(first) == {"code", "options", "arguments", f"module {helper}"}

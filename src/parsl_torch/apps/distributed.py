@@ -15,10 +15,8 @@ its return value). The call returns a ``StageFuture`` (``futures``).
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -26,119 +24,26 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ..common import settings
-from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
-from ..common.files import open_private
-from ..common.outcome import forget_outcome
 from ..common.records import ENV_NAME
-from ..common.stagedir import ARGV as ARGV_FILE
-from ..common.stagedir import ENV as ENV_FILE
-from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
+from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
 from . import identity
 from .fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
-from .memo import stage_components
-from .payload import ShippedFunction, StageOptions, plain_files
-from .remote import submit_remote
+from .payload import ShippedFunction, StageOptions
+from .remote import remote_job, submit_remote
 from .request import BuiltinCall
+from .scriptargs import caller_path, named_path, script_stage_name
+from .stagecmd import stage_command
 from .usercode import rank_import_path
 from .workflow import current_workflow
-
-
-def _stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
-                   *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
-                   stderr: str | None = None, parsl_resource_specification: dict | None = None,
-                   parsl_torch_call: str | None = None, **kwargs: Any) -> str:
-    """Body of the Parsl bash app (runs on the worker): make the stage directory this attempt's,
-    leave the ranks' call in it, return the command.
-
-    ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
-    it reads them from the call (redirection, the MPI task's nodes);
-    ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
-    # who this call is: its ranks resume a checkpoint only if it was written under the same identity
-    call = parsl_torch_call or identity.call_id(stage_components(
-        opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
-        identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
-    _begin_attempt(opts.stage_dir)
-    if fn is not None:
-        kwargs.update({k: v for k, v in {"inputs": list(inputs), "outputs": list(outputs)}.items() if k in fn.takes})
-        rank_cmd = _write_payload(opts.stage_dir, fn, args, kwargs)
-    else:
-        rank_cmd = _write_argv(opts.stage_dir, script or ())
-    _write_env(opts, call)
-    return _command(opts, rank_cmd)
-
-
-def _begin_attempt(stage_dir: str) -> None:
-    """From now on the directory holds this attempt's files: an earlier call's record and launch
-    outcome go (they must not explain this one), earlier logs are kept aside, ``status`` sees it run."""
-    identity.forget_call(stage_dir)
-    forget_outcome(stage_dir)
-    _keep_earlier_attempt(stage_dir)
-    Path(stage_dir, STARTED).touch()
-
-
-def _write_payload(stage_dir: str, fn: ShippedFunction, args: tuple, kwargs: dict[str, Any]) -> str:
-    """The pickled call (0600: its arguments may hold secrets); the ranks' command after the shim."""
-    import dill
-
-    payload, result = os.path.join(stage_dir, PAYLOAD), os.path.join(stage_dir, RESULT)
-    if os.path.exists(result):
-        os.unlink(result)  # a stale value must never pass for this run's
-    with open_private(payload) as f:
-        dill.dump((fn, plain_files(args), plain_files(kwargs)), f)
-    py = shlex.quote(sys.executable)
-    return f"-- {py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
-
-
-def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
-    """A script's command line in a private file the shim reads (its arguments may hold secrets)."""
-    argv_file = os.path.join(stage_dir, ARGV_FILE)
-    with open_private(argv_file) as f:
-        f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
-    return f"--argv-file {shlex.quote(argv_file)}"
-
-
-def _write_env(opts: StageOptions, call: str) -> None:
-    """The stage's environment for the supervisor, in a private file, not on the command line,
-    which Parsl echoes into stderr.txt (and so into errors): its values may be secrets."""
-    env = dict((*opts.env, (settings.CALL_ID.name, call)))
-    if opts.import_path:  # the ranks import what the workflow imports from its own folders
-        env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
-    with open_private(os.path.join(opts.stage_dir, ENV_FILE)) as f:
-        f.write(json.dumps(env).encode())
-
-
-def _command(opts: StageOptions, rank_cmd: str) -> str:
-    py = shlex.quote(sys.executable)
-    timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
-    binding = shlex.join(opts.launcher_args)
-    return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
-            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} {rank_cmd}")
-
-
-def _keep_earlier_attempt(stage_dir: str) -> None:
-    """Each attempt gets its own stdout/stderr: an earlier attempt's (a Parsl retry, a rerun)
-    become ``stdout.1.txt``, ``stderr.1.txt``, ... before Parsl opens the files for this one,
-    which are made here, readable by their owner only."""
-    logs = [Path(stage_dir, name) for name in (STDOUT, STDERR)]
-    if any(p.exists() and p.stat().st_size for p in logs):
-        n = 1
-        while any(p.with_suffix(f".{n}.txt").exists() for p in logs):
-            n += 1
-        for p in logs:
-            if p.exists():
-                p.rename(p.with_suffix(f".{n}.txt"))
-    for p in logs:  # what a stage prints may hold secrets: its owner's only (Parsl appends to them)
-        os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
-        os.chmod(p, 0o600)
 
 
 @functools.lru_cache(maxsize=None)
 def _bash_app(label: str = "mpi", cache: bool = True):
     from parsl import bash_app
 
-    return bash_app(_stage_command, executors=[label], cache=cache, ignore_for_cache=["stdout", "stderr"])
+    return bash_app(stage_command, executors=[label], cache=cache, ignore_for_cache=["stdout", "stderr"])
 
 
 class DistributedApp:
@@ -149,8 +54,9 @@ class DistributedApp:
 
     def __init__(self, fn: Callable | None, *, script: Sequence[str] | None = None, name: str | None = None,
                  num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
-                 env: dict[str, str] | None = None, files: Sequence[str] = ()) -> None:
+                 env: dict[str, str] | None = None, files: Sequence[str] = (), python: str | None = None) -> None:
         self.fn, self.script = fn, tuple(script) if script else None
+        self.python = python  # a script's Python as given (None: the one the stage runs under)
         self.name = name or fn.__name__  # a script's name is given by script_app
         self.num_nodes, self.ranks_per_node = num_nodes, ranks_per_node
         self.walltime, self.env = walltime, dict(env or {})
@@ -162,46 +68,49 @@ class DistributedApp:
         """This stage, also identified by the content of ``files``."""
         return DistributedApp(self.fn, script=self.script, name=self.name, num_nodes=self.num_nodes,
                               ranks_per_node=self.ranks_per_node, walltime=self.walltime, env=self.env,
-                              files=(*self.files, *files))
+                              files=(*self.files, *files), python=self.python)
 
     def __call__(self, *args: Any, inputs: Sequence = (), outputs: Sequence = (), stage: str | None = None,
                  num_nodes: int | None = None, ranks_per_node: int | None = None,
                  walltime: float | None = None, env: dict[str, str] | None = None, **kwargs: Any) -> StageFuture:
         wf = current_workflow(self.name)
-        if wf.remote:
-            raise ConfigError(f"stage {stage or self.name!r}: site {wf.site.name!r} runs stages through Globus "
-                              f"Compute, where only the built-in stages run (train, evaluate: module entry "
-                              f"points, no code shipped); run functions from a workflow script on a site "
-                              f"with a shared file system")
+        asked = stage or self.name
         nodes = num_nodes or self.num_nodes
         ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
-        walltime = check_walltime(stage or self.name, walltime if walltime is not None else self.walltime)
+        walltime = check_walltime(asked, walltime if walltime is not None else self.walltime)
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
-        check_env(stage or self.name, stage_env)
-        wf.check_resources(stage or self.name, nodes, ppn)  # before anything is named or made
-        check_inputs(stage or self.name, inputs)
-        # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
-        args = tuple(_absolute(a) for a in args)
-        kwargs = {k: _absolute(v) for k, v in kwargs.items()}
-        self._check_arguments(stage or self.name, args, kwargs)
-        code, roots = self._code(stage or self.name, wf.digests)
-        stage = wf.stage_name(stage or self.name, explicit=stage is not None)
-        stage_dir = wf.run_dir / stage
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        env = {settings.RUN_DIR.name: str(wf.run_dir), settings.STAGE_DIR.name: str(stage_dir), **wf.rank_env(),
-               **stage_env}
-        shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
+        check_env(asked, stage_env)
+        wf.check_resources(asked, nodes, ppn)  # before anything is named or made
+        if not wf.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
+            check_inputs(asked, inputs)
+            # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
+            args = tuple(_absolute(a) for a in args)
+            kwargs = {k: _absolute(v) for k, v in kwargs.items()}
+        self._check_arguments(asked, args, kwargs)
+        code, roots = self._code(asked, wf.digests)
+        stage = wf.stage_name(asked, explicit=stage is not None)
+        stage_dir = wf.stage_dir(stage)
+        env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
+               **wf.rank_env(), **stage_env}
         script, module = _script_target(self.script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), wf.launcher_args(ppn),
                             code=code, code_roots=roots, script=script, module=module, files=self.files,
                             import_path=rank_import_path())
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
-        app_future = _bash_app(wf.mpi_label, wf.memoize)(shipped, self.script, opts, *args, inputs=list(inputs),
-                                 outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
-                                 parsl_resource_specification=spec, **kwargs)
-        future = StageFuture(stage, app_future, stage_dir / STDERR,
-                             stage_dir / RESULT if self.fn is not None else None)
+        if wf.remote:
+            job = remote_job(opts, self.fn, self.script, self.python, wf.digests, wf.memoize)
+            app_future = submit_remote(wf, job, args, kwargs, inputs, outputs, spec)
+            future = StageFuture(stage, app_future, None, None)
+        else:
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
+            app_future = _bash_app(wf.mpi_label, wf.memoize)(
+                shipped, self.script, opts, *args, inputs=list(inputs), outputs=outputs,
+                stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR), parsl_resource_specification=spec,
+                **kwargs)
+            future = StageFuture(stage, app_future, stage_dir / STDERR,
+                                 stage_dir / RESULT if self.fn is not None else None)
         wf.track(future, nodes * ppn)
         return future
 
@@ -322,52 +231,11 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     args = [caller_path(a) for a in args]
     return DistributedApp(None, script=[*command, *args], name=name or script_stage_name(script, module),
                           num_nodes=num_nodes, ranks_per_node=ranks_per_node, walltime=walltime, env=env,
-                          files=[p for p in map(named_path, args) if p is not None])
-
-
-#: script stems that say nothing about the script: the stage is named after its folder
-GENERIC_STEMS = ("main", "__main__", "run", "script", "app", "cli")
-
-
-def script_stage_name(script: str | os.PathLike, module: bool) -> str:
-    """``mingpt/main.py`` -> ``mingpt``; ``pkg.train`` -> ``train``; ``pkg.__main__`` -> ``pkg``."""
-    parts = str(script).split(".") if module else [*Path(os.path.abspath(script)).parent.parts[-1:],
-                                                     Path(script).stem]
-    if len(parts) > 1 and parts[-1] in GENERIC_STEMS and parts[-2] not in ("", os.sep):
-        return parts[-2]
-    return parts[-1]
-
-
-def caller_path(arg: Any) -> Any:
-    """An argument naming an existing file or directory relative to the caller (``data/x.npy``,
-    ``--data=data/x.npy``, a ``Path``) made absolute: the ranks start in the stage's directory."""
-    if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
-        return os.path.abspath(arg)
-    if not isinstance(arg, str) or not arg or os.path.isabs(arg):
-        return arg
-    flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
-    if value and not os.path.isabs(value) and os.path.exists(value):
-        return f"{flag}{eq}{os.path.abspath(value)}"
-    return arg
-
-
-def named_path(arg: Any) -> str | None:
-    """The existing file or directory an argument names (after ``caller_path``): ``/d/x.npy``,
-    ``--data=/d/x.npy``, a ``Path``; None for anything else."""
-    if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
-        arg = os.fspath(arg)
-    if not isinstance(arg, str):
-        return None
-    value = arg.partition("=")[2] if arg.startswith("-") else arg
-    return value if value and os.path.isabs(value) and os.path.exists(value) else None
+                          files=[p for p in map(named_path, args) if p is not None], python=python)
 
 
 def submit_builtin(call: BuiltinCall, app: DistributedApp) -> StageFuture:
-    """A built-in stage: ``app`` here, or on a Globus Compute site its module entry point on the
-    endpoint (only its config travels; see ``remote``)."""
-    wf = current_workflow(call.name)
-    if wf.remote:
-        return submit_remote(wf, call)
+    """A built-in stage: ``app`` (its function, by reference) with the files its config names."""
     return app.reading(call.files)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
                                    stage=call.stage, num_nodes=call.num_nodes, ranks_per_node=call.ranks_per_node,
                                    walltime=call.walltime)

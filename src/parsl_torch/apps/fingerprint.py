@@ -13,7 +13,8 @@ their body), so a value is turned into a canonical token instead:
 * a function or class of the workflow script by its code: the bytecode and
   constants of every code object inside it (no line numbers, no file name:
   a comment or a blank line changes nothing), its defaults and closure, and
-  the value of each global it uses, recursively;
+  the value of each global it uses, recursively; a user module it imports
+  inside its body joins the code roots;
 * a function, class or module of a user module (``usercode``) by name, and
   the module's file is added to the stage's code roots (its digest covers it);
   anything from an installed package by name (its version is the installation's).
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
-from .usercode import is_user_file
+from .usercode import is_user_file, user_files
 
 
 class Unidentifiable(TypeError):
@@ -179,9 +180,28 @@ class Fingerprinter:
                     for n in used if n in fn.__globals__]
         cells = [self.token(c.cell_contents, f"a closure variable of {fn.__qualname__}")
                  for c in fn.__closure__ or () if _cell_set(c)]
+        for name in _imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
+            self.roots.update(user_files(name, sys.path))
         parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
         return _sha(repr(parts).encode())
+
+
+def _imported_names(code: types.CodeType) -> set[str]:
+    """The modules an ``import`` inside a code object (or one nested in it) can load: ``import a.b``
+    -> a.b; ``from a import b`` -> a and a.b (b may be a module). Relative imports are left out: a
+    workflow script's function is not in a package."""
+    names: set[str] = set()
+    consts: list[Any] = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "IMPORT_NAME" and len(consts) >= 2 and consts[-2] == 0:
+            names.add(ins.argval)
+            names.update(f"{ins.argval}.{item}" for item in consts[-1] or () if item != "*")
+        consts = [*consts[-1:], ins.argval] if ins.opname == "LOAD_CONST" else []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _imported_names(const)
+    return names
 
 
 def _cell_set(cell: types.CellType) -> bool:

@@ -152,12 +152,9 @@ def arguments_digest(args: Sequence[Any], kwargs: Mapping[str, Any], outputs: Se
     return _sha(repr(tokens).encode()), fp.files
 
 
-def components(opts: Any, arguments: tuple[str, dict[str, str]], inputs: Sequence[Any],
-               cache: DigestCache) -> dict[str, str]:
-    """The call's components (see the module docstring); ``arguments`` from ``arguments_digest``."""
-    options = json.dumps([opts.stage_dir, opts.num_nodes, opts.ranks_per_node, list(map(list, opts.env)),
-                          list(opts.launcher_args)])
-    parts = {"code": opts.code, "options": _sha(options.encode()), "arguments": arguments[0]}
+def code_components(opts: Any, cache: DigestCache) -> dict[str, str]:
+    """``code`` and ``module <file>``: what the stage runs (read where its code is)."""
+    parts = {"code": opts.code}
     roots = list(opts.code_roots)
     if opts.module:
         roots += usercode.module_origin(opts.module, opts.import_path)
@@ -167,6 +164,16 @@ def components(opts: Any, arguments: tuple[str, dict[str, str]], inputs: Sequenc
     if opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
+    cache.save()
+    return parts
+
+
+def data_components(opts: Any, arguments: tuple[str, dict[str, str]], inputs: Sequence[Any],
+                    cache: DigestCache) -> dict[str, str]:
+    """``options``, ``arguments`` and ``input <path>``: what the stage is given (read where its files are)."""
+    options = json.dumps([opts.stage_dir, opts.num_nodes, opts.ranks_per_node, list(map(list, opts.env)),
+                          list(opts.launcher_args)])
+    parts = {"options": _sha(options.encode()), "arguments": arguments[0]}
     stage_dir = os.path.join(opts.stage_dir, "")
     for path in [*opts.files, *(getattr(i, "filepath", None) for i in inputs)]:
         if path is not None and not os.path.abspath(path).startswith(stage_dir):  # its own files are outputs

@@ -1,6 +1,6 @@
 """Memoization that never returns a stale result.
 
-A stage call's memo key is its identity (``identity.components``: code, the
+A stage call's memo key is its identity (``identity``'s components: code, the
 user modules it reaches, options, arguments, the content of every file it is
 told about), computed here when the call is ready to run, after the futures
 it waits on have resolved, instead of Parsl's ``make_hash`` (which pickles
@@ -17,7 +17,7 @@ import contextvars
 import functools
 import pickle
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -57,15 +57,17 @@ def register_memo_ids() -> None:
 
 
 def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tuple, kwargs: dict[str, Any],
-                     cache: identity.DigestCache) -> dict[str, str]:
+                     cache: identity.DigestCache, code: Mapping[str, str] | None = None) -> dict[str, str]:
     """The identity of a stage call from its bash app's arguments (futures resolved); a script
-    stage's command line counts among its arguments."""
+    stage's command line counts among its arguments. ``code``: its code components when they were
+    read elsewhere (a remote stage's, where the workflow runs)."""
     own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS and k != CALL_KWARG}
     try:
         arguments = identity.arguments_digest((*(script or ()), *args), own, list(kwargs.get("outputs", ())), cache)
     except Unidentifiable as exc:
         raise ConfigError(f"stage {Path(opts.stage_dir).name!r}: {exc}") from None
-    return identity.components(opts, arguments, list(kwargs.get("inputs", ())), cache)
+    code_parts = dict(code) if code is not None else identity.code_components(opts, cache)
+    return {**code_parts, **identity.data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
 
 
 def _stage_call(task: Any) -> tuple[str, StageOptions, Sequence[Any] | None, tuple, dict] | None:

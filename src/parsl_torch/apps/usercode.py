@@ -119,6 +119,11 @@ def _find(name: str, search: Sequence[str]) -> list[tuple[str, str, bool]]:
     return found
 
 
+def user_files(name: str, search: Sequence[str]) -> list[tuple[str, str]]:
+    """(file, module name) of module ``name`` and the packages above it that are the user's, found on ``search``."""
+    return [(file, module) for file, module, _ in _find(name, search)]
+
+
 def _targets(imports: list[list[Any]], module: str, is_package: bool) -> list[str]:
     """The absolute module names an import list can load (``from pkg import x``: pkg, and pkg.x if a module)."""
     names = []

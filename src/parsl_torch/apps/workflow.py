@@ -25,7 +25,7 @@ from ..common import settings, stagedir
 from ..common.runlock import RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
-from ..launch.machines import binding_args, get_machine
+from ..launch.machines import get_machine
 from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
@@ -77,15 +77,10 @@ class Workflow:
         self.log = get_logger("parsl_torch.workflow")
 
     def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
-        """Flags after ``$PARSL_MPI_PREFIX``: the site's ``launch.extra_args``, else the machine's binding."""
-        extra = self.site.spec.launch.extra_args
-        return tuple(extra) if extra is not None else tuple(binding_args(self.site.spec.machine, ranks_per_node))
+        return self.site.launcher_args(ranks_per_node)
 
     def rank_env(self) -> dict[str, str]:
-        """What the site's machine needs in every rank's environment (the site's
-        ``environment`` reaches the ranks through the workers' environment)."""
-        machine = get_machine(self.site.spec.machine)
-        return machine.rank_env() if machine else {}
+        return self.site.rank_env()
 
     def stage_name(self, base: str, explicit: bool = False) -> str:
         """A name no other stage of this run has: ``base``, then ``base-1``, ``base-2``... in
@@ -105,6 +100,13 @@ class Workflow:
             self._names[base] = n + 1
             self._taken.add(name)
             return name
+
+    def stage_dir(self, stage: str) -> Path:
+        """Where a stage's files go: in the run directory, or on a Globus Compute site in the endpoint's
+        ``remote_run_dir``/<run directory's name>/ (not made here)."""
+        if self.remote:
+            return Path(self.site.spec.globus.remote_run_dir) / self.run_dir.name / stage
+        return self.run_dir / stage
 
     def place(self, item: Any, stage_dir: Path) -> Any:
         """An output File (or path) with a relative name moved into the stage's directory."""

@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
-from ..apps.remote import make_executor, parse_result, probe
-from ..common.entrypoints import SHIM, SMOKE
+from ..apps.payload import ShippedFunction, StageOptions
+from ..apps.remote import make_executor, probe
+from ..apps.remote_job import RemoteJob, run_job
+from ..common import settings
+from ..stages.smoke import smoke
 from ..sites.endpoint import endpoint_config
 from ..sites.engine import LocalEndpoint
 
@@ -37,27 +40,26 @@ def _say(ok: bool, what: str) -> None:
 
 def _endpoint_test(args: argparse.Namespace) -> int:
     """The site's endpoint config through the endpoint's own loader and engine, started here, and a
-    2-rank smoke stage through it: what ``globus-compute-endpoint start`` would run, minus the service."""
+    2-rank smoke stage through it as a workflow's stage goes (``remote_job``): what
+    ``globus-compute-endpoint start`` would run, minus the service."""
     site = sites.load(args.site, account=args.account, queue=args.queue, walltime=args.walltime, nodes=args.nodes)
     python_env = args.python_env or sys.prefix
-    python = str(Path(python_env) / "bin" / "python")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"parsl-torch-endpoint-{site.name}-")).absolute()
     endpoint = LocalEndpoint(endpoint_config(site.spec, python_env), run_dir / "engine")
-    engine = endpoint.engine
-    from globus_compute_sdk import MPIFunction  # the endpoint's engine brings the SDK
-    _say(True, f"site {site.name}: the endpoint's loader built {type(engine).__name__} over "
-               f"{type(engine.executor.provider).__name__} (mpi_launcher {engine.executor.mpi_launcher})")
+    _say(True, f"site {site.name}: the endpoint's loader built {endpoint.description}")
+    stage_dir = run_dir / "smoke"
+    env = {settings.RUN_DIR.name: str(run_dir), settings.STAGE_DIR.name: str(stage_dir), **site.rank_env()}
+    opts = StageOptions(str(stage_dir), 1, args.ranks, args.timeout, tuple(env.items()),
+                        site.launcher_args(args.ranks))
+    job = RemoteJob(opts, ShippedFunction.of(smoke), code=(), memoize=False)
     t0 = time.monotonic()
     with endpoint:
         _say(True, f"engine started in {time.monotonic() - t0:.1f} s (run directory {run_dir})")
-        history = run_dir / "smoke.h5"
-        command = f"{python} -m {SHIM} -- {python} -m {SMOKE} --history {history}"
         spec = {"num_nodes": 1, "ranks_per_node": args.ranks, "num_ranks": args.ranks}
         t1 = time.monotonic()
         try:
-            summary: dict[str, Any] = parse_result("smoke", endpoint.submit(MPIFunction(command),
-                                                                            resource_specification=spec)
-                                                   .result(timeout=args.timeout))
+            answer = endpoint.submit(run_job, job, str(stage_dir / "smoke.h5"), resource_specification=spec)
+            summary: dict[str, Any] = answer.result(timeout=args.timeout).result()
         except Exception as exc:  # noqa: BLE001 - every failure is the test's answer, said in one place
             _say(False, f"{args.ranks}-rank smoke stage: {type(exc).__name__}: {exc}")
             return 1
@@ -66,7 +68,8 @@ def _endpoint_test(args: argparse.Namespace) -> int:
         summary.get("history", "")).is_file()
     _say(good, f"{args.ranks}-rank smoke stage in {time.monotonic() - t1:.1f} s: all_reduce sum "
                f"{summary.get('sum')} (expected {expected:g}) over {summary.get('world_size')} ranks "
-               f"({summary.get('backend')}), history {summary.get('history')}")
+               f"({summary.get('backend')}), history {summary.get('history')}, launched with "
+               f"{' '.join(opts.launcher_args) or 'no binding flags'}")
     if good:
         print(f"the endpoint config works: parsl-torch sites endpoint-config {site.name} ... > "
               f"~/.globus_compute/<name>/config.yaml, then globus-compute-endpoint start <name>")

@@ -14,7 +14,6 @@ SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for e
 STAGE_MAIN = "parsl_torch.apps.stage_main"  # one rank of a distributed_app
 CLI = "parsl_torch.cli"  # the parsl-torch command
 WATCHDOG = "parsl_torch.apps.watchdog"  # ends what a workflow started when the workflow dies
-SMOKE = "parsl_torch.stages.smoke"  # the smallest real stage (parsl-torch endpoint test)
 STAGES_PACKAGE = "parsl_torch.stages"  # built-in stage NAME runs as python -m parsl_torch.stages.NAME
 
 

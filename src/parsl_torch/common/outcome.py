@@ -48,20 +48,6 @@ class Outcome:
                    data.get("host"), tuple(data.get("ranks") or ()))
 
 
-#: a stage that failed on a Globus Compute endpoint returns {FAILED_KEY: its error}: raised there, the
-#: error would come back as the SDK's TaskExecutionFailed, its message inside a remote traceback
-FAILED_KEY = "parsl_torch_stage_failed"
-
-
-def failure_result(message: str) -> dict[str, str]:
-    return {FAILED_KEY: message}
-
-
-def failure_message(value: object) -> str | None:
-    """The error a remote stage returned instead of its summary, or None."""
-    return value[FAILED_KEY] if isinstance(value, dict) and set(value) == {FAILED_KEY} else None
-
-
 def write_outcome(stage_dir: str | os.PathLike, outcome: Outcome) -> None:
     with contextlib.suppress(OSError):  # the exit code still tells the workflow that it failed
         stagedir.write(Path(stage_dir) / stagedir.OUTCOME, outcome)

@@ -34,6 +34,8 @@ STARTED = ".started"
 ENV, ARGV = ".env.json", ".argv.json"
 #: a function stage's pickled call, and rank 0's return value
 PAYLOAD, RESULT = "payload.pkl", "result.pkl"
+#: on an endpoint: the user modules a remote function stage reaches, shipped with it (first on the ranks' path)
+SOURCES = ".sources"
 #: what the ranks print (earlier attempts: stdout.1.txt, ...)
 STDOUT, STDERR = "stdout.txt", "stderr.txt"
 #: beside each history file: rank 0's progress (``<history>.progress.json``)

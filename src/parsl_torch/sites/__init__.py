@@ -24,6 +24,7 @@ from typing import Any
 
 from ..common import settings
 from ..errors import SiteError
+from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import Detection, detect_scheduler
 from . import build
 from .schema import SiteSpec, parse_site
@@ -146,6 +147,17 @@ class Site:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
+        """Flags after ``$PARSL_MPI_PREFIX``: ``launch.extra_args``, else the machine's binding."""
+        extra = self.spec.launch.extra_args
+        return tuple(extra) if extra is not None else tuple(binding_args(self.spec.machine, ranks_per_node))
+
+    def rank_env(self) -> dict[str, str]:
+        """What the machine needs in every rank's environment (the site's ``environment`` reaches the
+        ranks through the workers' environment)."""
+        machine = get_machine(self.spec.machine)
+        return machine.rank_env() if machine else {}
 
     def parsl_config(self, run_dir: str | os.PathLike = "runinfo", gc_executor: Any = None,
                      **config_kwargs: Any):

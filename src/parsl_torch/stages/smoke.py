@@ -1,38 +1,26 @@
-"""``python -m parsl_torch.stages.smoke --history PATH``: the smallest real stage, a check that an
-environment runs distributed torch: every rank all-reduces its rank + 1, a History is written,
-rank 0 prints a JSON summary line (``parsl-torch endpoint test`` runs it through an endpoint's engine)."""
+"""The smallest real stage, a check that an environment runs distributed torch: every rank
+all-reduces its rank + 1 and a History is written; rank 0's summary is the stage's value
+(``parsl-torch endpoint test`` runs it through an endpoint's engine)."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+from typing import Any
 
-from ..core.dist import cleanup, setup_torch
 from ..core.ranks import get_world_size
-from ..history.recorder import History
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__.splitlines()[0])
-    parser.add_argument("--history", required=True, help="where the History file goes")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+def smoke(history: str) -> dict[str, Any]:
+    """Runs on every rank of a stage (after ``setup_torch``); rank 0's return value is the stage's."""
     import torch
     import torch.distributed as dist
 
-    rank = setup_torch()
-    total = torch.tensor([float(rank + 1)])
+    from ..history.recorder import History
+
+    total = torch.tensor([float(dist.get_rank() + 1 if dist.is_initialized() else 1)])
     if dist.is_initialized():
         dist.all_reduce(total)
-    history = History("smoke", path=args.history)
-    history.update({"sum": total.item()})
-    path = history.finalize()
-    if rank == 0:
-        print(json.dumps({"world_size": get_world_size(), "sum": total.item(), "history": str(path),
-                          "backend": dist.get_backend() if dist.is_initialized() else None}), flush=True)
-    cleanup()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    recorder = History("smoke", path=history)
+    recorder.update({"sum": total.item()})
+    path = recorder.finalize()
+    return {"world_size": get_world_size(), "sum": total.item(), "history": str(path),
+            "backend": dist.get_backend() if dist.is_initialized() else None}

@@ -1,0 +1,179 @@
+"""One stage on a Globus Compute endpoint: the task that runs there, and what comes back.
+
+A stage on a Globus Compute site is one task on the endpoint's MPI engine
+(its resource specification: the stage's nodes and ranks). The task does what
+a local stage's worker and memoizer do, on the endpoint's file system, where
+the stage's files are:
+
+* its identity is completed there: the code components come with the job
+  (read where the workflow runs: the function's fingerprint and the user
+  modules it reaches; a script's own are read there), the arguments and every
+  file the stage reads are digested there;
+* a stage whose directory holds the files of the same call is not run again
+  (the promise a skip makes is checked where the files are);
+* otherwise its directory becomes this attempt's and its ranks are launched
+  as a local stage's are (``stagecmd``); the user modules the function reaches
+  travel with the job and are put first on the ranks' import path.
+
+What comes back is a ``RemoteAnswer``: rank 0's return value (pickled, under
+the service's 10 MiB result limit), why the stage ran, or the error that
+names the rank, as a local stage's does. Files stay on the endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..common.stagedir import RESULT, SOURCES, STDERR, STDOUT
+from ..errors import ConfigError, StageError
+from . import identity
+from .payload import ShippedFunction, StageOptions
+from .memo import stage_components
+from .scriptargs import named_path
+from .stage_errors import stage_error
+from .stagecmd import stage_command
+
+#: what Globus Compute carries back from a task (the endpoint refuses a larger result)
+RESULT_LIMIT = 10 * 1024 * 1024
+#: room left in a result for the answer around the value
+_ANSWER_ROOM = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RemoteJob:
+    """One stage call as it travels to the endpoint; the call's own arguments travel beside it (Parsl
+    resolves the futures among them first). ``opts`` name the endpoint's paths."""
+
+    opts: StageOptions
+    fn: ShippedFunction | None  # None: a script stage
+    script: tuple[str, ...] | None = None  # a script stage's argv after the Python (``FILE ...``, ``-m MOD ...``)
+    python: str | None = None  # a script's Python on the endpoint (None: the engine's own)
+    #: the code components, read where the workflow runs (a function's); None: read on the endpoint (a script's)
+    code: tuple[tuple[str, str], ...] | None = None
+    #: the user modules the function reaches: (path under an import root, source)
+    sources: tuple[tuple[str, bytes], ...] = ()
+    memoize: bool = True
+
+    @property
+    def stage(self) -> str:
+        return Path(self.opts.stage_dir).name
+
+
+@dataclass(frozen=True)
+class RemoteAnswer:
+    """What a stage's task returns: rank 0's value (dill), why it ran (None: skipped, its directory
+    holds this call's files), or the error it ended with."""
+
+    stage: str
+    value: bytes | None = None
+    ran: str | None = None
+    error: str | None = None
+
+    def result(self) -> Any:
+        """Rank 0's return value (None for a script), or the stage's StageError."""
+        if self.error is not None:
+            raise StageError(self.error)
+        if self.value is None:
+            return None
+        import dill
+
+        return dill.loads(self.value)
+
+
+def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence = (),
+            parsl_resource_specification: dict | None = None, **kwargs: Any) -> RemoteAnswer:
+    """Runs on the endpoint (a task with the stage's resource specification, which is how Parsl asks the
+    engine for its ranks): the stage, unless its directory holds this call's files."""
+    stage_dir = Path(job.opts.stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    for output in outputs:
+        Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
+    opts, script = _here(job, stage_dir)
+    call = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
+    try:
+        parts = _identity(job, opts, script, args, call)
+    except ConfigError as exc:
+        return RemoteAnswer(job.stage, error=str(exc))
+    key, before = identity.call_id(parts), identity.read_call(stage_dir)
+    if job.memoize and before is not None and before.memo_key == key:
+        stored = _value(stage_dir, job)
+        if stored is not False:
+            return RemoteAnswer(job.stage, stored)
+    name = job.fn.name if job.fn is not None else job.stage
+    why = identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
+    code = _launch(job.fn, script, opts, args, call, key)
+    if code:
+        from parsl.app.errors import BashExitFailure
+
+        return RemoteAnswer(job.stage, error=str(stage_error(job.stage, BashExitFailure(job.stage, code),
+                                                             stage_dir / STDERR)))
+    value = _value(stage_dir, job)
+    if value is False:
+        return RemoteAnswer(job.stage, error=f"stage {job.stage!r} finished but left no result in {stage_dir}")
+    if value is not None and len(value) > RESULT_LIMIT - _ANSWER_ROOM:
+        return RemoteAnswer(job.stage, error=(
+            f"stage {job.stage!r} returned {len(value) / 2**20:.1f} MiB, more than Globus Compute carries back "
+            f"({RESULT_LIMIT // 2**20} MiB): write it to a file in outputs= (it stays on the endpoint, in "
+            f"{stage_dir}) and return its path or a summary"))
+    identity.write_call(stage_dir, key, parts)
+    return RemoteAnswer(job.stage, value, why)
+
+
+def _here(job: RemoteJob, stage_dir: Path) -> tuple[StageOptions, tuple[str, ...] | None]:
+    """The job's options and command on this machine: the shipped modules first on the ranks' import
+    path, a script run by this machine's Python, the files its arguments name here among its inputs."""
+    import sys
+
+    opts = job.opts
+    if job.sources:
+        opts = replace(opts, import_path=(str(_unpack(stage_dir / SOURCES, job.sources)), *opts.import_path))
+    if job.script is None:
+        return opts, None
+    script = (job.python or sys.executable, *job.script)
+    files = tuple(p for p in map(named_path, job.script[1:]) if p is not None)
+    return replace(opts, files=(*opts.files, *files)), script
+
+
+def _identity(job: RemoteJob, opts: StageOptions, script: Sequence[str] | None, args: tuple,
+              call: dict[str, Any]) -> dict[str, str]:
+    cache = identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)
+    return stage_components(opts, script, args, call, cache, None if job.code is None else dict(job.code))
+
+
+def _unpack(root: Path, sources: Sequence[tuple[str, bytes]]) -> Path:
+    """The shipped user modules under ``root`` (replacing what an earlier call left there)."""
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    for relative, source in sources:
+        path = root / relative
+        if not path.resolve().is_relative_to(root.resolve()):
+            raise ConfigError(f"shipped module path {relative!r} leaves its folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(source)
+    return root
+
+
+def _launch(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions, args: tuple,
+            call: Mapping[str, Any], key: str) -> int:
+    """The ranks, launched as a local stage's worker launches them; their exit code."""
+    command = stage_command(fn, script, opts, *args, parsl_torch_call=key, **call)
+    stage_dir = Path(opts.stage_dir)
+    with open(stage_dir / STDOUT, "ab") as out, open(stage_dir / STDERR, "ab") as err:
+        return subprocess.run(["/bin/bash", "-c", command], stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=err, check=False).returncode
+
+
+def _value(stage_dir: Path, job: RemoteJob) -> bytes | None | bool:
+    """Rank 0's pickled return value; None for a script (it returns nothing); False when it is missing."""
+    if job.fn is None:
+        return None
+    try:
+        return (stage_dir / RESULT).read_bytes()
+    except OSError:
+        return False

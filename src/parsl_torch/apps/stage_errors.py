@@ -1,0 +1,49 @@
+"""A failed stage's one error: which stage, which rank on which node, what exit code, and the
+tail of its stderr (for a local stage's future and a remote stage's answer alike)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..common.blocks import CONTINUE_EXIT
+from ..common.metadata import redact_text
+from ..common.outcome import Cause, read_outcome
+from ..errors import StageError
+
+_TAIL_LINES = 25
+
+
+def stderr_tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
+    """One error that says which stage, which rank, what exit code, and shows stderr's tail."""
+    from parsl.app.errors import BashExitFailure, MissingOutputs
+    from parsl.dataflow.errors import DependencyError
+
+    if isinstance(exc, DependencyError):
+        return StageError(f"stage {stage!r} did not run: a stage it depends on failed ({exc})")
+    if isinstance(exc, MissingOutputs):
+        missing = ", ".join(str(getattr(f, "filepath", f)) for f in exc.outputs)
+        where = stderr.parent if stderr else "its directory"
+        return StageError(f"stage {stage!r} finished but did not write its output(s) {missing}: its ranks run "
+                          f"in {where}, where a relative name lands (what they print is in stdout.txt and "
+                          f"stderr.txt there)")
+    tail = redact_text(stderr_tail(stderr)) if stderr else ""
+    outcome = read_outcome(stderr.parent) if stderr else None  # the supervisor's record of the launch
+    if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT:
+        head = (f"stage {stage!r} stopped for its block's end (exit code {CONTINUE_EXIT}, its checkpoint saved) "
+                f"but nothing submitted it again: inside pt.workflow without a parsl.load of your own, it "
+                f"continues in the next block")
+    elif isinstance(exc, BashExitFailure):
+        # the supervisor's record names the cause (a lost node, not the ranks elsewhere it took down)
+        what = outcome.summary if outcome is not None and outcome.cause is not Cause.OK else "a rank failed"
+        head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
+    else:
+        head = f"stage {stage!r} failed: {type(exc).__name__}: {exc}"
+    return StageError(f"{head}\n--- last lines of {stderr} ---\n{tail}" if tail else head)

@@ -1,0 +1,118 @@
+"""What a stage's worker does before its ranks start (the body of the stage's Parsl bash
+app, and of a remote stage's task on an endpoint): make the stage directory this
+attempt's, leave the ranks' call in it (the pickled function, or a script's argv,
+and the environment, all 0600), and return the command that launches the ranks::
+
+    python -m parsl_torch.launch.supervise --env-file .env.json --timeout T -- $PARSL_MPI_PREFIX \\
+        python -m parsl_torch.launch.shim -- python -m parsl_torch.apps.stage_main PAYLOAD RESULT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..common import settings
+from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
+from ..common.files import open_private
+from ..common.outcome import forget_outcome
+from ..common.stagedir import ARGV as ARGV_FILE
+from ..common.stagedir import ENV as ENV_FILE
+from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
+from . import identity
+from .memo import stage_components
+from .payload import ShippedFunction, StageOptions, plain_files
+
+
+def stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
+                   *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
+                   stderr: str | None = None, parsl_resource_specification: dict | None = None,
+                   parsl_torch_call: str | None = None, **kwargs: Any) -> str:
+    """Body of the Parsl bash app (runs on the worker): make the stage directory this attempt's,
+    leave the ranks' call in it, return the command.
+
+    ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
+    it reads them from the call (redirection, the MPI task's nodes);
+    ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
+    # who this call is: its ranks resume a checkpoint only if it was written under the same identity
+    call = parsl_torch_call or identity.call_id(stage_components(
+        opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
+        identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
+    _begin_attempt(opts.stage_dir)
+    if fn is not None:
+        kwargs.update({k: v for k, v in {"inputs": list(inputs), "outputs": list(outputs)}.items() if k in fn.takes})
+        rank_cmd = _write_payload(opts.stage_dir, fn, args, kwargs)
+    else:
+        rank_cmd = _write_argv(opts.stage_dir, script or ())
+    _write_env(opts, call)
+    return _command(opts, rank_cmd)
+
+
+def _begin_attempt(stage_dir: str) -> None:
+    """From now on the directory holds this attempt's files: an earlier call's record and launch
+    outcome go (they must not explain this one), earlier logs are kept aside, ``status`` sees it run."""
+    identity.forget_call(stage_dir)
+    forget_outcome(stage_dir)
+    _keep_earlier_attempt(stage_dir)
+    Path(stage_dir, STARTED).touch()
+
+
+def _write_payload(stage_dir: str, fn: ShippedFunction, args: tuple, kwargs: dict[str, Any]) -> str:
+    """The pickled call (0600: its arguments may hold secrets); the ranks' command after the shim."""
+    import dill
+
+    payload, result = os.path.join(stage_dir, PAYLOAD), os.path.join(stage_dir, RESULT)
+    if os.path.exists(result):
+        os.unlink(result)  # a stale value must never pass for this run's
+    with open_private(payload) as f:
+        dill.dump((fn, plain_files(args), plain_files(kwargs)), f)
+    py = shlex.quote(sys.executable)
+    return f"-- {py} -m {STAGE_MAIN} {shlex.quote(payload)} {shlex.quote(result)}"
+
+
+def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
+    """A script's command line in a private file the shim reads (its arguments may hold secrets)."""
+    argv_file = os.path.join(stage_dir, ARGV_FILE)
+    with open_private(argv_file) as f:
+        f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
+    return f"--argv-file {shlex.quote(argv_file)}"
+
+
+def _write_env(opts: StageOptions, call: str) -> None:
+    """The stage's environment for the supervisor, in a private file, not on the command line,
+    which Parsl echoes into stderr.txt (and so into errors): its values may be secrets."""
+    env = dict((*opts.env, (settings.CALL_ID.name, call)))
+    if opts.import_path:  # the ranks import what the workflow imports from its own folders
+        env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
+    with open_private(os.path.join(opts.stage_dir, ENV_FILE)) as f:
+        f.write(json.dumps(env).encode())
+
+
+def _command(opts: StageOptions, rank_cmd: str) -> str:
+    py = shlex.quote(sys.executable)
+    timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
+    binding = shlex.join(opts.launcher_args)
+    return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
+            f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} {rank_cmd}")
+
+
+def _keep_earlier_attempt(stage_dir: str) -> None:
+    """Each attempt gets its own stdout/stderr: an earlier attempt's (a Parsl retry, a rerun)
+    become ``stdout.1.txt``, ``stderr.1.txt``, ... before Parsl opens the files for this one,
+    which are made here, readable by their owner only."""
+    logs = [Path(stage_dir, name) for name in (STDOUT, STDERR)]
+    if any(p.exists() and p.stat().st_size for p in logs):
+        n = 1
+        while any(p.with_suffix(f".{n}.txt").exists() for p in logs):
+            n += 1
+        for p in logs:
+            if p.exists():
+                p.rename(p.with_suffix(f".{n}.txt"))
+    for p in logs:  # what a stage prints may hold secrets: its owner's only (Parsl appends to them)
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chmod(p, 0o600)
