@@ -132,16 +132,47 @@ def test_version_mismatches_are_warned():
     assert any("parsl 2026.1.1 here but missing" in w for w in warnings)
 
 
-def gc_site(tmp_path, monkeypatch):
-    (tmp_path / "sites").mkdir()
-    (tmp_path / "sites" / "gclab.yaml").write_text(yaml.safe_dump({
-        "name": "gclab", "scheduler": "globus", "description": "test endpoint (FAKE executor)",
+def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
+    """A Globus Compute site whose endpoint writes under tmp_path/remote (its engine: the ``engine`` fixture)."""
+    (tmp_path / "sites").mkdir(exist_ok=True)
+    (tmp_path / "sites" / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "scheduler": "globus", "description": "test endpoint (the endpoint's engine, here)",
         "launch": {"ranks_per_node": 2},
         "globus": {"endpoint_id": "6f3a8b52-0000-4000-8000-000000000000",
                    "remote_run_dir": str(tmp_path / "remote"), "python": sys.executable,
-                   "user_endpoint_config": {"account": "MyProj", "nodes": 1}}}))
+                   "user_endpoint_config": {"account": "MyProj", "nodes": 1}, **globus}}))
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path / "sites"))
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.slow
+def test_one_workflow_trains_on_one_site_and_evaluates_on_another(tmp_path, monkeypatch, engine):
+    """Sites that share a file system pass files; a stage whose inputs its site cannot see is refused
+    when it is called, before anything is submitted."""
+    from parsl.data_provider.files import File
+
+    gc_site(tmp_path, monkeypatch, file_system="local")  # this endpoint sees the workflow's files
+    gc_site(tmp_path, monkeypatch, name="gcfar")  # this one sees only its own
+    local_file = tmp_path / "model.pt"
+    local_file.write_bytes(b"not a checkpoint")
+    with pt.workflow(sites=["local", "gclab", "gcfar"], run_dir=tmp_path / "run", gc_executor=engine.executor()):
+        t = train(SMALL, site="gclab")
+        e = evaluate(SMALL_EVAL, inputs=[t.outputs[1]])  # on the default site, reading what gclab wrote
+        with pytest.raises(ConfigError, match=r"stage 'evaluate' on site 'gcfar' cannot read the output of stage "
+                                              r"'train' on site 'gclab': it is on file system 'local', and site "
+                                              r"'gcfar' sees 'endpoint 6f3a8b52-"):
+            evaluate(SMALL_EVAL, inputs=[t.outputs[1]], site="gcfar")
+        with pytest.raises(ConfigError, match=rf"cannot read input file {local_file} \(a file where the workflow runs"):
+            evaluate(SMALL_EVAL, inputs=[File(str(local_file))], site="gcfar")
+        with pytest.raises(ConfigError, match="site='nowhere' is not one of this workflow's sites"):
+            train(SMALL, site="nowhere")
+        assert e.result()["trained_steps"] == 20
+    assert t.result()["checkpoint"] == str(tmp_path / "remote" / "run" / "train" / "model.pt")
+    assert (tmp_path / "run" / "evaluate" / "eval.h5").is_file() and not (tmp_path / "run" / "train").exists()
+    assert not (tmp_path / "remote" / "run" / "evaluate").exists()  # nothing was submitted to gcfar
+    with pytest.raises(ConfigError, match="give one of them"):
+        with pt.workflow(site="local", sites=["local", "gclab"], run_dir=tmp_path / "run2"):
+            pass
 
 
 @pytest.mark.slow

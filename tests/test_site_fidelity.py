@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from parsl_torch import sites
-from parsl_torch.apps.workflow import Workflow
 from parsl_torch.cli import main as cli
 from parsl_torch.launch.plan import LaunchRequest, plan_launch
 from parsl_torch.sites.build import worker_init
@@ -145,7 +144,7 @@ def test_polaris_ranks_use_the_gpu_closest_to_their_cores(tmp_path, monkeypatch)
     assert "--cpu-bind" in plan.argv and plan.argv[plan.argv.index("--depth") + 1] == "8"
     order = env["PARSL_TORCH_GPU_ORDER"]  # ALCF: gpu = num_gpus - 1 - local_rank
     assert [device_index(r, 4, order) for r in range(4)] == [3, 2, 1, 0], ALCF_GPUS_POLARIS
-    assert Workflow(sites.load("polaris", account="X"), tmp_path).rank_env() == {"PARSL_TORCH_GPU_ORDER": order}
+    assert sites.load("polaris", account="X").rank_env() == {"PARSL_TORCH_GPU_ORDER": order}
     assert device_index(1, 2, order) == 1  # a narrowed CUDA_VISIBLE_DEVICES keeps the plain order
     assert device_index(5, 8, None) == 5
 

@@ -201,16 +201,16 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
 
 
 def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
-    from parsl_torch.apps.workflow import Workflow
+    from parsl_torch.apps.placement import Placement
     from parsl_torch.launch.machines import AURORA_CPU_BIND
 
-    aurora = Workflow(pt.sites.load("aurora", account="X"), tmp_path)
-    assert aurora.ranks_per_node == 12
+    aurora = pt.sites.load("aurora", account="X")
+    assert Placement(aurora, "mpi").ranks_per_node == 12
     assert aurora.launcher_args(12) == ("--pmi=pmix", "--cpu-bind", AURORA_CPU_BIND)
     (tmp_path / "mine.yaml").write_text("name: mine\nscheduler: local\nlaunch:\n  extra_args: [--label]\n")
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
-    assert Workflow(pt.sites.load("mine"), tmp_path).launcher_args(2) == ("--label",)
-    assert Workflow(pt.sites.load("local"), tmp_path).launcher_args(2) == ()
+    assert pt.sites.load("mine").launcher_args(2) == ("--label",)
+    assert pt.sites.load("local").launcher_args(2) == ()
 
 
 def test_shipped_function_carries_the_package_by_reference():

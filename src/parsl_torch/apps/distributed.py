@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
 from ..common import settings
@@ -71,47 +71,48 @@ class DistributedApp:
                               files=(*self.files, *files), python=self.python)
 
     def __call__(self, *args: Any, inputs: Sequence = (), outputs: Sequence = (), stage: str | None = None,
-                 num_nodes: int | None = None, ranks_per_node: int | None = None,
-                 walltime: float | None = None, env: dict[str, str] | None = None, **kwargs: Any) -> StageFuture:
+                 num_nodes: int | None = None, ranks_per_node: int | None = None, walltime: float | None = None,
+                 env: dict[str, str] | None = None, site: str | None = None, **kwargs: Any) -> StageFuture:
         wf = current_workflow(self.name)
         asked = stage or self.name
+        where = wf.placement(asked, site)
         nodes = num_nodes or self.num_nodes
-        ppn = ranks_per_node or self.ranks_per_node or wf.ranks_per_node
+        ppn = ranks_per_node or self.ranks_per_node or where.ranks_per_node
         walltime = check_walltime(asked, walltime if walltime is not None else self.walltime)
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
         check_env(asked, stage_env)
-        wf.check_resources(asked, nodes, ppn)  # before anything is named or made
-        if not wf.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
-            check_inputs(asked, inputs)
+        where.check_resources(asked, nodes, ppn)  # before anything is named or made
+        where.check_inputs(asked, list(inputs), wf.made_on)
+        if not where.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
             # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
         self._check_arguments(asked, args, kwargs)
         code, roots = self._code(asked, wf.digests)
         stage = wf.stage_name(asked, explicit=stage is not None)
-        stage_dir = wf.stage_dir(stage)
+        stage_dir = where.stage_dir(wf.run_dir, stage)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
-               **wf.rank_env(), **stage_env}
+               **where.site.rank_env(), **stage_env}
         script, module = _script_target(self.script)
-        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), wf.launcher_args(ppn),
+        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), where.site.launcher_args(ppn),
                             code=code, code_roots=roots, script=script, module=module, files=self.files,
                             import_path=rank_import_path())
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
-        if wf.remote:
+        if where.remote:
             job = remote_job(opts, self.fn, self.script, self.python, wf.digests, wf.memoize)
-            app_future = submit_remote(wf, job, args, kwargs, inputs, outputs, spec)
+            app_future = submit_remote(wf, where.mpi_label, job, args, kwargs, inputs, outputs, spec)
             future = StageFuture(stage, app_future, None, None)
         else:
             stage_dir.mkdir(parents=True, exist_ok=True)
             shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
-            app_future = _bash_app(wf.mpi_label, wf.memoize)(
+            app_future = _bash_app(where.mpi_label, wf.memoize)(
                 shipped, self.script, opts, *args, inputs=list(inputs), outputs=outputs,
                 stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR), parsl_resource_specification=spec,
                 **kwargs)
             future = StageFuture(stage, app_future, stage_dir / STDERR,
                                  stage_dir / RESULT if self.fn is not None else None)
-        wf.track(future, nodes * ppn)
+        wf.track(future, nodes * ppn, where)
         return future
 
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -186,14 +187,6 @@ def check_env(stage: str, env: dict[str, Any]) -> None:
             raise ConfigError(f"stage {stage!r}: env[{key!r}] must be a string without NUL bytes")
 
 
-def check_inputs(stage: str, inputs: Sequence) -> None:
-    """Input files given directly (not futures of other stages) must exist now."""
-    for item in inputs:
-        path = getattr(item, "filepath", None) if not isinstance(item, Future) else None
-        if path is not None and not Path(path).exists():
-            raise ConfigError(f"stage {stage!r}: input file {path} does not exist")
-
-
 def distributed_app(fn: Callable | None = None, *, name: str | None = None, num_nodes: int = 1,
                     ranks_per_node: int | None = None, walltime: float | None = None,
                     env: dict[str, str] | None = None):
@@ -203,7 +196,8 @@ def distributed_app(fn: Callable | None = None, *, name: str | None = None, num_
     ``ranks_per_node`` (default: the site's launch ranks per node) and
     ``walltime`` (seconds; every rank is stopped after it) can be given here
     and per call; ``env`` is exported to the ranks. Call it inside
-    ``with pt.workflow(...)``; it returns a StageFuture.
+    ``with pt.workflow(...)``; it returns a StageFuture. ``site=`` on a call runs
+    it on another of the workflow's sites (``pt.workflow(sites=[...])``).
     """
 
     def decorate(f: Callable) -> DistributedApp:
@@ -238,4 +232,4 @@ def submit_builtin(call: BuiltinCall, app: DistributedApp) -> StageFuture:
     """A built-in stage: ``app`` (its function, by reference) with the files its config names."""
     return app.reading(call.files)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
                                    stage=call.stage, num_nodes=call.num_nodes, ranks_per_node=call.ranks_per_node,
-                                   walltime=call.walltime)
+                                   walltime=call.walltime, site=call.site)

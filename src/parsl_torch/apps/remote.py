@@ -76,11 +76,12 @@ def _job_app(label: str):
     return python_app(run_job, executors=[label], cache=False)  # the endpoint decides what is skipped
 
 
-def submit_remote(wf: Any, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence,
+def submit_remote(wf: Any, label: str, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence,
                   outputs: Sequence, spec: Mapping[str, int]) -> Any:
-    """The job as one task on workflow ``wf``'s endpoint; its AppFuture (of a RemoteAnswer). The
-    call's own arguments travel beside the job, so Parsl resolves the futures among them first."""
-    future = _job_app(wf.mpi_label)(job, *args, inputs=list(inputs), outputs=list(outputs),
+    """The job as one task on the endpoint of workflow ``wf``'s executor ``label``; its AppFuture (of a
+    RemoteAnswer). The call's own arguments travel beside the job, so Parsl resolves the futures among
+    them first."""
+    future = _job_app(label)(job, *args, inputs=list(inputs), outputs=list(outputs),
                                     parsl_resource_specification=dict(spec), **kwargs)
     future.add_done_callback(functools.partial(_say_why, wf.log, job.stage))
     return future

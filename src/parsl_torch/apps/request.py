@@ -66,11 +66,14 @@ class WorkflowRequest:
     site_overrides: dict[str, Any] = field(default_factory=dict)
     config_settings: dict[str, Any] = field(default_factory=dict)
     given: dict[str, str] = field(default_factory=dict)
+    #: the workflow's other sites (``sites=[default, *others]``), for stages called with ``site=``
+    other_sites: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, site: str, run_dir: str | os.PathLike, fresh: bool, retries: int, max_continuations: int,
            on_error: str, gc_executor: Any, keywords: dict[str, Any]) -> WorkflowRequest:
         flags = _cli_flags.get()
+        site, others = _sites(site, keywords.pop("sites", None))
         site_overrides, config_settings = split_settings(keywords)
         check_max_continuations(max_continuations)
         if on_error not in ON_ERROR:
@@ -81,7 +84,21 @@ class WorkflowRequest:
                    fresh=bool(fresh or flags.fresh), retries=retries, max_continuations=max_continuations,
                    on_error=on_error, gc_executor=gc_executor, progress=flags.progress or settings.PROGRESS.get(),
                    retry_handler=retry_handler, site_overrides=site_overrides, config_settings=config_settings,
-                   given={k: v for k, v in given.items() if getattr(flags, k) not in (None, v)})
+                   given={k: v for k, v in given.items() if getattr(flags, k) not in (None, v)},
+                   other_sites=tuple(o for o in others if o != (flags.site or site)))
+
+
+def _sites(site: str, sites: Any) -> tuple[str, tuple[str, ...]]:
+    """(the default site, the others) from ``site=`` or ``sites=[default, *others]``."""
+    if sites is None:
+        return site, ()
+    if isinstance(sites, str) or not isinstance(sites, (list, tuple)) or not sites or \
+            not all(isinstance(s, str) and s for s in sites) or len(set(sites)) != len(sites):
+        raise ConfigError(f"pt.workflow(sites={sites!r}): give a list of distinct site names, the default first")
+    if site != "auto":
+        raise ConfigError(f"pt.workflow(site={site!r}, sites={list(sites)!r}): give one of them (sites=: its "
+                          f"first is the default site)")
+    return sites[0], tuple(sites[1:])
 
 
 def split_settings(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -111,20 +128,19 @@ def split_settings(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 @dataclass(frozen=True)
 class BuiltinCall:
-    """One call of a built-in stage (train, evaluate): its config (checked), its files by role, and
+    """One call of a built-in stage (train, evaluate): its config (checked), its inputs and outputs, and
     where it runs. ``files``: what its config names (its data), part of its identity."""
 
     builtin: str
     config: dict[str, Any]
     inputs: tuple = ()
     outputs: tuple = ()
-    input_roles: tuple[str, ...] = ()
-    output_roles: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     stage: str | None = None
     num_nodes: int | None = None
     ranks_per_node: int | None = None
     walltime: float | None = None
+    site: str | None = None  # another of the workflow's sites
 
     @property
     def name(self) -> str:

@@ -25,12 +25,11 @@ from ..common import settings, stagedir
 from ..common.runlock import RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
-from ..launch.machines import get_machine
-from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
 from .memo import register_memo_ids, stage_memoizer
+from .placement import Placement, placements
 from .request import WorkflowRequest
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
@@ -49,38 +48,40 @@ def current_workflow(stage: str) -> Workflow:
 class Workflow:
     """The run in progress: its site, directory, stage names and progress."""
 
-    def __init__(self, site: sites.Site, run_dir: Path, mpi_label: str = "mpi",
+    def __init__(self, where: dict[str, Placement], run_dir: Path, memoize: bool = True,
                  max_continuations: int = DEFAULT_MAX_CONTINUATIONS, retry_handler: Any = None) -> None:
-        self.site = site
+        #: the workflow's sites (the first is the default), each with its executor's label
+        self.where = where
+        self.home = next(iter(where.values()))
+        self.site = self.home.site
         self.run_dir = run_dir
-        #: the executor stages run on; "<site>.mpi" in a Parsl config of the user's own, where
-        #: stages always run (that config's memoizer cannot know a stage's directory)
-        self.mpi_label = mpi_label
-        self.memoize = mpi_label == "mpi"
+        #: False in a Parsl config of the user's own, where stages always run (that config's memoizer
+        #: cannot know a stage's directory)
+        self.memoize = memoize
         self._futures: list[Any] = []
         self._submitted: dict[str, float] = {}
         #: file digests and parsed modules, shared by the stage calls and the memoizer
         self.digests = identity.DigestCache.of_run_dir(run_dir)
         #: set when the workflow script raised: no stage starts after it (the memoizer refuses them)
         self.stopping = threading.Event()
-        self.status = StatusFile(run_dir, site.name)
+        self.status = StatusFile(run_dir, self.site.name)
         #: Parsl's retry_handler: a stage that stopped for its block's end is submitted again
         self.continuations = Continuations(self.status, max_continuations, retry_handler)
-        spec = site.spec
-        self.scheduler = get_scheduler(spec.scheduler)
-        self.remote = self.scheduler.remote  # stages run through a Globus Compute endpoint
-        machine = get_machine(spec.machine)
-        self.ranks_per_node = spec.launch.ranks_per_node or (machine.accelerators_per_node if machine else 1)
+        #: each output DataFuture of a stage called so far -> (it, the stage, where it runs)
+        self.made_on: dict[int, tuple[Any, str, Placement]] = {}
         self._names: Counter[str] = Counter()
         self._taken: set[str] = set()
         self._lock = threading.Lock()
         self.log = get_logger("parsl_torch.workflow")
 
-    def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
-        return self.site.launcher_args(ranks_per_node)
-
-    def rank_env(self) -> dict[str, str]:
-        return self.site.rank_env()
+    def placement(self, stage: str, site: str | None) -> Placement:
+        """Where a stage called with ``site=`` runs (None: the workflow's default site)."""
+        if site is None:
+            return self.home
+        if site not in self.where:
+            raise ConfigError(f"stage {stage!r}: site={site!r} is not one of this workflow's sites "
+                              f"({', '.join(self.where)}): add it to pt.workflow(sites=[...])")
+        return self.where[site]
 
     def stage_name(self, base: str, explicit: bool = False) -> str:
         """A name no other stage of this run has: ``base``, then ``base-1``, ``base-2``... in
@@ -101,13 +102,6 @@ class Workflow:
             self._taken.add(name)
             return name
 
-    def stage_dir(self, stage: str) -> Path:
-        """Where a stage's files go: in the run directory, or on a Globus Compute site in the endpoint's
-        ``remote_run_dir``/<run directory's name>/ (not made here)."""
-        if self.remote:
-            return Path(self.site.spec.globus.remote_run_dir) / self.run_dir.name / stage
-        return self.run_dir / stage
-
     def place(self, item: Any, stage_dir: Path) -> Any:
         """An output File (or path) with a relative name moved into the stage's directory."""
         from parsl.data_provider.files import File
@@ -116,23 +110,6 @@ class Workflow:
         if file.scheme == "file" and not os.path.isabs(file.filepath):
             return File(str(stage_dir / file.filepath))
         return file
-
-    def check_resources(self, stage: str, num_nodes: int, ranks_per_node: int) -> None:
-        spec = self.site.spec
-        for name, value in (("num_nodes", num_nodes), ("ranks_per_node", ranks_per_node)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"stage {stage!r}: {name}={value!r} must be a positive int")
-        if ranks_per_node > MAX_RANKS_PER_NODE:
-            raise ConfigError(f"stage {stage!r}: ranks_per_node={ranks_per_node} is more than any node holds "
-                              f"(at most {MAX_RANKS_PER_NODE})")
-        if self.remote:
-            return  # the endpoint's own configuration decides
-        limit = self.scheduler.max_nodes_per_block or spec.provider.nodes_per_block
-        if num_nodes > limit:
-            where = "runs on this machine only" if self.scheduler.max_nodes_per_block == 1 else (
-                f"has blocks of {limit} node(s) (provider.nodes_per_block)")
-            raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
-                              f"ask for fewer nodes or raise the site's nodes (--nodes / {settings.NODES.name})")
 
     def running(self) -> list[Any]:
         """The stages that are running now (started since they were submitted, not done)."""
@@ -170,8 +147,10 @@ class Workflow:
             with contextlib.suppress(Exception):
                 future.exception()
 
-    def track(self, future: Any, ranks: int) -> None:
+    def track(self, future: Any, ranks: int, where: Placement | None = None) -> None:
         self._futures.append(future)
+        for output in future.outputs:
+            self.made_on[id(output)] = (output, future.stage, where or self.home)
         self._submitted[future.stage] = time.time() - 1.0  # mtimes may be coarser than time()
         self.continuations.watch(future.app_future.tid, future.stage, self.run_dir / future.stage)
         started = time.monotonic()
@@ -217,18 +196,21 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     """
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
     loaded = sites.load(request.site, **request.site_overrides)
+    others = [sites.load(name) for name in request.other_sites]  # (the overrides are the default site's)
     users_dfk = _loaded_dfk()
-    if users_dfk is not None:  # stages run on the site's executors in the user's own config
-        _check_users_dfk(users_dfk, loaded, request)
-    elif not get_scheduler(loaded.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
-        sites.build.check_blocks_take_stages(loaded.spec)
+    for each in (loaded, *others):
+        if users_dfk is not None:  # stages run on the site's executors in the user's own config
+            _check_users_dfk(users_dfk, each, request)
+        elif not get_scheduler(each.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
+            sites.build.check_blocks_take_stages(each.spec)
     run_dir = _made_run_dir(request.run_dir)
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
         prepare(run_dir, request.fresh)
         register_memo_ids()
-        wf = Workflow(loaded, run_dir, mpi_label=loaded.mpi_label if users_dfk else "mpi",
+        wf = Workflow(placements(loaded, others, users_dfk is not None), run_dir, memoize=users_dfk is None,
                       max_continuations=request.max_continuations, retry_handler=request.retry_handler)
-        wf.log.info("workflow on site %r, run directory %s%s", loaded.name, run_dir,
+        wf.log.info("workflow on site %r%s, run directory %s%s", loaded.name,
+                    f" (and {', '.join(o.name for o in others)})" if others else "", run_dir,
                     " (in your own Parsl config: stages always run)" if users_dfk else "")
         for key, asked in request.given.items():
             wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
@@ -241,7 +223,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                     yield wf
                 wf.wait()
                 return
-            with _parsl_loaded(wf, loaded, request) as dfk:
+            with _parsl_loaded(wf, request) as dfk:
                 with wf.running_stages_finish(request.on_error):
                     yield wf
                 dfk.wait_for_current_tasks()
@@ -262,16 +244,17 @@ def _made_run_dir(run_dir: str) -> Path:
 
 
 @contextlib.contextmanager
-def _parsl_loaded(wf: Workflow, site: sites.Site, request: WorkflowRequest) -> Iterator[Any]:
-    """Parsl loaded with the site's config, memoizer and checkpoints under ``<run_dir>/parsl``;
+def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
+    """Parsl loaded with the sites' executors, the memoizer and checkpoints under ``<run_dir>/parsl``;
     what it starts ends with this process; its log leaves out the tasks' arguments."""
     import parsl
     from parsl.utils import get_all_checkpoints
 
     parsl_dir = wf.run_dir / "parsl"
     memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
-    config = site.parsl_config(run_dir=str(parsl_dir), gc_executor=request.gc_executor, memoizer=memoizer,
-                               retries=request.retries, retry_handler=wf.continuations, **request.config_settings)
+    config = sites.build.workflow_config([w.site.spec for w in wf.where.values()], str(parsl_dir),
+                                         request.gc_executor, memoizer=memoizer, retries=request.retries,
+                                         retry_handler=wf.continuations, **request.config_settings)
     parsl_log: list = []
     with _everything_ends_with_this_process():
         try:

@@ -230,27 +230,38 @@ def require_account(spec: SiteSpec, action: str) -> None:
                         f"account=..., set PARSL_TORCH_ACCOUNT, or put it in the site file")
 
 
-def globus_executor(spec: SiteSpec, gc_executor: Any = None) -> Any:
-    """Parsl's GlobusComputeExecutor (label ``mpi``) around a Globus Compute
-    Executor for the site's endpoint (``gc_executor`` replaces it, e.g. in tests)."""
+def globus_executor(spec: SiteSpec, gc_executor: Any = None, label: str = MPI_LABEL) -> Any:
+    """Parsl's GlobusComputeExecutor around a Globus Compute Executor for the site's endpoint
+    (``gc_executor`` replaces it, e.g. in tests)."""
     from parsl.executors import GlobusComputeExecutor
 
     g = spec.globus
     executor = gc_executor or make_executor(g.endpoint_id, user_endpoint_config=dict(g.user_endpoint_config))
-    return GlobusComputeExecutor(executor=executor, label=MPI_LABEL)
+    return GlobusComputeExecutor(executor=executor, label=label)
 
 
 def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = None,
                  **config_kwargs: Any) -> Any:
     """A parsl.Config for this site (usage tracking off)."""
+    return workflow_config([spec], run_dir, gc_executor, **config_kwargs)
+
+
+def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_executor: Any = None,
+                    **config_kwargs: Any) -> Any:
+    """One parsl.Config for a workflow's sites: one site's executors are labelled ``mpi``/``htex``,
+    several sites' ``<site>.mpi``/``<site>.htex``. ``gc_executor`` serves the Globus Compute sites."""
     from parsl.config import Config
 
-    require_account(spec, "submit jobs")
-    if get_scheduler(spec.scheduler).remote:
-        executors = [globus_executor(spec, gc_executor)]
-    else:
-        executors = site_executors(spec)
-    settings = {"usage_tracking": 0, "strategy_period": spec.strategy_period, **config_kwargs}
+    prefixed = len(specs) > 1
+    executors = []
+    for spec in specs:
+        require_account(spec, "submit jobs")
+        prefix = f"{spec.name}." if prefixed else ""
+        if get_scheduler(spec.scheduler).remote:
+            executors.append(globus_executor(spec, gc_executor, prefix + MPI_LABEL))
+        else:
+            executors += site_executors(spec, prefix)
+    settings = {"usage_tracking": 0, "strategy_period": min(s.strategy_period for s in specs), **config_kwargs}
     return Config(executors=executors, run_dir=str(run_dir), **settings)
 
 

@@ -92,6 +92,9 @@ class GlobusSpec:
     user_endpoint_config: Mapping[str, Any] = field(default_factory=dict)  # account, queue, walltime...
     python: str = "python"  # the endpoint's Python with parsl-torch installed
     max_parallel_stages: int = 4
+    #: the file system its stages see: the endpoint's own (None), or a name another site's may share;
+    #: "local": the files of the machine the workflow runs on (an endpoint on the same cluster)
+    file_system: str | None = None
 
 
 @dataclass(frozen=True)

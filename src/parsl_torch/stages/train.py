@@ -205,8 +205,8 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
     checked here, before anything is submitted. Returns a StageFuture."""
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
-    return submit_builtin(BuiltinCall(STAGE, as_dict(cfg), (), tuple(outputs), (), ("history", "checkpoint"),
-                                      tuple(data_files(cfg.data)), **call), _train)
+    return submit_builtin(BuiltinCall(STAGE, as_dict(cfg), (), tuple(outputs), tuple(data_files(cfg.data)),
+                                      **call), _train)
 
 
 def main(argv: list[str] | None = None) -> int:
