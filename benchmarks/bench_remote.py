@@ -1,7 +1,7 @@
 """A trivial 2-rank train stage through a Globus Compute endpoint's own engine (GlobusMPIEngine,
 started here by ``sites.engine.LocalEndpoint``; only the web service's hop is left out) against
 the same stage through ``pt.workflow(site="local")``, in the same run: what the endpoint side adds
-(its engine, the SDK's packing, MPIFunction) to a stage. Each figure is a whole process: Parsl's
+(its engine in its own process, the SDK's packing, the job that completes the identity there) to a stage. Each figure is a whole process: Parsl's
 start, the stage, the shutdown.
 
 usage: python benchmarks/bench_remote.py [--steps 20] [--reps 3]

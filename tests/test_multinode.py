@@ -269,3 +269,30 @@ def test_a_two_node_stage_continues_across_slurm_jobs(cluster, sites_here, monke
     assert record["continuations"] >= 1 and record["continued_at_step"] == result["resumed_from"]
     with h5py.File(stage / "train.h5") as f:
         assert np.array_equal(f["step"][:], np.arange(240)) and f.attrs["num_nodes"] == 2
+
+
+def test_a_stage_through_an_endpoints_slurm_engine_spans_two_nodes(cluster, sites_here, tmp_path, monkeypatch):
+    """The test cluster's Slurm site rendered as an endpoint config, its GlobusMPIEngine started
+    (``sites.engine.LocalEndpoint``): a workflow's 2-node stage runs on both nodes of one Slurm block."""
+    import h5py
+    import yaml
+
+    from parsl_torch.sites.endpoint import endpoint_config
+    from parsl_torch.sites.engine import LocalEndpoint
+
+    pytest.importorskip("globus_compute_endpoint")
+    site_dir = tmp_path / "sites"
+    site_dir.mkdir()
+    (site_dir / "nsgc.yaml").write_text(yaml.safe_dump({
+        "name": "nsgc", "scheduler": "globus", "launch": {"ranks_per_node": 2},
+        "globus": {"endpoint_id": "6f3a8b52-0000-4000-8000-000000000002", "remote_run_dir": str(tmp_path / "remote"),
+                   "file_system": "local"}}))
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", f"{site_dir}:{TEST_SITES}")
+    config = endpoint_config(pt.sites.load("nsslurm").spec, sys.prefix)
+    assert config["engine"]["provider"]["type"] == "SlurmProvider" and config["engine"]["mpi_launcher"] == "srun"
+    with LocalEndpoint(config, tmp_path / "engine") as endpoint:
+        with pt.workflow(site="nsgc", run_dir=tmp_path / "run", gc_executor=endpoint.executor()):
+            result = train(TRAIN, num_nodes=2, ranks_per_node=2).result(timeout=300)
+    assert result["world_size"] == 4 and result["checkpoint"] == str(tmp_path / "remote" / "run" / "train" / "model.pt")
+    with h5py.File(result["history"]) as f:
+        assert f.attrs["num_nodes"] == 2 and '"n1", "n2"' in f.attrs["nodes"]

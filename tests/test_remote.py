@@ -145,6 +145,33 @@ def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
 
 
+def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, monkeypatch):
+    """On Polaris through an endpoint the ranks are bound and ordered as a local launch there binds them."""
+    from types import SimpleNamespace
+
+    from parsl_torch.apps import distributed
+    from parsl_torch.launch.machines import get_machine
+    from parsl_torch.sites.engine import _engine_executor_class
+
+    gc_site(tmp_path, monkeypatch, name="polaris-gc")
+    site_file = tmp_path / "sites" / "polaris-gc.yaml"
+    site_file.write_text(site_file.read_text() + "machine: polaris\n")
+    jobs = []
+
+    def packed(opts, *args):
+        jobs.append(opts)
+        raise KeyboardInterrupt  # nothing to submit: the job is what is checked
+
+    monkeypatch.setattr(distributed, "remote_job", packed)
+    executor = _engine_executor_class()(SimpleNamespace(endpoint_id="6f3a8b52-0000-4000-8000-000000000000"))
+    with pytest.raises(KeyboardInterrupt):
+        with pt.workflow(site="polaris-gc", run_dir=tmp_path / "run", gc_executor=executor):
+            train(SMALL, ranks_per_node=4)
+    polaris = get_machine("polaris")
+    assert jobs[0].launcher_args == tuple(polaris.binding_args(4)) and "--cpu-bind" in jobs[0].launcher_args
+    assert dict(jobs[0].env)["PARSL_TORCH_GPU_ORDER"] == polaris.rank_env()["PARSL_TORCH_GPU_ORDER"] == "3,2,1,0"
+
+
 @pytest.mark.slow
 def test_one_workflow_trains_on_one_site_and_evaluates_on_another(tmp_path, monkeypatch, engine):
     """Sites that share a file system pass files; a stage whose inputs its site cannot see is refused
