@@ -17,6 +17,7 @@ from parsl_torch.errors import ConfigError
 from parsl_torch.launch.machines import AURORA_CPU_BIND
 from parsl_torch.launch.plan import LaunchRequest, plan_launch
 from parsl_torch.launch.schedulers import detect_scheduler
+from parsl_torch import sites
 from parsl_torch.sites import detect_job
 
 from .conftest import BIN, RANKS_DIR, clean_env
@@ -427,3 +428,20 @@ def test_the_report_listener_listens_only_where_the_ranks_are():
         assert listener.address.startswith("127.0.0.1:")
     finally:
         listener.close()
+
+
+def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
+    from parsl_torch.launch import quarantine
+    from parsl_torch.sites.build import workflow_config
+
+    path = tmp_path / "quarantine.json"
+    assert quarantine.lost_nodes(path, "123") == set()  # no file: nothing is quarantined
+    quarantine.add(path, "123", "n2", "node n2 lost (ranks 2, 3): no heartbeat for 10 s")
+    quarantine.add(path, "123", "n3", "node n3 lost (rank 4): its processes vanished")
+    assert quarantine.lost_nodes(path, "123") == {"n2", "n3"} and quarantine.lost_nodes(path, "124") == set()
+    assert quarantine.job_of({"SLURM_JOB_ID": "123"}) == "123" and quarantine.job_of({}) is None
+    path.write_text("{damaged")
+    assert quarantine.read(path) == {}
+    # a workflow's blocks run parsl-torch's pool with the workflow's quarantine file
+    mpi = workflow_config([sites.load("local").spec], tmp_path / "parsl").executors[0]
+    assert mpi.launch_cmd.startswith(f"parsl-torch-pool {tmp_path / 'parsl' / 'quarantine.json'} -- ")

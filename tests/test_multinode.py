@@ -296,3 +296,49 @@ def test_a_stage_through_an_endpoints_slurm_engine_spans_two_nodes(cluster, site
     assert result["world_size"] == 4 and result["checkpoint"] == str(tmp_path / "remote" / "run" / "train" / "model.pt")
     with h5py.File(result["history"]) as f:
         assert f.attrs["num_nodes"] == 2 and '"n1", "n2"' in f.attrs["nodes"]
+
+
+def test_a_lost_node_is_never_handed_to_another_stage_of_its_block(cluster, sites_here, tmp_path, monkeypatch):
+    """A 3-node Slurm block runs three 1-node stages at once; the node of one is lost: that stage fails
+    naming it, and every 1-node stage after it runs on the two nodes left (Parsl alone would put the
+    lost node back in the block's free pool)."""
+    import os
+
+    from parsl_torch.cli import main as cli
+    from parsl_torch.errors import StageError
+
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+
+    @pt.distributed_app(ranks_per_node=1)
+    def where(marker, hold):
+        import pathlib
+        import socket
+        import time as clock
+
+        pathlib.Path(marker).write_text(socket.gethostname())
+        while hold and not os.path.exists(hold):
+            clock.sleep(0.1)
+        return socket.gethostname()
+
+    go = tmp_path / "go"
+    with pt.workflow(site="nsslurm", run_dir="runs/quarantine", nodes=3) as wf:
+        first = [where(str(tmp_path / f"m{i}"), str(go), stage=f"first-{i}") for i in range(3)]
+        for i in range(3):
+            _wait_for(tmp_path / f"m{i}", f"stage first-{i}")
+        hosts = [(tmp_path / f"m{i}").read_text() for i in range(3)]
+        assert sorted(hosts) == ["n1", "n2", "n3"], hosts
+        victim = next(i for i, h in enumerate(hosts) if h != "n1")  # n1 holds the block's worker pool
+        cluster.module.lose_node(hosts[victim])
+        go.write_text("")
+        with pytest.raises(StageError, match=rf"node {hosts[victim]} lost"):
+            first[victim].result(timeout=120)
+        assert all(f.result(timeout=120) in hosts for i, f in enumerate(first) if i != victim)
+        after = [where(str(tmp_path / f"a{i}"), None, stage=f"after-{i}") for i in range(4)]
+        placed = [f.result(timeout=120) for f in after]
+        wide = where(str(tmp_path / "w"), None, stage="wide", num_nodes=3)  # more nodes than are left: at once
+        with pytest.raises(StageError, match=rf"needs 3 node\(s\) but its block has 2 left: {hosts[victim]} lost"):
+            wide.result(timeout=60)
+    assert hosts[victim] not in placed and set(placed) <= set(hosts), placed
+    assert cli(["status", str(wf.run_dir)]) == 1  # (a stage failed)
+    quarantined = (wf.run_dir / "parsl" / "quarantine.json").read_text()
+    assert f'"{hosts[victim]}": "node {hosts[victim]} lost' in quarantined

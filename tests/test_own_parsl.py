@@ -82,7 +82,7 @@ def test_stages_under_the_users_own_parsl_config(tmp_path, monkeypatch):
                     run_dir=str(tmp_path / "runinfo"))
     with parsl.load(config):
         with pt.workflow(site="local", run_dir="runs/own") as wf:
-            assert wf.mpi_label == "local.mpi"
+            assert wf.home.mpi_label == "local.mpi"
             assert world().result(timeout=180) == 2 and mine().result() == "mine"
     with parsl.load(Config(executors=[ThreadPoolExecutor(label="mine")], run_dir=str(tmp_path / "ri2"))):
         with pytest.raises(ConfigError, match="already loaded without site 'local'"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..common import stagedir
 from ..common.files import write_atomic
+from ..launch import quarantine
 
 STATUS = "status.json"
 _lock = threading.Lock()
@@ -106,7 +107,14 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
         if s.get("continuations"):
             progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
         rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir)))
+    data["quarantined"] = quarantine.read(run_dir / "parsl" / quarantine.FILE)
     return data, rows
+
+
+def quarantined_lines(data: dict[str, Any]) -> list[str]:
+    """A line per node a block lost: no stage is placed on it again in that job."""
+    return [f"quarantined: node {node} of job {job}: {why}" for job, nodes in data.get("quarantined", {}).items()
+            for node, why in sorted(nodes.items())]
 
 
 def plain(data: dict[str, Any], rows: list[StageRow]) -> str:
@@ -116,7 +124,7 @@ def plain(data: dict[str, Any], rows: list[StageRow]) -> str:
         extra = f" {r.progress}" if r.progress else ""
         error = f" - {r.error}" if r.error else ""
         lines.append(f"[{r.name}] {r.state}{extra}{error}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *quarantined_lines(data)])
 
 
 def table(data: dict[str, Any], rows: list[StageRow]) -> Any:
@@ -130,6 +138,8 @@ def table(data: dict[str, Any], rows: list[StageRow]) -> Any:
     colours = {"done": "green", "skipped": "cyan", "failed": "red", "running": "yellow", "waiting": "white"}
     for r in rows:
         t.add_row(r.name, f"[{colours.get(r.state, 'white')}]{r.state}[/]", r.progress, r.error or r.directory)
+    if lines := quarantined_lines(data):
+        t.caption = "\n".join(lines)
     return t
 
 

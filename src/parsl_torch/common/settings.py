@@ -140,6 +140,12 @@ RUN_DIR = _add(Setting("PARSL_TORCH_RUN_DIR", "where `History` puts `outputs/<na
 # -- set by parsl-torch for the processes it starts ------------------------------------------
 BLOCK_END = _add(Setting("PARSL_TORCH_BLOCK_END", "epoch seconds when this block ends (the scheduler's end time, "
                          "or start + walltime)", None, epoch, INTERNAL))
+QUARANTINE = _add(Setting("PARSL_TORCH_QUARANTINE", "the file where a block's lost nodes are recorded (set by "
+                          "parsl-torch's worker pool: the supervisor adds a node it names lost, the pool never "
+                          "hands it out again)", None, text, INTERNAL))
+NODES_SHORT = _add(Setting("PARSL_TORCH_NODES_SHORT", "why a stage's block cannot give it the nodes it asks for "
+                           "(its lost nodes quarantined): set by parsl-torch's worker pool, reported by the "
+                           "supervisor as the stage's error", None, text, INTERNAL))
 GRACE = _add(Setting("PARSL_TORCH_GRACE", "seconds before the block's end at which stages checkpoint and stop",
                      0.0, epoch, INTERNAL))
 DEADLINE = _add(Setting("PARSL_TORCH_DEADLINE", "epoch seconds from which ranks checkpoint and stop (block end - "

@@ -40,6 +40,7 @@ from ..common import settings, stagedir
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SUPERVISE
 from ..common.outcome import Cause, Outcome, forget_outcome, write_outcome
+from . import quarantine
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from .listener import RankListener
@@ -51,6 +52,8 @@ TIMEOUT_EXIT = 124
 #: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
 NODE_LOST_EXIT = 75
 LOST_NODE_GRACE_S = 3.0
+#: the block has too few nodes left for the stage (EX_UNAVAILABLE)
+TOO_FEW_NODES_EXIT = 69
 #: the workflow that started a stage is gone: nobody will use its result
 ORPHANED_EXIT = 143
 OWNER_CHECK_S = 3.0
@@ -137,6 +140,9 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     outcome = _supervise(plan, timeout, grace, owner)
     if stage_dir:
         write_outcome(stage_dir, outcome)
+    if outcome.cause is Cause.NODE_LOST and outcome.host and (path := settings.QUARANTINE.get()):
+        if job := quarantine.job_of():  # the block's pool must not hand the node to another stage
+            quarantine.add(path, job, outcome.host, outcome.summary)
     return outcome.exit_code
 
 
@@ -291,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     stage_dir = settings.STAGE_DIR.get(env)
     if stage_dir:
         record_block(stage_dir, {**os.environ, **env}, skipped=late)
+    if short := settings.NODES_SHORT.get():  # the block's pool could not give it its nodes
+        _say(short)
+        if stage_dir:
+            write_outcome(stage_dir, Outcome(Cause.TOO_FEW_NODES, TOO_FEW_NODES_EXIT, short))
+        return TOO_FEW_NODES_EXIT
     if late:  # a block past its deadline took the stage before it stopped taking new ones
         _say("this block is past its deadline: the stage was not started here and goes to the next block")
         if stage_dir:

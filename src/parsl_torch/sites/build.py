@@ -21,6 +21,7 @@ from typing import Any
 
 from ..common import settings
 from ..errors import SiteError
+from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
 from .globus import make_executor
 from .schema import SiteSpec, block_seconds
@@ -193,13 +194,31 @@ def _site_executor_classes() -> tuple[type, type]:
     return SiteMPIExecutor, SiteHighThroughputExecutor
 
 
-def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL) -> Any:
+def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None = None) -> Any:
+    """The site's MPI executor; with ``quarantine`` (a workflow's file of lost nodes) its blocks run
+    parsl-torch's worker pool, which never hands a lost node to another stage (``launch.pool``)."""
     prov = mpi_provider(spec)
     max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
         else spec.mpi.max_workers_per_block
+    extra = {"launch_cmd": pool_command(quarantine)} if quarantine else {}
     return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
-                                      drain_period=drain_period(spec), **_address(spec))
+                                      drain_period=drain_period(spec), **_address(spec), **extra)
+
+
+#: parsl-torch's worker pool (``launch.pool``), installed beside Parsl's process_worker_pool.py
+POOL_SCRIPT = "parsl-torch-pool"
+
+
+def pool_command(quarantine: str) -> str:
+    """Parsl's worker pool command, run through ``launch.pool`` (the same arguments, Parsl's template)."""
+    from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
+
+    pool, _, args = DEFAULT_LAUNCH_CMD.partition(" ")
+    if pool != "process_worker_pool.py":
+        raise SiteError(f"this Parsl's worker pool command starts with {pool!r}, not process_worker_pool.py: "
+                        f"parsl-torch cannot wrap it")
+    return f"{POOL_SCRIPT} {shlex.quote(quarantine)} -- {args}"
 
 
 def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
@@ -213,10 +232,10 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
     return _site_executor_classes()[1](label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
 
 
-def site_executors(spec: SiteSpec, prefix: str = "") -> list[Any]:
+def site_executors(spec: SiteSpec, prefix: str = "", quarantine: str | None = None) -> list[Any]:
     """The site's executors, labelled ``prefix + "mpi"`` and ``prefix + "htex"`` (a prefix lets
     several sites' executors sit in one parsl.Config)."""
-    mpi = mpi_executor(spec, prefix + MPI_LABEL)
+    mpi = mpi_executor(spec, prefix + MPI_LABEL, quarantine)
     htex = htex_executor(spec, prefix + HTEX_LABEL) if spec.htex.enabled else None
     mpi.single_process = htex
     if htex is not None:
@@ -260,7 +279,7 @@ def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_execut
         if get_scheduler(spec.scheduler).remote:
             executors.append(globus_executor(spec, gc_executor, prefix + MPI_LABEL))
         else:
-            executors += site_executors(spec, prefix)
+            executors += site_executors(spec, prefix, str(Path(run_dir) / QUARANTINE_FILE))
     settings = {"usage_tracking": 0, "strategy_period": min(s.strategy_period for s in specs), **config_kwargs}
     return Config(executors=executors, run_dir=str(run_dir), **settings)
 
