@@ -444,4 +444,4 @@ def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
     assert quarantine.read(path) == {}
     # a workflow's blocks run parsl-torch's pool with the workflow's quarantine file
     mpi = workflow_config([sites.load("local").spec], tmp_path / "parsl").executors[0]
-    assert mpi.launch_cmd.startswith(f"parsl-torch-pool {tmp_path / 'parsl' / 'quarantine.json'} -- ")
+    assert mpi.launch_cmd.startswith(f"parsl-torch-pool --spares 0 {tmp_path / 'parsl' / 'quarantine.json'} -- ")

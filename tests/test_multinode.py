@@ -342,3 +342,34 @@ def test_a_lost_node_is_never_handed_to_another_stage_of_its_block(cluster, site
     assert cli(["status", str(wf.run_dir)]) == 1  # (a stage failed)
     quarantined = (wf.run_dir / "parsl" / "quarantine.json").read_text()
     assert f'"{hosts[victim]}": "node {hosts[victim]} lost' in quarantined
+
+
+def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_here, tmp_path, monkeypatch):
+    """A 3-node PBS block with one spare (mpi.spare_nodes): a 2-node train gets n1 and n2 (n3 held
+    back); n2 is lost; the retry resumes from the checkpoint on n1 and the spare n3. (On Slurm the
+    lost node's step keeps its partner node busy until Slurm marks the node down, and Slurm ends a
+    job that loses a node unless it runs with --no-kill.)"""
+    import yaml
+
+    site = yaml.safe_load((TEST_SITES / "nspbs.yaml").read_text())
+    site.update(name="nsspare", provider={**site["provider"], "nodes_per_block": 3},
+                mpi={**site["mpi"], "spare_nodes": 1})
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "sites" / "nsspare.yaml").write_text(yaml.safe_dump(site))
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", f"{tmp_path / 'sites'}:{TEST_SITES}")
+    monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")  # rank 2 (n2) stops at step 6
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+    with pt.workflow(site="nsspare", run_dir="runs/spare", retries=1) as wf:
+        with pytest.raises(pt.ConfigError, match=r"blocks of 3 node\(s\) \(provider.nodes_per_block, 1 of them spare"):
+            train(TRAIN, num_nodes=3, ranks_per_node=1, stage="too-wide")
+        future = train({**TRAIN, "steps": 10, "checkpoint_every": 2}, num_nodes=2, ranks_per_node=2)
+        _wait_for(tmp_path / "once", "the stopped rank")
+        cluster.module.lose_node("n2")
+        result = future.result(timeout=240)
+    assert result["resumed_from"] == 6 and result["world_size"] == 4
+    history = pt.read_history(result["history"])
+    assert list(history.steps) == list(range(10))
+    # the retry ran on n1 and the spare n3 (without a spare it gets n3, n1: the node freed last comes last)
+    assert history.attrs["hostname"] == "n1" and history.attrs["nodes"] == ["n1", "n2", "n3"]
+    assert "n2" in (wf.run_dir / "parsl" / "quarantine.json").read_text()

@@ -74,10 +74,11 @@ class Placement:
                               f"(at most {MAX_RANKS_PER_NODE})")
         if self.remote:
             return  # the endpoint's own configuration decides
-        limit = self.scheduler.max_nodes_per_block or spec.provider.nodes_per_block
+        limit = self.scheduler.max_nodes_per_block or spec.provider.nodes_per_block - spec.mpi.spare_nodes
         if num_nodes > limit:
+            spares = f", {spec.mpi.spare_nodes} of them spare (mpi.spare_nodes)" if spec.mpi.spare_nodes else ""
             where = "runs on this machine only" if self.scheduler.max_nodes_per_block == 1 else (
-                f"has blocks of {limit} node(s) (provider.nodes_per_block)")
+                f"has blocks of {spec.provider.nodes_per_block} node(s) (provider.nodes_per_block{spares})")
             raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
                               f"ask for fewer nodes or raise the site's nodes (--nodes / {settings.NODES.name})")
 

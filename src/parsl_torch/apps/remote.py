@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ def submit_remote(wf: Any, label: str, job: RemoteJob, args: tuple, kwargs: Mapp
     RemoteAnswer). The call's own arguments travel beside the job, so Parsl resolves the futures among
     them first."""
     future = _job_app(label)(job, *args, inputs=list(inputs), outputs=list(outputs),
-                                    parsl_resource_specification=dict(spec), **kwargs)
+                             parsl_resource_specification=dict(spec), **kwargs)
     future.add_done_callback(functools.partial(_say_why, wf.log, job.stage))
     return future
 

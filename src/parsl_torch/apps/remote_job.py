@@ -23,7 +23,9 @@ names the rank, as a local stage's does. Files stay on the endpoint.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -93,9 +95,9 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     stage_dir.mkdir(parents=True, exist_ok=True)
     for output in outputs:
         Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
-    opts, script = _here(job, stage_dir)
     call = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
     try:
+        opts, script = _here(job, stage_dir)
         parts = _identity(job, opts, script, args, call)
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
@@ -127,8 +129,6 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
 def _here(job: RemoteJob, stage_dir: Path) -> tuple[StageOptions, tuple[str, ...] | None]:
     """The job's options and command on this machine: the shipped modules first on the ranks' import
     path, a script run by this machine's Python, the files its arguments name here among its inputs."""
-    import sys
-
     opts = job.opts
     if job.sources:
         opts = replace(opts, import_path=(str(_unpack(stage_dir / SOURCES, job.sources)), *opts.import_path))
@@ -147,8 +147,6 @@ def _identity(job: RemoteJob, opts: StageOptions, script: Sequence[str] | None, 
 
 def _unpack(root: Path, sources: Sequence[tuple[str, bytes]]) -> Path:
     """The shipped user modules under ``root`` (replacing what an earlier call left there)."""
-    import shutil
-
     shutil.rmtree(root, ignore_errors=True)
     for relative, source in sources:
         path = root / relative

@@ -1,4 +1,4 @@
-"""``parsl-torch-pool QUARANTINE -- ARGS``: Parsl's worker pool (its
+"""``parsl-torch-pool [--spares N] QUARANTINE -- ARGS``: Parsl's worker pool (its
 ``process_worker_pool.py ARGS``), except that a node the block lost is not handed out again.
 
 Parsl's MPI task scheduler puts a task's nodes back in the block's free pool when the task
@@ -7,10 +7,13 @@ issue #529): a stage placed on a lost node after it hangs, and the block is crip
 a word. Here a task's nodes go back only if the stage's supervisor did not record them lost
 in ``QUARANTINE`` (``launch.quarantine``); the block goes on with the nodes left, and a task
 that needs more nodes than are left fails at once, saying so (it would wait forever).
+``--spares N``: the block's last N nodes are held back from the start; each node lost
+releases one, so the retry of the stage that lost it finds a node at once.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import runpy
@@ -19,12 +22,16 @@ import sys
 from ..common import settings
 from . import quarantine
 
-
 #: a key of a task's resource specification, which Parsl's worker exports as PARSL_<KEY>
 SHORT_KEY = settings.NODES_SHORT.name.removeprefix("PARSL_").lower()
 
 
-def _keep_lost_nodes_out(path: str) -> None:
+def _lost(path: str) -> set[str]:
+    """This job's lost nodes, by short name (a node file may name hosts in full)."""
+    return {n.split(".")[0] for n in quarantine.lost_nodes(path, quarantine.job_of())}
+
+
+def _keep_lost_nodes_out(path: str, spares: int) -> None:
     from parsl.executors.high_throughput.mpi_resource_management import MPITaskScheduler
 
     log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
@@ -32,43 +39,63 @@ def _keep_lost_nodes_out(path: str) -> None:
     if give_back is None:  # another Parsl: its pool runs as it is, lost nodes included
         log.warning("parsl-torch: this Parsl's MPITaskScheduler has no _return_nodes: lost nodes are not kept out")
         return
+    start, take = MPITaskScheduler.__init__, MPITaskScheduler.put_task
+
+    def __init__(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        held = min(spares, max(len(self.available_nodes) - 1, 0))
+        nodes = [self.nodes_q.get() for _ in range(len(self.available_nodes))]
+        self.spare_nodes = nodes[len(nodes) - held:]
+        for node in nodes[:len(nodes) - held]:
+            self.nodes_q.put(node)
+        with self._free_node_counter.get_lock():
+            self._free_node_counter.value -= held
+        log.info("parsl-torch: spare node(s) held back: %s", self.spare_nodes)
 
     def return_nodes(self, nodes):
-        lost = {n.split(".")[0] for n in quarantine.lost_nodes(path, quarantine.job_of())}
-        kept = [n for n in nodes if n.split(".")[0] not in lost]  # a node file may name hosts in full
+        lost = _lost(path)
+        kept = [n for n in nodes if n.split(".")[0] not in lost]
         if len(kept) < len(nodes):
-            log.warning("parsl-torch: not returning lost node(s) %s to the free pool", sorted(set(nodes) - set(kept)))
+            released = [self.spare_nodes.pop() for _ in range(min(len(nodes) - len(kept), len(self.spare_nodes)))]
+            log.warning("parsl-torch: not returning lost node(s) %s to the free pool; spare(s) released: %s",
+                        sorted(set(nodes) - set(kept)), released)
+            kept += released
         give_back(self, kept)
-
-    take = MPITaskScheduler.put_task
 
     def put_task(self, task_package):
         """A task that needs more nodes than the block has left goes on at once, given none, with the
         reason (its supervisor fails it saying so) instead of waiting in the backlog forever."""
         spec = task_package.get("context", {}).get("resource_spec", {})
-        lost = {n.split(".")[0] for n in quarantine.lost_nodes(path, quarantine.job_of())}
-        healthy = [n for n in self.available_nodes if n.split(".")[0] not in lost]
+        lost = _lost(path)
+        left = len([n for n in self.available_nodes if n.split(".")[0] not in lost]) - len(self.spare_nodes)
         needed = spec.get("num_nodes") or 0
-        if needed <= len(healthy):
+        if needed <= left:
             return take(self, task_package)
         spec["MPI_NODELIST"], spec[SHORT_KEY] = "", (
-            f"the stage needs {needed} node(s) but its block has {len(healthy)} left: "
-            f"{', '.join(sorted(lost))} lost in this job (quarantined)")
+            f"the stage needs {needed} node(s) but its block has {left} left: "
+            f"{', '.join(sorted(lost)) or 'none'} lost in this job (quarantined), "
+            f"{len(self.spare_nodes)} spare(s) held back")
         self._map_tasks_to_nodes[task_package["task_id"]] = []
         self.pending_task_q.put(task_package)
         return None
 
+    MPITaskScheduler.__init__ = __init__
     MPITaskScheduler._return_nodes = return_nodes
     MPITaskScheduler.put_task = put_task
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[1] != "--":
-        sys.exit("usage: parsl-torch-pool QUARANTINE -- PROCESS_WORKER_POOL_ARGS (set by pt.workflow)")
-    os.environ[settings.QUARANTINE.name] = argv[0]  # the stages' supervisors record lost nodes there
-    _keep_lost_nodes_out(argv[0])
-    sys.argv = ["process_worker_pool.py", *argv[2:]]
+    if "--" not in argv:
+        sys.exit("usage: parsl-torch-pool [--spares N] QUARANTINE -- PROCESS_WORKER_POOL_ARGS (set by pt.workflow)")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="parsl-torch-pool")
+    parser.add_argument("--spares", type=int, default=0, help="nodes per block held back for lost ones")
+    parser.add_argument("quarantine", help="the workflow's file of lost nodes")
+    opts = parser.parse_args(argv[:split])
+    os.environ[settings.QUARANTINE.name] = opts.quarantine  # the stages' supervisors record lost nodes there
+    _keep_lost_nodes_out(opts.quarantine, opts.spares)
+    sys.argv = ["process_worker_pool.py", *argv[split + 1:]]
     runpy.run_module("parsl.executors.high_throughput.process_worker_pool", run_name="__main__", alter_sys=True)
 
 

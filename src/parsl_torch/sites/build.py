@@ -200,7 +200,7 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
     prov = mpi_provider(spec)
     max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
         else spec.mpi.max_workers_per_block
-    extra = {"launch_cmd": pool_command(quarantine)} if quarantine else {}
+    extra = {"launch_cmd": pool_command(quarantine, spec.mpi.spare_nodes)} if quarantine else {}
     return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
                                       drain_period=drain_period(spec), **_address(spec), **extra)
@@ -210,7 +210,7 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
 POOL_SCRIPT = "parsl-torch-pool"
 
 
-def pool_command(quarantine: str) -> str:
+def pool_command(quarantine: str, spares: int = 0) -> str:
     """Parsl's worker pool command, run through ``launch.pool`` (the same arguments, Parsl's template)."""
     from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 
@@ -218,7 +218,7 @@ def pool_command(quarantine: str) -> str:
     if pool != "process_worker_pool.py":
         raise SiteError(f"this Parsl's worker pool command starts with {pool!r}, not process_worker_pool.py: "
                         f"parsl-torch cannot wrap it")
-    return f"{POOL_SCRIPT} {shlex.quote(quarantine)} -- {args}"
+    return f"{POOL_SCRIPT} --spares {spares} {shlex.quote(quarantine)} -- {args}"
 
 
 def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:

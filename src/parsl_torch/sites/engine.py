@@ -238,7 +238,15 @@ def _serve(order: Mapping[str, str]) -> None:
     from globus_compute_endpoint.engines.base import GCFuture
 
     listener = Listener(order["address"], family="AF_UNIX", authkey=bytes.fromhex(order["authkey"]))
+    accepted = threading.Event()
+
+    def nobody_came() -> None:  # the starter died before it connected: nothing is left waiting for it
+        if not accepted.wait(START_TIMEOUT_S):
+            os._exit(1)
+
+    threading.Thread(target=nobody_came, daemon=True).start()
     conn = listener.accept()
+    accepted.set()
     listener.close()
     send_lock = threading.Lock()
     try:

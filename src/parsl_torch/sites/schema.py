@@ -59,6 +59,8 @@ class MPISpec:
 
     max_workers_per_block: int = 1  # multi-rank stages that may run at once in a block
     launcher: str = "mpiexec"  # Parsl's mpi_launcher: mpiexec | srun | aprun
+    #: nodes of each block held back until a node is lost: the retry of its stage then starts at once
+    spare_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,9 @@ def _check(spec: SiteSpec) -> None:
     if spec.local_slots > MAX_LOCAL_SLOTS:
         raise SiteError(f"local_slots: at most {MAX_LOCAL_SLOTS} stages can run at once on one machine, got "
                         f"{spec.local_slots}: give the number of multi-rank stages this machine should run at once")
+    if not 0 <= spec.mpi.spare_nodes < spec.provider.nodes_per_block:
+        raise SiteError(f"mpi.spare_nodes: must be 0 or more and fewer than provider.nodes_per_block "
+                        f"({spec.provider.nodes_per_block}): stages run on the others; got {spec.mpi.spare_nodes}")
     for path, value in (("provider.init_blocks", spec.provider.init_blocks),
                         ("provider.min_blocks", spec.provider.min_blocks)):
         if value < 0:
