@@ -185,7 +185,9 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     ``max_continuations`` blocks in a row without progress. Other keywords are site overrides
     (account, queue, walltime, nodes, as for ``pt.sites.load``) or
     ``parsl.Config`` settings (``monitoring=MonitoringHub(...)``,
-    ``retry_handler``, ``max_idletime``, ...). ``on_error``: when the workflow script
+    ``retry_handler``, ``max_idletime``, ...). ``sites=[default, *others]``
+    instead of ``site``: stages called with ``site=`` run on another of them
+    (``placement``: their inputs must be on a file system that site sees). ``on_error``: when the workflow script
     raises, the error is logged at once and the stages already running finish
     ("wait", the default: their work is kept and a rerun skips them) or are
     stopped at once ("cancel"); stages that have not started never start. On a Globus Compute site the
