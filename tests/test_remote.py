@@ -264,18 +264,18 @@ def test_workflow_functions_and_their_modules_run_on_a_globus_site(tmp_path, mon
     (project / "helpers.py").write_text("def scale(x):\n    return x * 10\n")
     env = {**os.environ, "PYTHONPATH": ""}  # the engine's workers see neither the project nor the tests
 
-    def run():
+    def run(seed):  # each run in its own process, under its own hash seed
         out = subprocess.run([sys.executable, "wf.py", str(tmp_path / "engine"), str(tmp_path / "run")], cwd=project,
-                             env=env, capture_output=True, text=True, timeout=300)
+                             env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         return next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))
 
-    first = run()
+    first = run("0")
     shipped = tmp_path / "remote" / "run" / "scaled" / ".sources" / "helpers.py"
     assert f"'value': 20, 'ranks': 2, 'helpers': '{shipped}'" in first and first.endswith("CACHED False")
-    assert run().endswith("CACHED True")  # nothing changed: skipped on the endpoint
+    assert run("1").endswith("CACHED True")  # nothing changed: skipped on the endpoint
     (project / "helpers.py").write_text("def scale(x):\n    return x * 100\n")
-    assert "'value': 200" in (rerun := run()) and rerun.endswith("CACHED False")  # a module edited here
+    assert "'value': 200" in (rerun := run("2")) and rerun.endswith("CACHED False")  # a module edited here
 
 
 @pytest.mark.slow

@@ -97,7 +97,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
         Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
     call = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
     try:
-        opts, script = _here(job, stage_dir)
+        opts, script = _here(job)
         parts = _identity(job, opts, script, args, call)
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
@@ -108,6 +108,11 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
             return RemoteAnswer(job.stage, stored)
     name = job.fn.name if job.fn is not None else job.stage
     why = identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
+    if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
+        try:
+            opts = replace(opts, import_path=(str(_unpack(stage_dir / SOURCES, job.sources)), *opts.import_path))
+        except ConfigError as exc:
+            return RemoteAnswer(job.stage, error=str(exc))
     code = _launch(job.fn, script, opts, args, call, key)
     if code:
         from parsl.app.errors import BashExitFailure
@@ -126,12 +131,10 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     return RemoteAnswer(job.stage, value, why)
 
 
-def _here(job: RemoteJob, stage_dir: Path) -> tuple[StageOptions, tuple[str, ...] | None]:
-    """The job's options and command on this machine: the shipped modules first on the ranks' import
-    path, a script run by this machine's Python, the files its arguments name here among its inputs."""
+def _here(job: RemoteJob) -> tuple[StageOptions, tuple[str, ...] | None]:
+    """The job's options and command on this machine: a script run by this machine's Python, the
+    files its arguments name here among its inputs."""
     opts = job.opts
-    if job.sources:
-        opts = replace(opts, import_path=(str(_unpack(stage_dir / SOURCES, job.sources)), *opts.import_path))
     if job.script is None:
         return opts, None
     script = (job.python or sys.executable, *job.script)
