@@ -150,7 +150,8 @@ def test_on_two_ranks_setup_exports_the_rank_variables_and_history_has_cross_ran
     script = tmp_path / "ezpz_env.py"
     script.write_text(SCRIPT)
     out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable, str(script)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean_env())
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=clean_env(PYTHONUNBUFFERED="1"))  # as many job scripts set it: lines must not merge
     assert out.returncode == 0, out.stderr[-3000:]
     lines = sorted(line for line in out.stdout.splitlines() if line.startswith("ENV"))
     assert lines == ["ENV 0 0 0 2 True True", "ENV 1 1 1 2 True True"], out.stdout

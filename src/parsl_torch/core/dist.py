@@ -66,6 +66,7 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
     if dist.is_initialized():
         return dist.get_rank()
 
+    _whole_lines_on_stdio()
     device = get_torch_device(topo.local_rank)
     accelerator = device_type in ("cuda", "xpu")
     if accelerator:  # before init: an unbound device deadlocks XPU collectives
@@ -91,6 +92,16 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
         topo.master_addr, topo.master_port, timeout_s, time.perf_counter() - t0,
     )
     return topo.rank
+
+
+def _whole_lines_on_stdio() -> None:
+    """Make unbuffered stdout/stderr line-buffered: ranks share the launcher's
+    stdout, and under PYTHONUNBUFFERED=1 ``print()`` writes the text and the
+    newline separately, so two ranks' lines merge. Line buffering keeps output
+    as prompt (a write per line) and each line in one write."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "write_through", False) and not stream.line_buffering:
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _seed_everything(seed: int) -> None:
