@@ -1,7 +1,8 @@
 """On the multi-node test cluster (tests/cluster, root): the time from a node's loss to the first
 training step after it, when the stage's retry starts on a spare node of the same block
-(``mpi.spare_nodes: 1``) against a full requeue (the stage fails; the workflow runs again in a
-new batch job and resumes from the checkpoint), measured in the same run. A 2-node x 2-rank
+(``mpi.spare_nodes: 1``), when it goes on with the node left (``min_nodes=1``, a 2-node block),
+against a full requeue (the stage fails; the workflow runs again in a new batch job and resumes
+from the checkpoint), measured in the same run. A 2-node x 2-rank
 train; rank 2 (on n2) stops at step 20 (after its checkpoint), n2 is lost (link down, its
 processes killed); NODE_TIMEOUT 10 s names it.
 
@@ -29,7 +30,8 @@ WORKFLOW = """
 import sys, parsl_torch as pt
 from parsl_torch.stages.train import train
 with pt.workflow(site=sys.argv[1], run_dir=sys.argv[2], retries=int(sys.argv[3])):
-    print(train(sys.argv[4], num_nodes=2, ranks_per_node=2).result()["resumed_from"])
+    min_nodes = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    print(train(sys.argv[4], num_nodes=2, ranks_per_node=2, min_nodes=min_nodes).result()["resumed_from"])
 """
 STOP_AT = 20
 
@@ -46,10 +48,12 @@ def _first_step_after(progress: Path, step: int, since: float, limit: float = 30
     raise TimeoutError(f"no step after {step} within {limit:g} s")
 
 
-def one(env: dict[str, str], tmp: Path, site: str, retries: int, name: str) -> tuple[subprocess.Popen, Path]:
+def one(env: dict[str, str], tmp: Path, site: str, retries: int, name: str,
+        *extra: str) -> tuple[subprocess.Popen, Path]:
     run = tmp / name
     once = tmp / f"{name}.once"
-    proc = subprocess.Popen([sys.executable, str(tmp / "wf.py"), site, str(run), str(retries), str(tmp / "train.yaml")],
+    proc = subprocess.Popen([sys.executable, str(tmp / "wf.py"), site, str(run), str(retries), str(tmp / "train.yaml"),
+                             *extra],
                             env={**env, "PARSL_TORCH_FAULT": f"hang@2:{STOP_AT}:{once}"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     while not once.exists():
@@ -87,6 +91,13 @@ def main() -> None:
             proc.communicate(timeout=300)
             cluster.restart_node("n2")
 
+            proc, progress = one(env, tmp, "nspbs", 1, "elastic", "1")
+            lost = time.perf_counter()
+            cluster.lose_node("n2")
+            elastic = _first_step_after(progress, STOP_AT + 1, lost)
+            proc.communicate(timeout=300)
+            cluster.restart_node("n2")
+
             proc, progress = one(env, tmp, "nspbs", 0, "requeue")
             lost = time.perf_counter()
             cluster.lose_node("n2")
@@ -102,8 +113,9 @@ def main() -> None:
           f"{args.node_timeout:g} s):\n"
           "| recovery | seconds |\n|---|---|\n"
           f"| retry on a spare node of the same block (mpi.spare_nodes: 1) | {spare:.1f} |\n"
+          f"| retry on the node left, 2 ranks (min_nodes=1, elastic) | {elastic:.1f} |\n"
           f"| full requeue (the stage fails, the workflow runs again in a new job) | {requeue:.1f} |\n"
-          f"-> the spare is {requeue / spare:.2f}x faster; both include the {args.node_timeout:g} s in which "
+          f"-> the spare is {requeue / spare:.2f}x, elastic {requeue / elastic:.2f}x faster than the requeue; all include the {args.node_timeout:g} s in which "
           f"the node is named lost; the requeue's new job starts at once here (fake PBS), where a real queue "
           f"adds its wait (ezpz publishes 9-11 s per resume on Sunspot, after its own detection)")
 

@@ -81,6 +81,26 @@ def test_a_rank_killed_while_saving_leaves_the_previous_checkpoint_and_the_rerun
     assert [p.name for p in (tmp_path / "ck.steps").iterdir()] == ["000000020"]  # older steps removed
 
 
+@pytest.mark.slow
+def test_resumed_on_fewer_ranks_the_global_batch_and_the_losses_stay_those_of_the_planned_ranks(tmp_path, trained):
+    """What a 4-rank train that lost a node and goes on with 2 ranks (min_nodes) does: its DCP
+    checkpoint reshards, each rank takes twice the share of the global batch (data.batch_size is the
+    global batch), and the result is that of the uninterrupted 4-rank run; the history has every
+    step once and both segments."""
+    _, uninterrupted = trained
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(TRAIN))
+    args = ("--config", "train.yaml", "--checkpoint", "ck", "--history", "train.h5")
+    killed = _stage(tmp_path, "train", 4, *args, env=clean_env(PARSL_TORCH_FAULT="kill@3:13"))
+    assert killed.returncode == 137 and checkpoint.read(tmp_path / "ck")["step"] == 10
+    resumed = _result(_stage(tmp_path, "train", 2, *args))
+    assert resumed["resumed_from"] == 10 and resumed["world_size"] == 2
+    assert resumed["segments"] == [[0, 4], [10, 2]]
+    assert resumed["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
+    history = h5py.File(tmp_path / "train.h5")
+    assert list(history["step"][:]) == list(range(20))
+    assert json.loads(history.attrs["segments"]) == [[0, 4], [10, 2]]
+
+
 def test_what_is_not_a_checkpoint_is_named(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(ValueError, match="is not a parsl-torch checkpoint"):

@@ -322,6 +322,21 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
         listener.close()
 
 
+def test_when_a_node_never_said_hello_it_is_named_not_the_node_whose_ranks_the_launcher_ended():
+    """A node whose link is down at launch never greets; the launcher (its daemon there lost) ends the
+    ranks elsewhere, which vanish: the silent node is the lost one (the quarantine must not take n1)."""
+    from parsl_torch.launch.supervise import blame, describe_node_loss
+
+    vanished = {"host": "n1.cluster", "ranks": [0, 1]}
+    kind, node = blame("vanished", vanished, ("n1.cluster", "n2.cluster"), {"n1"})
+    assert (kind, node["host"]) == ("silent", "n2")
+    assert describe_node_loss(kind, node).startswith("node n2 lost: its ranks never reached the launch, and the "
+                                                     "launcher ended the ranks on n1.cluster")
+    assert blame("vanished", vanished, ("n1", "n2"), {"n1", "n2"}) == ("vanished", vanished)  # all greeted
+    assert blame("vanished", vanished, ("10.0.0.1", "10.0.0.2"), set()) == ("vanished", vanished)  # other names
+    assert blame("lost", vanished, ("n1", "n2"), {"n1"}) == ("lost", vanished)  # silence names itself
+
+
 def test_a_bad_node_timeout_names_the_variable():
     from parsl_torch.common.settings import NODE_TIMEOUT
 

@@ -9,6 +9,7 @@ naming the rank or the lost node, nothing left on any node.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -373,3 +374,69 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
     # the retry ran on n1 and the spare n3 (without a spare it gets n3, n1: the node freed last comes last)
     assert history.attrs["hostname"] == "n1" and history.attrs["nodes"] == ["n1", "n2", "n3"]
     assert "n2" in (wf.run_dir / "parsl" / "quarantine.json").read_text()
+
+
+def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allows(cluster, sites_here, tmp_path,
+                                                                                  monkeypatch):
+    """A 2-node PBS block, a 2-node train with min_nodes=1: n2 is lost at step 6; no node is free, so the
+    retry resumes from the checkpoint of step 6 on n1 alone (2 ranks). Every step once, the loss still
+    falls, and the result and the history name both segments."""
+    monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")  # rank 2 (n2) stops at step 6
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+    cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2, "lr": 1e-2}
+    with pt.workflow(site="nspbs", run_dir="runs/elastic", retries=1) as wf:
+        with pytest.raises(pt.ConfigError, match=r"min_nodes=3 must be an int from 1 to num_nodes \(2\)"):
+            train(cfg, num_nodes=2, min_nodes=3, stage="wrong")
+        future = train(cfg, num_nodes=2, ranks_per_node=2, min_nodes=1)
+        _wait_for(tmp_path / "once", "the stopped rank")
+        cluster.module.lose_node("n2")
+        result = future.result(timeout=240)
+    assert result["resumed_from"] == 6 and result["world_size"] == 2
+    assert result["segments"] == [[0, 4], [6, 2]]
+    history = pt.read_history(result["history"])
+    assert list(history.steps) == list(range(10))  # no step lost or repeated
+    assert history.attrs["segments"] == [[0, 4], [6, 2]]
+    assert (history.attrs["hostname"], history.attrs["num_nodes"], history.attrs["world_size"]) == ("n1", 1, 2)
+    loss = history.metrics["loss"]
+    assert all(map(math.isfinite, loss)) and loss[6:].mean() < loss[:2].mean()
+    assert "starting 2 of 4 rank(s), on 1 node(s): the block lost nodes" in (wf.run_dir / "train" /
+                                                                           "stderr.txt").read_text()
+
+
+def test_a_node_that_fails_the_preflight_check_is_skipped_before_the_stage_starts(cluster, sites_here, tmp_path,
+                                                                                 monkeypatch):
+    """A 3-node PBS block with mpi.preflight: 5; n2's link is down. A 2-node stage is handed n1, n2: n2 does
+    not answer the check within 5 s, is quarantined, and the stage (not started, no retry spent) runs on
+    n1, n3. Without the check its ranks would wait for n2 until the collective timeout."""
+    import yaml
+
+    site = yaml.safe_load((TEST_SITES / "nspbs.yaml").read_text())
+    site.update(name="nscheck", provider={**site["provider"], "nodes_per_block": 3},
+                mpi={**site["mpi"], "preflight": 5})
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "sites" / "nscheck.yaml").write_text(yaml.safe_dump(site))
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", f"{tmp_path / 'sites'}:{TEST_SITES}")
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "120")
+
+    @pt.distributed_app(num_nodes=2, ranks_per_node=1)
+    def hosts():
+        import socket
+
+        import torch.distributed as dist
+
+        names = [None] * dist.get_world_size()
+        dist.all_gather_object(names, socket.gethostname())
+        return names
+
+    cluster.module.lose_node("n2")
+    with pt.workflow(site="nscheck", run_dir="runs/check") as wf:  # retries=0: the check's retry is free
+        started = time.monotonic()
+        placed = hosts().result(timeout=180)
+        took = time.monotonic() - started
+    assert sorted(placed) == ["n1", "n3"], placed
+    first = (wf.run_dir / "hosts" / "stderr.1.txt").read_text()
+    assert "pre-flight: node n2 did not answer the pre-flight check within 5 s" in first
+    assert "the stage was not started and goes to other nodes" in first
+    assert '"n2": "pre-flight: ' in (wf.run_dir / "parsl" / "quarantine.json").read_text()
+    assert took < 60, f"{took:.0f} s: the check should cost its 5 s, not the collective timeout (120 s)"

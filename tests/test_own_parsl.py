@@ -84,6 +84,9 @@ def test_stages_under_the_users_own_parsl_config(tmp_path, monkeypatch):
         with pt.workflow(site="local", run_dir="runs/own") as wf:
             assert wf.home.mpi_label == "local.mpi"
             assert world().result(timeout=180) == 2 and mine().result() == "mine"
+            with pytest.raises(ConfigError, match="min_nodes=1 needs blocks that pt.workflow starts, and site "
+                                                  "'local' is in a Parsl config of your own"):
+                world(min_nodes=1)
     with parsl.load(Config(executors=[ThreadPoolExecutor(label="mine")], run_dir=str(tmp_path / "ri2"))):
         with pytest.raises(ConfigError, match="already loaded without site 'local'"):
             with pt.workflow(site="local", run_dir="runs/other"):

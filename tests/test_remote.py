@@ -166,6 +166,9 @@ def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, m
     executor = _engine_executor_class()(SimpleNamespace(endpoint_id="6f3a8b52-0000-4000-8000-000000000000"))
     with pytest.raises(KeyboardInterrupt):
         with pt.workflow(site="polaris-gc", run_dir=tmp_path / "run", gc_executor=executor):
+            with pytest.raises(pt.ConfigError, match="min_nodes=1 needs blocks that pt.workflow starts, and site "
+                                                     "'polaris-gc' runs through Globus Compute"):
+                train(SMALL, min_nodes=1)
             train(SMALL, ranks_per_node=4)
     polaris = get_machine("polaris")
     assert jobs[0].launcher_args == tuple(polaris.binding_args(4)) and "--cpu-bind" in jobs[0].launcher_args

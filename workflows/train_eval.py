@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-config", default=str(CONFIGS / "eval.yaml"))
     p.add_argument("--nodes", type=int, default=1, help="nodes per stage")
     p.add_argument("--ranks-per-node", type=int, help="default: the site's")
+    p.add_argument("--min-nodes", type=int, help="train goes on with this many nodes after losing some "
+                   "(with --retries; default: all --nodes)")
     p.add_argument("--retries", type=int, default=1, help="reruns of a failed stage (train resumes)")
     p.add_argument("--account", help="batch sites: the allocation to charge")
     args = p.parse_args(argv)
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     resources = {"num_nodes": args.nodes, "ranks_per_node": args.ranks_per_node}
     with pt.workflow(site=args.site, run_dir=args.run_dir, fresh=args.fresh, retries=args.retries,
                      account=args.account) as wf:
-        trained = train(train_cfg, outputs=["train.h5", "model.pt"], **resources)
+        trained = train(train_cfg, outputs=["train.h5", "model.pt"], min_nodes=args.min_nodes, **resources)
         evaluated = evaluate(eval_cfg, inputs=[trained.outputs[1]], outputs=["eval.h5"], **resources)
         done = pt.report.summaries([trained, evaluated])
     print(pt.report.table(done, wf.run_dir))

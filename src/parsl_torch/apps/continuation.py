@@ -5,7 +5,9 @@ a checkpoint at the deadline), or its block was ended under it after the deadlin
 Parsl's ``retry_handler`` hook sees the failure first: for a continuation it costs
 nothing (``retries`` is left alone) and Parsl submits the task again; the task lands
 in the next block (the old one takes no new stage from the deadline on) and resumes
-from its checkpoint. Other failures go to the user's ``retry_handler`` (or cost 1, as
+from its checkpoint. A stage that was not started because a node failed the pre-flight
+check (``launch.preflight``; the node is quarantined) is submitted again for free too, up to
+MAX_FREE_PREFLIGHTS times. Other failures go to the user's ``retry_handler`` (or cost 1, as
 Parsl's default). A stage that ends ``max_continuations`` blocks in a row without
 progress (its checkpoint step does not move) fails with an error that says why.
 """
@@ -21,12 +23,15 @@ from typing import Any
 
 from ..common import stagedir
 from ..common.blocks import CONTINUE_EXIT
+from ..common.outcome import Cause, read_outcome
 from ..core.log import get_logger
 from ..errors import ConfigError, StageError
 from .status import StatusFile
 
 #: blocks in a row without progress before a continuing stage fails
 DEFAULT_MAX_CONTINUATIONS = 3
+#: pre-flight failures of a stage that cost no retry (each quarantines a node, so they end anyway)
+MAX_FREE_PREFLIGHTS = 3
 
 
 @dataclass
@@ -36,6 +41,7 @@ class _Stage:
     continuations: int = 0
     stalled: int = 0  # continuations in a row without progress
     step: Any = None
+    preflights: int = 0  # pre-flight failures, each a quarantined node
 
 
 def check_max_continuations(value: Any) -> int:
@@ -63,6 +69,10 @@ class Continuations:
         stage = self._stages.get(task_record["id"])
         if stage is not None and is_continuation(exc, stage.directory):
             return self._continue(stage)
+        if stage is not None and stage.preflights < MAX_FREE_PREFLIGHTS and _failed_preflight(stage.directory):
+            stage.preflights += 1  # not started; its silent node is quarantined: the pool places it elsewhere
+            self.log.warning("[%s] a node failed the pre-flight check: the stage goes to other nodes", stage.name)
+            return 0.0
         return self.then(exc, task_record) if self.then is not None else 1.0
 
     def _continue(self, stage: _Stage) -> float:
@@ -93,6 +103,11 @@ class Continuations:
         self.status.stage(stage.name, state="waiting", submitted_at=time.time(),
                           continuations=stage.continuations, continued_at_step=step, ended_block=block)
         return 0.0
+
+
+def _failed_preflight(stage_dir: Path) -> bool:
+    outcome = read_outcome(stage_dir)
+    return outcome is not None and outcome.cause is Cause.PREFLIGHT_FAILED
 
 
 def is_continuation(exc: BaseException, stage_dir: Path) -> bool:

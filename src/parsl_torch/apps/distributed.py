@@ -27,6 +27,7 @@ from ..common import settings
 from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
+from ..launch.pool import MIN_NODES_KEY
 from . import identity
 from .fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
@@ -54,11 +55,12 @@ class DistributedApp:
 
     def __init__(self, fn: Callable | None, *, script: Sequence[str] | None = None, name: str | None = None,
                  num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
-                 env: dict[str, str] | None = None, files: Sequence[str] = (), python: str | None = None) -> None:
+                 env: dict[str, str] | None = None, files: Sequence[str] = (), python: str | None = None,
+                 min_nodes: int | None = None) -> None:
         self.fn, self.script = fn, tuple(script) if script else None
         self.python = python  # a script's Python as given (None: the one the stage runs under)
         self.name = name or fn.__name__  # a script's name is given by script_app
-        self.num_nodes, self.ranks_per_node = num_nodes, ranks_per_node
+        self.num_nodes, self.ranks_per_node, self.min_nodes = num_nodes, ranks_per_node, min_nodes
         self.walltime, self.env = walltime, dict(env or {})
         self.files = tuple(files)
         if fn is not None:
@@ -68,11 +70,12 @@ class DistributedApp:
         """This stage, also identified by the content of ``files``."""
         return DistributedApp(self.fn, script=self.script, name=self.name, num_nodes=self.num_nodes,
                               ranks_per_node=self.ranks_per_node, walltime=self.walltime, env=self.env,
-                              files=(*self.files, *files), python=self.python)
+                              files=(*self.files, *files), python=self.python, min_nodes=self.min_nodes)
 
     def __call__(self, *args: Any, inputs: Sequence = (), outputs: Sequence = (), stage: str | None = None,
                  num_nodes: int | None = None, ranks_per_node: int | None = None, walltime: float | None = None,
-                 env: dict[str, str] | None = None, site: str | None = None, **kwargs: Any) -> StageFuture:
+                 env: dict[str, str] | None = None, site: str | None = None, min_nodes: int | None = None,
+                 **kwargs: Any) -> StageFuture:
         wf = current_workflow(self.name)
         asked = stage or self.name
         where = wf.placement(asked, site)
@@ -82,6 +85,8 @@ class DistributedApp:
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
         check_env(asked, stage_env)
         where.check_resources(asked, nodes, ppn)  # before anything is named or made
+        min_nodes = min_nodes if min_nodes is not None else self.min_nodes
+        where.check_min_nodes(asked, min_nodes, nodes)
         where.check_inputs(asked, list(inputs), wf.made_on)
         if not where.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
             # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
@@ -96,9 +101,11 @@ class DistributedApp:
         script, module = _script_target(self.script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), where.site.launcher_args(ppn),
                             code=code, code_roots=roots, script=script, module=module, files=self.files,
-                            import_path=rank_import_path())
+                            import_path=rank_import_path(), preflight=where.site.spec.mpi.preflight)
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
+        if min_nodes is not None and min_nodes < nodes:  # the pool may start it on fewer (launch.pool)
+            spec[MIN_NODES_KEY] = min_nodes
         if where.remote:
             job = remote_job(opts, self.fn, self.script, self.python, wf.digests, wf.memoize)
             app_future = submit_remote(wf, where.mpi_label, job, args, kwargs, inputs, outputs, spec)
@@ -189,20 +196,23 @@ def check_env(stage: str, env: dict[str, Any]) -> None:
 
 def distributed_app(fn: Callable | None = None, *, name: str | None = None, num_nodes: int = 1,
                     ranks_per_node: int | None = None, walltime: float | None = None,
-                    env: dict[str, str] | None = None):
+                    env: dict[str, str] | None = None, min_nodes: int | None = None):
     """Decorator: run ``fn`` on every rank of a Parsl MPI task, after ``setup_torch()``.
 
     ``name``: the stage name (default: the function's). ``num_nodes`` /
     ``ranks_per_node`` (default: the site's launch ranks per node) and
     ``walltime`` (seconds; every rank is stopped after it) can be given here
-    and per call; ``env`` is exported to the ranks. Call it inside
-    ``with pt.workflow(...)``; it returns a StageFuture. ``site=`` on a call runs
-    it on another of the workflow's sites (``pt.workflow(sites=[...])``).
+    and per call; ``env`` is exported to the ranks. ``min_nodes``: after its
+    block lost nodes (and no spare is left), the stage (its retry) starts on
+    the nodes left if there are at least this many; it learns its world size
+    from ``setup_torch()``. Call it inside ``with pt.workflow(...)``; it
+    returns a StageFuture. ``site=`` on a call runs it on another of the
+    workflow's sites (``pt.workflow(sites=[...])``).
     """
 
     def decorate(f: Callable) -> DistributedApp:
         return DistributedApp(f, name=name, num_nodes=num_nodes, ranks_per_node=ranks_per_node,
-                              walltime=walltime, env=env)
+                              walltime=walltime, env=env, min_nodes=min_nodes)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -210,7 +220,7 @@ def distributed_app(fn: Callable | None = None, *, name: str | None = None, num_
 def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequence[Any] = (),
                name: str | None = None, num_nodes: int = 1, ranks_per_node: int | None = None,
                walltime: float | None = None, env: dict[str, str] | None = None,
-               python: str | None = None) -> DistributedApp:
+               python: str | None = None, min_nodes: int | None = None) -> DistributedApp:
     """A stage that runs an existing script (or ``module=True``: ``python -m``) on every rank.
 
     Every rank gets the torchrun variables (an unmodified torchrun-style
@@ -218,18 +228,20 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     a relative name is the stage's; the script path and the ``args`` that name
     an existing file or directory are taken from where the workflow runs.
     ``name``: the stage name (default: the script's stem; its folder's name
-    for generic stems such as ``main.py``). Its future resolves to 0 (the exit code).
+    for generic stems such as ``main.py``). ``min_nodes``: as ``distributed_app``'s.
+    Its future resolves to 0 (the exit code).
     """
     py = python or sys.executable
     command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]
     args = [caller_path(a) for a in args]
     return DistributedApp(None, script=[*command, *args], name=name or script_stage_name(script, module),
                           num_nodes=num_nodes, ranks_per_node=ranks_per_node, walltime=walltime, env=env,
-                          files=[p for p in map(named_path, args) if p is not None], python=python)
+                          files=[p for p in map(named_path, args) if p is not None], python=python,
+                          min_nodes=min_nodes)
 
 
 def submit_builtin(call: BuiltinCall, app: DistributedApp) -> StageFuture:
     """A built-in stage: ``app`` (its function, by reference) with the files its config names."""
     return app.reading(call.files)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
                                    stage=call.stage, num_nodes=call.num_nodes, ranks_per_node=call.ranks_per_node,
-                                   walltime=call.walltime, site=call.site)
+                                   walltime=call.walltime, site=call.site, min_nodes=call.min_nodes)

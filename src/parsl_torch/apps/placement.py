@@ -30,10 +30,12 @@ LOCAL_FILES = "local"
 
 @dataclass(frozen=True)
 class Placement:
-    """One site of a workflow: ``mpi_label`` is its MPI executor's label in the workflow's Parsl config."""
+    """One site of a workflow: ``mpi_label`` is its MPI executor's label in the workflow's Parsl config;
+    ``pool``: its blocks run parsl-torch's worker pool (``launch.pool``: lost nodes kept out, ``min_nodes``)."""
 
     site: sites.Site
     mpi_label: str
+    pool: bool = False
 
     @property
     def scheduler(self) -> Scheduler:
@@ -82,6 +84,19 @@ class Placement:
             raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
                               f"ask for fewer nodes or raise the site's nodes (--nodes / {settings.NODES.name})")
 
+    def check_min_nodes(self, stage: str, min_nodes: int | None, num_nodes: int) -> None:
+        """``min_nodes``: an int from 1 to ``num_nodes``, on a site whose blocks parsl-torch starts."""
+        if min_nodes is None:
+            return
+        if not isinstance(min_nodes, int) or isinstance(min_nodes, bool) or not 1 <= min_nodes <= num_nodes:
+            raise ConfigError(f"stage {stage!r}: min_nodes={min_nodes!r} must be an int from 1 to num_nodes "
+                              f"({num_nodes})")
+        if self.remote or not self.pool:
+            how = "runs through Globus Compute (the endpoint's workers place stages)" if self.remote else \
+                "is in a Parsl config of your own (its blocks do not run parsl-torch-pool)"
+            raise ConfigError(f"stage {stage!r}: min_nodes={min_nodes} needs blocks that pt.workflow starts, and "
+                              f"site {self.site.name!r} {how}: leave min_nodes out")
+
     def check_inputs(self, stage: str, inputs: list[Any], made_on: dict[int, tuple[Any, str, Placement]]) -> None:
         """Each input reaches this site: a file given here must exist and this site must see the files
         here; a file another stage makes must be on a file system this site sees (``made_on``: a
@@ -118,4 +133,5 @@ def placements(default: sites.Site, others: list[sites.Site], users_config: bool
     """Each site of a workflow and its executor label: ``mpi`` for a workflow of one site, ``<site>.mpi``
     when several sites share the workflow's Parsl config, or in a Parsl config of the user's own."""
     prefixed = users_config or bool(others)
-    return {s.name: Placement(s, s.mpi_label if prefixed else "mpi") for s in (default, *others)}
+    return {s.name: Placement(s, s.mpi_label if prefixed else "mpi", pool=not users_config)
+            for s in (default, *others)}

@@ -141,6 +141,7 @@ class BuiltinCall:
     ranks_per_node: int | None = None
     walltime: float | None = None
     site: str | None = None  # another of the workflow's sites
+    min_nodes: int | None = None  # the fewest nodes it may go on with after a node loss
 
     @property
     def name(self) -> str:

@@ -96,6 +96,8 @@ def _write_env(opts: StageOptions, call: str) -> None:
 def _command(opts: StageOptions, rank_cmd: str) -> str:
     py = shlex.quote(sys.executable)
     timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
+    if opts.preflight and opts.num_nodes > 1:
+        timeout += f"--preflight {opts.preflight:g} "
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
             f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} {rank_cmd}")

@@ -29,7 +29,7 @@ import time
 from ..common import settings
 from ..common.entrypoints import WATCHDOG
 from ..common.procs import proc_stat
-from ..launch.supervise import reap
+from ..common.procs import reap
 
 
 def start(token: str) -> subprocess.Popen:

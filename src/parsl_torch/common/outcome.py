@@ -27,6 +27,7 @@ class Cause(str, enum.Enum):
     CONTINUED = "continued"  # stopped for its block's end: it continues in the next block
     LAUNCHER_FAILED = "launcher_failed"  # the launcher exited non-zero and no rank said why
     TOO_FEW_NODES = "too_few_nodes"  # the block has fewer nodes left than the stage needs (lost ones quarantined)
+    PREFLIGHT_FAILED = "preflight_failed"  # a node did not answer the pre-flight check (quarantined): not started
 
 
 @dataclass(frozen=True)

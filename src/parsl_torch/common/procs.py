@@ -1,8 +1,13 @@
-"""What Linux's /proc says about a process: enough to tell a live process from a
-zombie, find its parent, and tell it apart from a later one with the same PID."""
+"""What Linux's /proc says about a process (enough to tell a live process from a zombie, find its
+parent, and tell it apart from a later one with the same PID), and stopping processes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -20,3 +25,38 @@ def proc_stat(pid: int | str) -> ProcStat | None:
         return ProcStat(fields[0], int(fields[1]), fields[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def reap(token: str, spare: frozenset[int] = frozenset()) -> int:
+    """SIGKILL local processes whose environment carries ``token`` (not those in ``spare``);
+    returns how many."""
+    killed = 0
+    needle = token.encode()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid() or int(entry.name) in spare:
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to a process and its process group, SIGKILL if they are not gone after ``grace`` s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        _signal_group(proc, sig)
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue

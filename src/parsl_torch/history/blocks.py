@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .stats import STATS
 
 
@@ -45,3 +47,25 @@ class Block:
             per_stat = {s: np.concatenate([b.stats[s] for b in wide], axis=1) for s in STATS}
             stats = {k: {s: per_stat[s][j] for s in STATS} for j, k in enumerate(keys)}
         return steps, dict(zip(keys, values)), stats
+
+
+def as_float(key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ConfigError(f"metric {key!r}: the value is too large for a float") from None
+    except (TypeError, ValueError):
+        shape = getattr(value, "shape", None)
+        what = f"a tensor/array of shape {tuple(shape)}" if shape not in (None, ()) else repr(value)
+        raise ConfigError(f"metric {key!r} is {what}, not a number: pass a scalar "
+                          f"(e.g. loss.item()) or leave it out of update()") from None
+
+
+def as_step(value: Any) -> int:
+    try:
+        step = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"step {value!r} is not a whole number") from None
+    if step != value and not isinstance(value, str) or step < 0:
+        raise ConfigError(f"step {value!r}: use a whole number >= 0")
+    return step

@@ -8,7 +8,9 @@ Layout (schema ``parsl-torch/history`` version 1)::
     root attributes    schema, schema_version, stage, status (running|complete|
                        failed), start_time, end_time, steps, world_size,
                        num_nodes, nodes, hostname, device, backend, versions,
-                       git_commit, config (JSON, secrets redacted)
+                       git_commit, config (JSON, secrets redacted), segments
+                       (JSON: [first step, world size] of each run, one
+                       more per resume)
 
 Datasets are chunked, shuffled and gzip-compressed; ``step`` is attached as
 their dimension, so ``xarray.open_dataset(path, engine="h5netcdf")`` indexes
@@ -197,7 +199,7 @@ def read_history(path: str | os.PathLike) -> HistoryData:
 def _read(path: str | os.PathLike) -> HistoryData:
     with _open_checked(path) as f:
         attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
-        for key in ("config", "versions", "nodes"):
+        for key in ("config", "versions", "nodes", "segments"):
             if isinstance(attrs.get(key), str):
                 attrs[key] = json.loads(attrs[key])
         data = HistoryData(Path(path), attrs, f["step"][:])
@@ -240,3 +242,13 @@ def summarize(data: HistoryData) -> dict[str, dict[str, Any]]:
                        "max": float(finite.max()) if finite.size else nan,
                        "mean": float(finite.mean()) if finite.size else nan, "of": source}
     return out
+
+
+def check_dir(path: Path, where: str, partial: Path | None = None) -> None:
+    kept = f" (the history so far is kept in {partial})" if partial else ""
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: directory {parent} for {path.name} does not exist: create it "
+                          f"or pass another path{kept}")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{where}: directory {parent} is not writable: pass another path{kept}")

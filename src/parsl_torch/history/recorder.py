@@ -35,8 +35,8 @@ from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
 from ..errors import ConfigError
-from .blocks import Block
-from .h5file import H5Writer, checked_dataset_name, partial_path, read_history
+from .blocks import Block, as_float, as_step
+from .h5file import H5Writer, check_dir, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
 from .sinks import make_sinks
 from .stats import STATS, RankComm, cross_rank_stats, distributed_world, union_keys
@@ -49,28 +49,6 @@ PROGRESS_S = 2.0
 def default_history_path(name: str) -> Path:
     """``$PARSL_TORCH_RUN_DIR/outputs/<name>/history.h5`` (run dir: current directory)."""
     return Path(settings.RUN_DIR.get()) / "outputs" / name / "history.h5"
-
-
-def _as_float(key: str, value: Any) -> float:
-    try:
-        return float(value)
-    except OverflowError:
-        raise ConfigError(f"metric {key!r}: the value is too large for a float") from None
-    except (TypeError, ValueError):
-        shape = getattr(value, "shape", None)
-        what = f"a tensor/array of shape {tuple(shape)}" if shape not in (None, ()) else repr(value)
-        raise ConfigError(f"metric {key!r} is {what}, not a number: pass a scalar "
-                          f"(e.g. loss.item()) or leave it out of update()") from None
-
-
-def _as_step(value: Any) -> int:
-    try:
-        step = int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"step {value!r} is not a whole number") from None
-    if step != value and not isinstance(value, str) or step < 0:
-        raise ConfigError(f"step {value!r}: use a whole number >= 0")
-    return step
 
 
 class History:
@@ -117,6 +95,7 @@ class History:
         self._blocks: list[Block] = []  # synced, not yet on disk
         self._last_flush = time.monotonic()
         self._finalized: Path | None = None
+        self._segments: list[list[int]] = []  # [first step, world size] of each run that recorded rows
         self._sinks = make_sinks(sinks, self._target(None).with_suffix(".csv"), self.name, self.config) \
             if self._rank == 0 else None
 
@@ -134,10 +113,10 @@ class History:
         try:
             for k, v in metrics.items():
                 if k == "step":
-                    step = _as_step(v) if step is None else step
+                    step = as_step(v) if step is None else step
                     continue
                 if type(v) is not float:
-                    v = _as_float(k, v)
+                    v = as_float(k, v)
                 col = cols.get(k)
                 if col is None:
                     if k not in self._keys:
@@ -147,7 +126,7 @@ class History:
                 col.append(v)
                 parts.append(f"{k}={v:.6g}")
             if step is not None and type(step) is not int:
-                step = _as_step(step)
+                step = as_step(step)
         except ConfigError:  # a bad entry must not leave half a row behind
             for k in created or ():
                 del cols[k]
@@ -247,7 +226,9 @@ class History:
             target = self._target(None)
             if self.path is None:
                 target.parent.mkdir(parents=True, exist_ok=True)  # our default: ours to create
-            _check_dir(target, where="the history's partial file")
+            check_dir(target, where="the history's partial file")
+            if not self._segments:  # not resumed: this run's rows start here
+                self._segments = [[int(steps[0]) if len(steps) else 0, env_topology().world_size]]
             self._writer = H5Writer(target, self._file_attrs(), self._meta)
         self._writer.append(steps, values, stats, {})
 
@@ -263,7 +244,14 @@ class History:
             "device": get_torch_device_type(), "backend": backend,
             "versions": json.dumps(package_versions()), "git_commit": git_commit(),
             "config": json.dumps(redact(self.config), default=str),
+            "segments": json.dumps(self._segments),
         }
+
+    @property
+    def segments(self) -> list[list[int]]:
+        """[first step, world size] of each run whose rows the file holds (rank 0): one, or one
+        more per resume (a stage resumed on fewer nodes after a node loss shows it here)."""
+        return [list(s) for s in self._segments]
 
     def finalize(self, path: str | os.PathLike | None = None, *, plot: bool = True, ranks: str = "all") -> Path:
         """Sync the last rows and put the complete file at ``path``; returns the path.
@@ -292,7 +280,7 @@ class History:
                 self._progress(self._unreported, force=True)
             self.flush()
             staged = self._writer.partial
-            _check_dir(final, where="finalize", partial=staged)
+            check_dir(final, where="finalize", partial=staged)
             self._writer.set_attrs({"status": "complete", "end_time": utc_now()})
             self._writer.finish(final)
             if self.path is None and path is not None:  # drop the default dir we made, if empty
@@ -355,6 +343,9 @@ class History:
             return
         data = read_history(source)
         keep = data.steps < before_step
+        earlier = data.attrs.get("segments") or [[int(data.steps[0]) if len(data.steps) else 0,
+                                                  data.attrs.get("world_size")]]
+        self._segments = [s for s in earlier if s[0] < before_step] + [[before_step, env_topology().world_size]]
         keys = tuple(data.metrics)
         values = np.array([data.metrics[k][keep] for k in keys]).reshape(len(keys), int(keep.sum()))
         stats = {}
@@ -383,14 +374,3 @@ class History:
             self.mark_failed()
         elif self._finalized is None:
             self.finalize()
-
-
-
-def _check_dir(path: Path, where: str, partial: Path | None = None) -> None:
-    kept = f" (the history so far is kept in {partial})" if partial else ""
-    parent = path.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{where}: directory {parent} for {path.name} does not exist: create it "
-                          f"or pass another path{kept}")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"{where}: directory {parent} is not writable: pass another path{kept}")

@@ -56,6 +56,7 @@ class RankListener:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.server, selectors.EVENT_READ)
         self._closed = False
+        self.greeted: set[str] = set()  # short names of the nodes that said hello
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -117,6 +118,7 @@ class RankListener:
             return
         if message.get("hello"):
             nodes[sock] = {"host": message.get("host", "?"), "ranks": message.get("ranks", []), "seen": now}
+            self.greeted.add(str(nodes[sock]["host"]).split(".")[0])
         elif message.get("bye"):
             if sock in nodes:
                 nodes[sock]["bye"] = True

@@ -24,6 +24,8 @@ from . import quarantine
 
 #: a key of a task's resource specification, which Parsl's worker exports as PARSL_<KEY>
 SHORT_KEY = settings.NODES_SHORT.name.removeprefix("PARSL_").lower()
+#: the resource specification's key for a stage's ``min_nodes`` (its executor lets it through)
+MIN_NODES_KEY = "min_nodes"
 
 
 def _lost(path: str) -> set[str]:
@@ -63,13 +65,21 @@ def _keep_lost_nodes_out(path: str, spares: int) -> None:
         give_back(self, kept)
 
     def put_task(self, task_package):
-        """A task that needs more nodes than the block has left goes on at once, given none, with the
-        reason (its supervisor fails it saying so) instead of waiting in the backlog forever."""
+        """A task that needs more nodes than the block has left starts on the nodes left if its
+        ``min_nodes`` allows; else it goes on at once, given none, with the reason (its supervisor
+        fails it saying so) instead of waiting in the backlog forever."""
         spec = task_package.get("context", {}).get("resource_spec", {})
         lost = _lost(path)
         left = len([n for n in self.available_nodes if n.split(".")[0] not in lost]) - len(self.spare_nodes)
-        needed = spec.get("num_nodes") or 0
+        needed = int(spec.get("num_nodes") or 0)
         if needed <= left:
+            return take(self, task_package)
+        if 0 < int(spec.get(MIN_NODES_KEY) or needed + 1) <= left:
+            log.warning("parsl-torch: task %s asks for %d node(s), the block has %d left (%s lost): it starts on "
+                        "%d (min_nodes %s)", task_package["task_id"], needed, left, ", ".join(sorted(lost)), left,
+                        spec[MIN_NODES_KEY])
+            ranks_per_node = int(spec.get("ranks_per_node") or int(spec["num_ranks"]) // needed)
+            spec.update(num_nodes=left, num_ranks=left * ranks_per_node)
             return take(self, task_package)
         spec["MPI_NODELIST"], spec[SHORT_KEY] = "", (
             f"the stage needs {needed} node(s) but its block has {left} left: "

@@ -40,11 +40,13 @@ from ..common import settings, stagedir
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SUPERVISE
 from ..common.outcome import Cause, Outcome, forget_outcome, write_outcome
-from . import quarantine
+from ..common.procs import reap, stop
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
+from . import quarantine
 from .listener import RankListener
 from .plan import LaunchPlan
+from .preflight import silent_nodes
 from .shim import describe_exit
 
 GRACE_S = 10.0
@@ -76,41 +78,21 @@ def describe_node_loss(kind: str, node: dict) -> str:
     what = f"node {node['host']} lost ({_ranks_text(node['ranks'])})"
     if kind == "lost":
         return f"{what}: no heartbeat for {node['silent_s']:.0f} s (node down or its network cut)"
+    if kind == "silent":
+        return (f"node {node['host']} lost: its ranks never reached the launch, and the launcher ended the ranks "
+                f"on {node['victim']} (node down or its network cut)")
     return f"{what}: its ranks' processes ended without a report (node down or killed)"
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def reap(token: str, spare: frozenset[int] = frozenset()) -> int:
-    """SIGKILL local processes whose environment carries ``token`` (not those in ``spare``);
-    returns how many."""
-    killed = 0
-    needle = token.encode()
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid() or int(entry.name) in spare:
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-        except OSError:
-            continue
-    return killed
-
-
-def _stop(proc: subprocess.Popen, grace: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        _signal_group(proc, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def blame(kind: str, node: dict, nodes: tuple[str, ...], greeted: set[str]) -> tuple[str, dict]:
+    """The node to name for a node-loss event. A node whose ranks never said hello is the one lost when
+    another node's processes vanish: a launcher that loses one node's daemon (its link is down) ends
+    the ranks on the others, which vanish without a word."""
+    short = [n.split(".")[0] for n in nodes]
+    silent = [n for n in short if n not in greeted]
+    if kind == "vanished" and silent and str(node["host"]).split(".")[0] in short:
+        return "silent", {"host": silent[0], "ranks": [], "victim": node["host"]}
+    return kind, node
 
 
 def _exit_code(code: int) -> int:
@@ -163,8 +145,9 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
     next_owner_check = time.monotonic() + OWNER_CHECK_S
 
     def node_lost(kind: str, node: dict) -> Outcome:
+        kind, node = blame(kind, node, plan.nodes, listener.greeted)
         _say(f"{describe_node_loss(kind, node)}; stopping {others}")
-        _stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
+        stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
         return _node_outcome(kind, node)
 
     try:
@@ -182,7 +165,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                     proc.wait(timeout=CONTINUE_WAIT_S)  # the others stop at the same step
                 except subprocess.TimeoutExpired:
                     _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
-                    _stop(proc, grace)
+                    stop(proc, grace)
                 return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end", value["rank"],
                                value["host"])
             if kind == "report":
@@ -192,7 +175,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                     return node_lost(*cause)
                 failed = f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}"
                 _say(f"{failed}; stopping {others}")
-                _stop(proc, grace)
+                stop(proc, grace)
                 # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
                 # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
                 _say(f"{failed} (the cause: what the launcher printed after it is about the ranks stopped)")
@@ -207,6 +190,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                 with contextlib.suppress(queue.Empty):  # name the rank (or the lost node) if its report is near
                     kind, value = events.get(timeout=1.0)
                     if kind in ("lost", "vanished"):
+                        kind, value = blame(kind, value, plan.nodes, listener.greeted)
                         _say(describe_node_loss(kind, value))
                         return _node_outcome(kind, value)
                     if kind == "report":
@@ -218,7 +202,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                 _say(f"received {signal.Signals(received[0]).name}"
                      f"{' after the deadline: the block is ending' if ending else ''}; stopping "
                      f"{plan.num_ranks} rank(s)")
-                _stop(proc, grace)
+                stop(proc, grace)
                 if ending:
                     _say("the stage continues in the next block from its last checkpoint")
                     return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block ended")
@@ -228,15 +212,15 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                 next_owner_check = time.monotonic() + OWNER_CHECK_S
                 if why := owner.gone():
                     _say(f"{why}; stopping {plan.num_ranks} rank(s)")
-                    _stop(proc, grace)
+                    stop(proc, grace)
                     return Outcome(Cause.ORPHANED, ORPHANED_EXIT, why)
             if deadline and time.monotonic() > deadline:
                 _say(f"timed out after {timeout:g} s; stopping {plan.num_ranks} rank(s)")
-                _stop(proc, grace)
+                stop(proc, grace)
                 return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {timeout:g} s")
     finally:
         if proc.poll() is None:
-            _stop(proc, grace)
+            stop(proc, grace)
         reap(listener.token)
         listener.close()
         for sig, old in handlers.items():
@@ -262,6 +246,36 @@ def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) 
             env.get("PARSL_WORKER_BLOCK_ID"), settings.BLOCK_END.get(env), deadline_from_env(env), time.time(), skipped))
 
 
+def _refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
+    """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
+    unstarted (its retry is free: ``apps.continuation``), which places it on other nodes."""
+    path, job = settings.QUARANTINE.get(), quarantine.job_of()
+    for host, why in silent.items():
+        _say(f"pre-flight: node {host} {why}")
+        if path and job:
+            quarantine.add(path, job, host, f"pre-flight: {why}")
+    kept = "quarantined; the stage was not started and goes to other nodes" if path and job else \
+        "the stage was not started (no quarantine outside a workflow's batch job)"
+    summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
+    _say(summary)
+    if stage_dir:
+        write_outcome(stage_dir, Outcome(Cause.PREFLIGHT_FAILED, NODE_LOST_EXIT, summary, host=next(iter(silent))))
+    return NODE_LOST_EXIT
+
+
+def _ranks_given(asked: int) -> int:
+    """The ranks Parsl's MPI task was given: fewer than ``asked`` when the block lost nodes and the
+    stage's min_nodes let it start on the nodes left (``launch.pool``), which is said here."""
+    try:
+        given = int(os.environ.get("PARSL_NUM_RANKS", ""))
+    except ValueError:
+        return asked
+    if asked and given < asked:
+        _say(f"starting {given} of {asked} rank(s), on {os.environ.get('PARSL_NUM_NODES', '?')} node(s): the block "
+             f"lost nodes and the stage's min_nodes ({os.environ.get('PARSL_MIN_NODES', '?')}) allows it")
+    return given
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m parsl_torch.launch.supervise [--timeout S] [--ranks N] -- LAUNCHER ARGV...``
 
@@ -277,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {SUPERVISE}")
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--ranks", type=int, default=0, help="for messages only")
+    parser.add_argument("--preflight", type=float, default=0, help="seconds each node has to answer first")
     parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
     opts = parser.parse_args(argv[:split])
     command = argv[split + 1:]
@@ -289,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.env_file:
         with open(opts.env_file) as f:
             env = {**json.load(f), **env}
-    plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, opts.ranks or 0,
+    ranks = _ranks_given(opts.ranks)
+    plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, ranks,
                       tuple(h for h in hosts if h), env)
     run_dir = settings.RUN_DIR.raw(env)
     block_deadline = deadline_from_env({**os.environ, **env})
@@ -307,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         if stage_dir:
             write_outcome(stage_dir, Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block was past its deadline"))
         return CONTINUE_EXIT
+    if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
+        return _refuse_nodes(silent, stage_dir)
     return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..common import settings
 from ..errors import SiteError
+from ..launch.pool import MIN_NODES_KEY
 from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
 from .globus import make_executor
@@ -179,6 +180,11 @@ def _site_executor_classes() -> tuple[type, type]:
                     return self.single_process.submit(func, resource_specification, *args, **kwargs)
                 resource_specification = {"num_nodes": 1, "ranks_per_node": 1, "num_ranks": 1}
             return super().submit(func, resource_specification, *args, **kwargs)
+
+        def validate_resource_spec(self, resource_specification):
+            """Parsl's keys, and a stage's min_nodes, which parsl-torch-pool reads (``launch.pool``)."""
+            return super().validate_resource_spec({k: v for k, v in resource_specification.items()
+                                                   if k != MIN_NODES_KEY})
 
     class SiteHighThroughputExecutor(HighThroughputExecutor):
         """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor

@@ -30,6 +30,8 @@ _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|\[\]*:,()!-]+$")
 
 #: the local site runs stages as processes of one machine: more at once than this is a typo
 MAX_LOCAL_SLOTS = 1024
+#: the longest pre-flight check a site may ask for (seconds)
+MAX_PREFLIGHT_S = 600
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class MPISpec:
     launcher: str = "mpiexec"  # Parsl's mpi_launcher: mpiexec | srun | aprun
     #: nodes of each block held back until a node is lost: the retry of its stage then starts at once
     spare_nodes: int = 0
+    #: seconds every node of a multi-node stage has to answer before the stage starts (0: no check)
+    preflight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,9 @@ def _check(spec: SiteSpec) -> None:
     if not 0 <= spec.mpi.spare_nodes < spec.provider.nodes_per_block:
         raise SiteError(f"mpi.spare_nodes: must be 0 or more and fewer than provider.nodes_per_block "
                         f"({spec.provider.nodes_per_block}): stages run on the others; got {spec.mpi.spare_nodes}")
+    if not 0 <= spec.mpi.preflight <= MAX_PREFLIGHT_S:
+        raise SiteError(f"mpi.preflight: seconds every node has to answer before a multi-node stage starts, from "
+                        f"0 (no check) to {MAX_PREFLIGHT_S}; got {spec.mpi.preflight}")
     for path, value in (("provider.init_blocks", spec.provider.init_blocks),
                         ("provider.min_blocks", spec.provider.min_blocks)):
         if value < 0:

@@ -177,7 +177,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     path = history.finalize(history_path)
     return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
-            "world_size": get_world_size()}
+            "world_size": get_world_size(), "segments": history.segments}
 
 
 def _mean(loss: Any, device: Any) -> float:
