@@ -54,8 +54,10 @@ bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_continuation.py
 	$(RUN) $(BIN)/python benchmarks/bench_identity.py
 	$(RUN) $(BIN)/python benchmarks/bench_remote.py
-	@if [ "$$(id -u)" = 0 ]; then $(RUN) $(BIN)/python benchmarks/bench_multinode.py; \
-	else echo "bench_multinode.py skipped: the test cluster needs root"; fi
+	$(RUN) $(BIN)/python benchmarks/bench_warm.py
+	@if [ "$$(id -u)" = 0 ]; then for b in multinode node_loss preflight node_python; do \
+		$(RUN) $(BIN)/python benchmarks/bench_$$b.py || exit 1; done; \
+	else echo "bench_multinode, bench_node_loss, bench_preflight, bench_node_python skipped: the test cluster needs root"; fi
 
 clean:
 	rm -rf $(VENV) $(LOWEST) build src/*.egg-info .pytest_cache runs

@@ -10,6 +10,7 @@ naming the rank or the lost node, nothing left on any node.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -440,3 +441,74 @@ def test_a_node_that_fails_the_preflight_check_is_skipped_before_the_stage_start
     assert "the stage was not started and goes to other nodes" in first
     assert '"n2": "pre-flight: ' in (wf.run_dir / "parsl" / "quarantine.json").read_text()
     assert took < 60, f"{took:.0f} s: the check should cost its 5 s, not the collective timeout (120 s)"
+
+
+def test_ranks_start_from_a_node_local_copy_of_the_python_environment(cluster, sites_here, tmp_path, monkeypatch):
+    """A Slurm site with node_local_python: each block packs the environment once (the cache), sbcasts
+    it to its nodes' own storage (cluster.NODE_LOCAL: a directory per node) and the ranks import torch
+    from there; a train stage gives what it gives from the shared environment."""
+    import yaml
+
+    local = str(cluster.module.NODE_LOCAL)
+    site = yaml.safe_load((TEST_SITES / "nsslurm.yaml").read_text())
+    site.update(name="nslocal", node_local_python=local)
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "sites" / "nslocal.yaml").write_text(yaml.safe_dump(site))
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", f"{tmp_path / 'sites'}:{TEST_SITES}")
+    monkeypatch.setenv("PARSL_TORCH_CACHE_DIR", str(tmp_path / "cache"))
+
+    @pt.distributed_app(num_nodes=2, ranks_per_node=1)
+    def where():
+        import socket
+        import sys
+
+        import torch
+        import torch.distributed as dist
+
+        seen = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, (socket.gethostname(), sys.executable, torch.__file__))
+        return seen
+
+    with pt.workflow(site="nslocal", run_dir="runs/local") as wf:
+        seen = where().result(timeout=600)
+        staged = train(TRAIN, num_nodes=2, ranks_per_node=1, outputs=["t.h5", "t.pt"]).result(timeout=240)
+    with pt.workflow(site="nsslurm", run_dir="runs/shared"):
+        shared = train(TRAIN, num_nodes=2, ranks_per_node=1, outputs=["t.h5", "t.pt"]).result(timeout=240)
+    assert [s[0] for s in seen] == ["n1", "n2"]
+    for _, python, torch_file in seen:
+        assert python.startswith(f"{local}/parsl-torch-python/") and torch_file.startswith(f"{local}/"), seen
+    archive = next((tmp_path / "cache").glob("python-*.tar"))
+    for node in ("n1", "n2"):  # each node its own copy, on its own storage
+        assert (cluster.module.STATE / "nodes" / node / "local" / "parsl-torch-python" / archive.stem /
+                ".complete").exists()
+    assert staged["final_loss"] == shared["final_loss"]
+    assert "node_local_python" not in (wf.run_dir / "where" / "stderr.txt").read_text()
+
+
+def test_warm_stages_run_in_ranks_across_two_nodes_and_a_killed_rank_ends_them(cluster, sites_here, tmp_path):
+    """pt.workflow(warm=True) on the test cluster's Slurm site: three 2-node stages in the same ranks
+    (srun started them once); a rank killed on n2 fails its stage naming it, and the next stage
+    starts fresh ranks."""
+
+    @pt.distributed_app(num_nodes=2, ranks_per_node=1)
+    def ranks(kill: bool = False):
+        import signal
+        import socket
+
+        import torch.distributed as dist
+
+        rank = pt.setup_torch()
+        if kill and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        seen = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, (socket.gethostname(), os.getpid()))
+        return seen
+
+    with pt.workflow(site="nsslurm", run_dir="runs/warm", warm=True):
+        chain = [ranks(stage=f"w{i}").result(timeout=240) for i in range(3)]
+        with pytest.raises(pt.StageError, match=r"stage 'killed' failed: rank 1 on n2 was killed by SIGKILL"):
+            ranks(True, stage="killed").result(timeout=240)
+        after = ranks(stage="after").result(timeout=240)
+    assert [h for h, _ in chain[0]] == ["n1", "n2"] and chain[0] == chain[1] == chain[2]
+    assert [h for h, _ in after] == ["n1", "n2"] and after != chain[0]
+    assert not wait_gone(cluster, "stage_main"), "warm ranks left behind"

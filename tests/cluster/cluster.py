@@ -40,6 +40,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("PT_CLUSTER_DIR", "/tmp/pt-cluster"))
+#: each node's own storage (a node-local disk): the node's directory bind-mounted here in its namespace
+NODE_LOCAL = Path("/var/tmp/pt-nodelocal")
 BRIDGE = "ptbr0"
 SUBNET = "10.77.0"
 HOST_ADDR = f"{SUBNET}.1"
@@ -147,8 +149,10 @@ def _start_node(name: str, nodes: list[str], with_slurm: bool) -> int:
     daemons = [[sys.executable, str(HERE / "execd.py"), "serve", str(EXEC_PORT)]]
     if with_slurm:
         daemons.append(["slurmd", "-D", "-N", name, "-f", str(STATE / "slurm" / "slurm.conf")])
+    (node_dir / "local").mkdir()
+    NODE_LOCAL.mkdir(parents=True, exist_ok=True)
     spec = {"name": name, "node_dir": str(node_dir), "daemons": daemons,
-            "path": SBIN_PATH}
+            "path": SBIN_PATH, "node_local": [str(node_dir / "local"), str(NODE_LOCAL)]}
     (node_dir / "spec.json").write_text(json.dumps(spec))
     log = open(node_dir / "init.log", "wb")
     unshare = subprocess.Popen([shutil.which("unshare", path=SBIN_PATH) or "unshare", "--net", "--uts", "--pid",

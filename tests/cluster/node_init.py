@@ -1,7 +1,8 @@
 """PID 1 of a test-cluster node (TEST HARNESS, see cluster.py).
 
 Runs inside the node's fresh namespaces (network, UTS, PID, mount): sets the
-hostname, bind-mounts the node's /etc/hosts and an empty /etc/resolv.conf,
+hostname, bind-mounts the node's /etc/hosts, an empty /etc/resolv.conf and its
+own storage (cluster.NODE_LOCAL),
 waits until the host side has plugged its network in, starts the node's
 daemons (the exec daemon that stands in for sshd/PALS, and slurmd when the
 cluster has Slurm), then reaps orphans forever. As PID 1 it ignores SIGTERM;
@@ -24,8 +25,11 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     node_dir = Path(spec["node_dir"])
     socket.sethostname(spec["name"])
-    for src, dst in ((node_dir / "hosts", "/etc/hosts"), (node_dir / "resolv.conf", "/etc/resolv.conf")):
-        subprocess.run(["mount", "--bind", str(src), dst], check=True)
+    mounts = [(node_dir / "hosts", "/etc/hosts"), (node_dir / "resolv.conf", "/etc/resolv.conf")]
+    if spec.get("node_local"):  # the node's own storage
+        mounts.append(tuple(spec["node_local"]))
+    for src, dst in mounts:
+        subprocess.run(["mount", "--bind", str(src), str(dst)], check=True)
     go = node_dir / "network-ready"
     while not go.exists():
         time.sleep(0.02)

@@ -14,6 +14,7 @@ progress (its checkpoint step does not move) fails with an error that says why.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ class Continuations:
                  then: Callable[[BaseException, Any], float] | None = None) -> None:
         self.status, self.max_continuations, self.then = status, max_continuations, then
         self._stages: dict[int, _Stage] = {}
+        self._never: set[int] = set()
         self._lock = threading.Lock()
         self.log = get_logger("parsl_torch.workflow")
 
@@ -65,7 +67,14 @@ class Continuations:
         with self._lock:
             self._stages[task_id] = _Stage(stage, directory)
 
+    def never(self, task_id: int) -> None:
+        """A task that must not run again when it fails (a warm group: its call fails instead)."""
+        with self._lock:
+            self._never.add(task_id)
+
     def __call__(self, exc: BaseException, task_record: Any) -> float:
+        if task_record["id"] in self._never:
+            return math.inf
         stage = self._stages.get(task_record["id"])
         if stage is not None and is_continuation(exc, stage.directory):
             return self._continue(stage)

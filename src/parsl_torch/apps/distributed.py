@@ -35,16 +35,11 @@ from .payload import ShippedFunction, StageOptions
 from .remote import remote_job, submit_remote
 from .request import BuiltinCall
 from .scriptargs import caller_path, named_path, script_stage_name
-from .stagecmd import stage_command
+from .memo import WARM_KWARG
+from .stagecmd import bash_app_for
+from .warm import warm_app
 from .usercode import rank_import_path
 from .workflow import current_workflow
-
-
-@functools.lru_cache(maxsize=None)
-def _bash_app(label: str = "mpi", cache: bool = True):
-    from parsl import bash_app
-
-    return bash_app(stage_command, executors=[label], cache=cache, ignore_for_cache=["stdout", "stderr"])
 
 
 class DistributedApp:
@@ -110,10 +105,15 @@ class DistributedApp:
             job = remote_job(opts, self.fn, self.script, self.python, wf.digests, wf.memoize)
             app_future = submit_remote(wf, where.mpi_label, job, args, kwargs, inputs, outputs, spec)
             future = StageFuture(stage, app_future, None, None)
+        elif wf.warm is not None and self.fn is not None:  # in ranks already up (a script owns its process)
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            app_future = warm_app(wf.memoize)(ShippedFunction.of(self.fn), None, opts, *args, inputs=list(inputs),
+                                              outputs=outputs, **{WARM_KWARG: (wf.warm, where.mpi_label)}, **kwargs)
+            future = StageFuture(stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
         else:
             stage_dir.mkdir(parents=True, exist_ok=True)
             shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
-            app_future = _bash_app(where.mpi_label, wf.memoize)(
+            app_future = bash_app_for(where.mpi_label, wf.memoize)(
                 shipped, self.script, opts, *args, inputs=list(inputs), outputs=outputs,
                 stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR), parsl_resource_specification=spec,
                 **kwargs)

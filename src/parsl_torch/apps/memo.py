@@ -28,8 +28,10 @@ from . import identity
 from .fingerprint import Unidentifiable
 from .payload import StageOptions
 
-#: Parsl's keyword arguments of a stage's bash app that are not the call's own
-PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
+#: the keyword that tells a warm stage's app its site's executor label (``apps.warm``)
+WARM_KWARG = "parsl_torch_warm"
+#: keyword arguments of a stage's app that are not the call's own (Parsl's, and which executor)
+PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification", WARM_KWARG)
 #: the keyword through which the memoizer hands the call's identity to the worker
 CALL_KWARG = "parsl_torch_call"
 

@@ -68,12 +68,17 @@ class WorkflowRequest:
     given: dict[str, str] = field(default_factory=dict)
     #: the workflow's other sites (``sites=[default, *others]``), for stages called with ``site=``
     other_sites: tuple[str, ...] = ()
+    warm: bool = False  # function stages run in ranks already up (apps.warm)
 
     @classmethod
     def of(cls, site: str, run_dir: str | os.PathLike, fresh: bool, retries: int, max_continuations: int,
            on_error: str, gc_executor: Any, keywords: dict[str, Any]) -> WorkflowRequest:
         flags = _cli_flags.get()
         site, others = _sites(site, keywords.pop("sites", None))
+        warm = keywords.pop("warm", False)
+        if not isinstance(warm, bool):
+            raise ConfigError(f"pt.workflow(warm={warm!r}): use True (function stages run in ranks already up) "
+                              f"or False")
         site_overrides, config_settings = split_settings(keywords)
         check_max_continuations(max_continuations)
         if on_error not in ON_ERROR:
@@ -85,7 +90,7 @@ class WorkflowRequest:
                    on_error=on_error, gc_executor=gc_executor, progress=flags.progress or settings.PROGRESS.get(),
                    retry_handler=retry_handler, site_overrides=site_overrides, config_settings=config_settings,
                    given={k: v for k, v in given.items() if getattr(flags, k) not in (None, v)},
-                   other_sites=tuple(o for o in others if o != (flags.site or site)))
+                   other_sites=tuple(o for o in others if o != (flags.site or site)), warm=warm)
 
 
 def _sites(site: str, sites: Any) -> tuple[str, tuple[str, ...]]:

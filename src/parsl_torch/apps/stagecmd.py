@@ -9,6 +9,7 @@ and the environment, all 0600), and return the command that launches the ranks::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -29,6 +30,14 @@ from .memo import stage_components
 from .payload import ShippedFunction, StageOptions, plain_files
 
 
+@functools.lru_cache(maxsize=None)
+def bash_app_for(label: str = "mpi", cache: bool = True):
+    """The Parsl bash app of a stage on the executor ``label`` (``cache``: memoized)."""
+    from parsl import bash_app
+
+    return bash_app(stage_command, executors=[label], cache=cache, ignore_for_cache=["stdout", "stderr"])
+
+
 def stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
                    *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
                    stderr: str | None = None, parsl_resource_specification: dict | None = None,
@@ -39,8 +48,15 @@ def stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
     it reads them from the call (redirection, the MPI task's nodes);
     ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
+    return _command(opts, prepare_call(fn, script, opts, args, inputs, outputs, kwargs, parsl_torch_call))
+
+
+def prepare_call(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions, args: tuple,
+                 inputs: Sequence, outputs: Sequence, kwargs: dict[str, Any], call: str | None) -> str:
+    """Make the stage directory this attempt's and leave the ranks' call in it; returns the ranks'
+    command after the shim (a warm stage's ranks read the same files: ``apps.warm``)."""
     # who this call is: its ranks resume a checkpoint only if it was written under the same identity
-    call = parsl_torch_call or identity.call_id(stage_components(
+    call = call or identity.call_id(stage_components(
         opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
     _begin_attempt(opts.stage_dir)
@@ -50,7 +66,7 @@ def stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts
     else:
         rank_cmd = _write_argv(opts.stage_dir, script or ())
     _write_env(opts, call)
-    return _command(opts, rank_cmd)
+    return rank_cmd
 
 
 def _begin_attempt(stage_dir: str) -> None:

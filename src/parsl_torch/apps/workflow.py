@@ -33,6 +33,7 @@ from .placement import Placement, placements
 from .request import WorkflowRequest
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
+from .warm import WarmGroups, warm_groups
 
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
 
@@ -69,6 +70,8 @@ class Workflow:
         self.continuations = Continuations(self.status, max_continuations, retry_handler)
         #: each output DataFuture of a stage called so far -> (it, the stage, where it runs)
         self.made_on: dict[int, tuple[Any, str, Placement]] = {}
+        #: with warm=True: the groups of ranks that run the function stages (``apps.warm``)
+        self.warm: WarmGroups | None = None
         self._names: Counter[str] = Counter()
         self._taken: set[str] = set()
         self._lock = threading.Lock()
@@ -193,7 +196,9 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     stopped at once ("cancel"); stages that have not started never start. On a Globus Compute site the
     stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
     records stay here. ``gc_executor`` replaces the site's Globus Compute
-    Executor (tests). Under ``parsl-torch run --site S --run-dir D --fresh``
+    Executor (tests). ``warm=True``: function stages of one shape run one after
+    another in ranks that are already up (``apps.warm``; script stages run cold).
+    Under ``parsl-torch run --site S --run-dir D --fresh``
     those flags replace what the script passes (the log says so).
     """
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
@@ -226,8 +231,10 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                 wf.wait()
                 return
             with _parsl_loaded(wf, request) as dfk:
-                with wf.running_stages_finish(request.on_error):
-                    yield wf
+                with _warm_ranks(wf, request.warm):
+                    with wf.running_stages_finish(request.on_error):
+                        yield wf
+                    wf.wait()  # the stages; then the warm groups stop, then Parsl's other tasks end
                 dfk.wait_for_current_tasks()
         finally:
             wf.status.finish()
@@ -255,7 +262,8 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
     parsl_dir = wf.run_dir / "parsl"
     memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
     config = sites.build.workflow_config([w.site.spec for w in wf.where.values()], str(parsl_dir),
-                                         request.gc_executor, memoizer=memoizer, retries=request.retries,
+                                         request.gc_executor, warm=request.warm, memoizer=memoizer,
+                                         retries=request.retries,
                                          retry_handler=wf.continuations, **request.config_settings)
     parsl_log: list = []
     with _everything_ends_with_this_process():
@@ -268,6 +276,15 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
         finally:
             for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:
                 handler.close()        # one fd more per workflow in a notebook or a sweep driver
+
+
+@contextlib.contextmanager
+def _warm_ranks(wf: Workflow, warm: bool) -> Iterator[None]:
+    if not warm:
+        yield
+        return
+    with warm_groups(wf.run_dir, wf.where, wf.continuations.never) as wf.warm:
+        yield
 
 
 @contextlib.contextmanager
@@ -336,6 +353,9 @@ def _loaded_dfk() -> Any:
 def _check_users_dfk(dfk: Any, site: sites.Site, request: WorkflowRequest) -> None:
     """Under a DataFlowKernel the user loaded: it must hold the site's executors, and the settings
     of Parsl's own config are theirs. Checked before anything is made."""
+    if request.warm:
+        raise ConfigError("pt.workflow(warm=True) needs the Parsl config pt.workflow loads itself (its warm "
+                          "ranks' executor): leave out your parsl.load, or warm=True")
     given = [k for k, v in {"retries": request.retries, "gc_executor": request.gc_executor,
                             "retry_handler": request.retry_handler, **request.config_settings}.items() if v]
     if given:

@@ -12,6 +12,7 @@ from __future__ import annotations
 SUPERVISE = "parsl_torch.launch.supervise"  # fail fast, time out, leave nothing behind
 SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for each rank
 PREFLIGHT = "parsl_torch.launch.preflight"  # a rank of the pre-flight check: Python starts, answers
+NODE_PYTHON = "parsl_torch.launch.nodepython"  # the Python environment staged to node-local storage
 STAGE_MAIN = "parsl_torch.apps.stage_main"  # one rank of a distributed_app
 CLI = "parsl_torch.cli"  # the parsl-torch command
 WATCHDOG = "parsl_torch.apps.watchdog"  # ends what a workflow started when the workflow dies

@@ -134,12 +134,17 @@ PROGRESS = _add(Setting("PARSL_TORCH_PROGRESS", "`1`: a workflow shows its stage
                         "does this always)", False, flag))
 PROGRESS_EVERY = _add(Setting("PARSL_TORCH_PROGRESS_EVERY", "seconds between progress blocks off a terminal "
                               "(default 30)", 30.0, seconds))
+CACHE_DIR = _add(Setting("PARSL_TORCH_CACHE_DIR", "where packed Python environments are kept for "
+                        "`node_local_python` (on a shared file system; default `~/.cache/parsl-torch`)",
+                        "~/.cache/parsl-torch"))
 RUN_DIR = _add(Setting("PARSL_TORCH_RUN_DIR", "where `History` puts `outputs/<name>/history.h5` without a path "
                        "(set for a workflow's ranks; default: the current directory)", "."))
 
 # -- set by parsl-torch for the processes it starts ------------------------------------------
 BLOCK_END = _add(Setting("PARSL_TORCH_BLOCK_END", "epoch seconds when this block ends (the scheduler's end time, "
                          "or start + walltime)", None, epoch, INTERNAL))
+NODE_PYTHON = _add(Setting("PARSL_TORCH_NODE_PYTHON", "the node-local Python the ranks start (set in a block's "
+                           "environment when the site has `node_local_python`)", None, text, INTERNAL))
 QUARANTINE = _add(Setting("PARSL_TORCH_QUARANTINE", "the file where a block's lost nodes are recorded (set by "
                           "parsl-torch's worker pool: the supervisor adds a node it names lost, the pool never "
                           "hands it out again)", None, text, INTERNAL))

@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[split + 1:]
     if not command:
         parser.error("no command after --")
+    if node_python := settings.NODE_PYTHON.get():  # the block put this Python on its nodes' own storage
+        command = [node_python if arg == sys.executable else arg for arg in command]
     # the rendezvous belongs to this task: values inherited from the workflow's
     # shell would make concurrent stages on one node share a port
     hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import settings
+from ..common.entrypoints import NODE_PYTHON
 from ..errors import SiteError
 from ..launch.pool import MIN_NODES_KEY
 from ..launch.quarantine import FILE as QUARANTINE_FILE
@@ -32,19 +33,24 @@ MPI_LABEL, HTEX_LABEL = "mpi", "htex"
 RENDER_COMMAND = "process_worker_pool.py ...  # filled in by Parsl when it submits"
 
 
-def worker_init(spec: SiteSpec, python_env: str | None = None) -> str:
+def worker_init(spec: SiteSpec, python_env: str | None = None, stage_python: bool = False) -> str:
     """Shell lines run before the workers, for Parsl configs and endpoint configs
     alike: the site's ``provider.worker_init`` (the one field meant to be shell;
     ``{python_env}`` becomes ``python_env``, default the environment this
     process runs in), the site's environment (names validated, values quoted),
     and what the scheduler needs (local: the venv on PATH, a node list), after
-    when the block ends (its stages checkpoint a grace period before)."""
+    when the block ends (its stages checkpoint a grace period before).
+    ``stage_python``: a block of multi-rank stages puts the Python environment on
+    its nodes' local storage (site ``node_local_python``, ``launch.nodepython``)."""
     site_init = spec.provider.worker_init.strip().replace("{python_env}", python_env or sys.prefix)
+    staged = spec.node_local_python if stage_python else None
     return "\n".join([
         *get_scheduler(spec.scheduler).worker_init(spec.local_slots),
         *block_end_lines(spec),
         *([site_init] if site_init else []),
         *(f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()),
+        *([f'export {settings.NODE_PYTHON.name}="$({shlex.quote(os.path.join(python_env or sys.prefix, "bin", "python"))}'
+           f' -m {NODE_PYTHON} stage {shlex.quote(staged)})"'] if staged else []),
     ])
 
 
@@ -130,7 +136,7 @@ def _address(spec: SiteSpec) -> dict[str, Any]:
 
 
 def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks: int, max_blocks: int,
-             queue: str | None = None) -> Any:
+             queue: str | None = None, stage_python: bool = False) -> Any:
     """The scheduler's Parsl provider for blocks of ``nodes_per_block`` nodes (in ``queue``, default the site's)."""
     import parsl.providers
 
@@ -138,8 +144,9 @@ def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks
     cls = getattr(parsl.providers, scheduler.parsl_provider)
     nodes = min(nodes_per_block, scheduler.max_nodes_per_block or nodes_per_block)
     settings = dataclasses.replace(spec.provider, queue=queue) if queue else spec.provider
-    return cls(nodes_per_block=nodes, init_blocks=init_blocks, max_blocks=max_blocks, worker_init=worker_init(spec),
-               launcher=launcher, **scheduler.provider_options(settings))
+    return cls(nodes_per_block=nodes, init_blocks=init_blocks, max_blocks=max_blocks,
+               worker_init=worker_init(spec, stage_python=stage_python), launcher=launcher,
+               **scheduler.provider_options(settings))
 
 
 def mpi_provider(spec: SiteSpec) -> Any:
@@ -147,7 +154,7 @@ def mpi_provider(spec: SiteSpec) -> Any:
     timing = block_seconds(spec)
     launcher = get_scheduler(spec.scheduler).mpi_launcher(timing[0] if timing else None)
     return provider(spec, launcher, nodes_per_block=spec.provider.nodes_per_block,
-                    init_blocks=spec.provider.init_blocks, max_blocks=spec.provider.max_blocks)
+                    init_blocks=spec.provider.init_blocks, max_blocks=spec.provider.max_blocks, stage_python=True)
 
 
 def htex_provider(spec: SiteSpec) -> Any:
@@ -156,6 +163,9 @@ def htex_provider(spec: SiteSpec) -> Any:
     return provider(spec, launcher, nodes_per_block=spec.htex.nodes_per_block, init_blocks=0,
                     max_blocks=spec.htex.max_blocks, queue=spec.htex.queue)
 
+
+#: the executor of the apps that hand stages to warm ranks, and how many stages it holds at once
+WARM_LABEL, WARM_THREADS = "warm", 256
 
 #: the keys of a resource specification that HighThroughputExecutor takes; any other asks for MPI ranks
 HTEX_RESOURCE_KEYS = frozenset({"priority"})
@@ -272,10 +282,12 @@ def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = 
 
 
 def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_executor: Any = None,
-                    **config_kwargs: Any) -> Any:
+                    warm: bool = False, **config_kwargs: Any) -> Any:
     """One parsl.Config for a workflow's sites: one site's executors are labelled ``mpi``/``htex``,
-    several sites' ``<site>.mpi``/``<site>.htex``. ``gc_executor`` serves the Globus Compute sites."""
+    several sites' ``<site>.mpi``/``<site>.htex``. ``gc_executor`` serves the Globus Compute sites;
+    ``warm``: a thread executor for the apps that hand stages to warm ranks (``apps.warm``)."""
     from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
 
     prefixed = len(specs) > 1
     executors = []
@@ -286,6 +298,8 @@ def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_execut
             executors.append(globus_executor(spec, gc_executor, prefix + MPI_LABEL))
         else:
             executors += site_executors(spec, prefix, str(Path(run_dir) / QUARANTINE_FILE))
+    if warm:  # each thread waits for one stage's call in its warm ranks
+        executors.append(ThreadPoolExecutor(label=WARM_LABEL, max_threads=WARM_THREADS))
     settings = {"usage_tracking": 0, "strategy_period": min(s.strategy_period for s in specs), **config_kwargs}
     return Config(executors=executors, run_dir=str(run_dir), **settings)
 

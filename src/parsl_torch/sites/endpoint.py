@@ -37,7 +37,7 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
         "init_blocks": 0,  # no job until a stage arrives
         "min_blocks": 0,
         "max_blocks": p.max_blocks,
-        "worker_init": worker_init(spec, python_env),
+        "worker_init": worker_init(spec, python_env, stage_python=True),
         "launcher": {"type": "SimpleLauncher"},  # the MPI engine launches ranks itself
     }
     this_host = scheduler.max_nodes_per_block == 1  # the local site: an engine for this machine alone

@@ -8,6 +8,7 @@ safe loader), so no input produces anything but a ``SiteSpec`` or a
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -116,6 +117,8 @@ class SiteSpec:
     strategy_period: float = 5.0  # seconds between Parsl's scaling decisions
     poll_period_ms: int = 10  # Parsl's HTEX poll_period: how often idle executor processes wake up
     local_slots: int = 2  # local site: multi-rank stages that may run at once
+    #: a node-local directory each block of multi-rank stages copies the Python environment to (launch.nodepython)
+    node_local_python: str | None = None
     provider: ProviderSpec = field(default_factory=ProviderSpec)
     mpi: MPISpec = field(default_factory=MPISpec)
     htex: HTEXSpec = field(default_factory=HTEXSpec)
@@ -176,6 +179,9 @@ def _check(spec: SiteSpec) -> None:
     if not 0 <= spec.mpi.spare_nodes < spec.provider.nodes_per_block:
         raise SiteError(f"mpi.spare_nodes: must be 0 or more and fewer than provider.nodes_per_block "
                         f"({spec.provider.nodes_per_block}): stages run on the others; got {spec.mpi.spare_nodes}")
+    if spec.node_local_python is not None and not os.path.isabs(spec.node_local_python):
+        raise SiteError(f"node_local_python: give the absolute path of a directory on each node's own storage "
+                        f"(e.g. /tmp or /local/scratch), got {spec.node_local_python!r}")
     if not 0 <= spec.mpi.preflight <= MAX_PREFLIGHT_S:
         raise SiteError(f"mpi.preflight: seconds every node has to answer before a multi-node stage starts, from "
                         f"0 (no check) to {MAX_PREFLIGHT_S}; got {spec.mpi.preflight}")

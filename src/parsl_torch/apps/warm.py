@@ -1,0 +1,239 @@
+"""``pt.workflow(warm=True)``: stages of one shape run in ranks that are already up.
+
+Parsl's MPI mode starts a task's ranks anew for every task: Python, ``import torch``, the
+process group, each time. In a warm workflow a function stage is a Parsl app on the
+workflow's ``warm`` thread executor instead (the same identity, memoization, retries and
+continuations as a cold stage), which hands the call to a *group*: ranks started once, as a
+cold stage's are (an MPI task on the site's executor: supervisor, shim, ``setup_torch``),
+that run one call after another (``apps.warm_rank``). Groups are kept by shape (site,
+nodes, ranks per node, launch flags, environment): at most as many per shape as the site
+runs stages at once, each stopped after ``IDLE_S`` without a call (its nodes go back to the
+block) and when the workflow ends. A call that fails ends its group: the stage fails as a
+cold one does (the supervisor's outcome, the rank's traceback in the stage's stderr), and
+the next call starts fresh ranks. Script stages run cold: a script owns its process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..common import settings
+from ..common.files import write_atomic
+from ..common.outcome import Cause, Outcome, read_outcome, write_outcome
+from ..common.stagedir import RESULT, STDERR, STDOUT
+from ..common.stagedir import ENV as ENV_FILE
+from ..common.stagedir import PAYLOAD
+from ..core.log import get_logger
+from ..sites.build import WARM_LABEL
+from .payload import ShippedFunction, StageOptions
+from .placement import Placement
+from .stagecmd import bash_app_for, prepare_call
+from .warm_rank import JOBS, STOP, job_path, serve
+
+#: seconds an idle group waits for its next call before it stops
+IDLE_S = 5.0
+#: how often a waiting call looks for its done file
+POLL_S = 0.003
+#: the directory of a run's groups
+GROUPS_DIR = ".warm"
+
+
+@dataclasses.dataclass(eq=False)
+class _Group:
+    shape: tuple
+    directory: Path
+    future: Any  # the group's MPI task
+    jobs: itertools.count = dataclasses.field(default_factory=itertools.count)
+    busy: bool = True
+    idle_since: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return not self.future.done() and not Path(self.directory, STOP).exists()
+
+
+def shape(opts: StageOptions, label: str) -> tuple:
+    """What must be equal for two calls to share ranks: where and how they start."""
+    env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))
+    return label, opts.num_nodes, opts.ranks_per_node, opts.launcher_args, opts.preflight, env, opts.import_path
+
+
+class WarmGroups:
+    """One workflow's groups. ``never_retry``: told each group's task id (a failed group is not run again)."""
+
+    def __init__(self, run_dir: Path, where: dict[str, Placement], never_retry: Any) -> None:
+        self.run_dir, self.never_retry = run_dir, never_retry
+        self.slots = {p.mpi_label: p.site.spec.local_slots if p.scheduler.max_nodes_per_block == 1
+                      else p.site.spec.mpi.max_workers_per_block for p in where.values()}
+        self._groups: list[_Group] = []
+        self._made = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = threading.Event()
+        self.log = get_logger("parsl_torch.workflow")
+        threading.Thread(target=self._stop_idle, daemon=True).start()
+
+    def run(self, fn: ShippedFunction, opts: StageOptions, label: str, args: tuple, kwargs: dict[str, Any],
+            inputs: Sequence, outputs: Sequence, call: str | None) -> int:
+        """One call in a group of its shape (one is started if none is free); raises as its bash app would."""
+        from parsl.app.errors import BashExitFailure
+
+        prepare_call(fn, None, opts, args, inputs, outputs, kwargs, call)
+        stage = Path(opts.stage_dir).name
+        while True:
+            group = self._take(shape(opts, label), opts, label)
+            try:
+                outcome = self._call(group, opts)
+            finally:
+                self._give_back(group)
+            if outcome is not None:
+                write_outcome(opts.stage_dir, outcome)
+                raise BashExitFailure(stage, outcome.exit_code)
+            if Path(opts.stage_dir, RESULT).exists():
+                return 0
+            # the group ended before it took the call (it stopped for its block's end): another group takes it
+
+    def _take(self, key: tuple, opts: StageOptions, label: str) -> _Group:
+        with self._cond:
+            while True:
+                alive = [g for g in self._groups if g.shape == key and g.alive]
+                free = next((g for g in alive if not g.busy), None)
+                if free is not None:
+                    free.busy = True
+                    return free
+                if len(alive) < self.slots.get(label, 1):
+                    group = self._start(key, opts, label)
+                    self._groups.append(group)
+                    return group
+                self._cond.wait(1.0)
+
+    def _give_back(self, group: _Group) -> None:
+        with self._cond:
+            group.busy, group.idle_since = False, time.monotonic()
+            if not group.alive:
+                self._groups.remove(group)
+            self._cond.notify_all()
+
+    def _start(self, key: tuple, opts: StageOptions, label: str) -> _Group:
+        directory = self.run_dir / GROUPS_DIR / str(next(self._made))
+        (directory / JOBS).mkdir(parents=True, exist_ok=True)
+        env = dict(opts.env)
+        env[settings.STAGE_DIR.name] = str(directory)
+        group_opts = dataclasses.replace(opts, stage_dir=str(directory), walltime=None, env=tuple(env.items()),
+                                         code="", code_roots=(), script=None, module=None, files=())
+        spec = {"num_nodes": opts.num_nodes, "ranks_per_node": opts.ranks_per_node, "num_ranks": opts.num_ranks}
+        future = bash_app_for(label, cache=False)(
+            _serve(), None, group_opts, str(directory), stdout=str(directory / STDOUT),
+            stderr=str(directory / STDERR), parsl_resource_specification=spec, parsl_torch_call="warm-group")
+        self.never_retry(future.tid)
+        self.log.info("warm ranks: group %s starts (%d node(s) x %d rank(s))", directory.name, opts.num_nodes,
+                      opts.ranks_per_node)
+        return _Group(key, directory, future)
+
+    def _call(self, group: _Group, opts: StageOptions) -> Outcome | None:
+        """The call in ``group``: None when it is done (or was never taken), else why it failed."""
+        n = next(group.jobs)
+        said = _size(group.directory / STDERR)
+        stage_dir = Path(opts.stage_dir)
+        job = {"stage_dir": str(stage_dir), "payload": str(stage_dir / PAYLOAD), "result": str(stage_dir / RESULT),
+               "env": str(stage_dir / ENV_FILE), "stdout": str(stage_dir / STDOUT), "stderr": str(stage_dir / STDERR),
+               "walltime": opts.walltime}
+        started = time.monotonic()
+        write_atomic(job_path(group.directory, n), json.dumps(job))
+        done, taken = job_path(group.directory, n, "done"), job_path(group.directory, n, "started")
+        while not done.exists():
+            if group.future.done() and not done.exists():
+                if not taken.exists() and group.future.exception() is None:
+                    return None  # it stopped (its block ends) before it took the call
+                return self._failure(group, opts, time.monotonic() - started, said)
+            time.sleep(POLL_S)
+        return None
+
+    def _failure(self, group: _Group, opts: StageOptions, took: float, said: int) -> Outcome:
+        """The group's end as the call's outcome; the supervisor's lines go to the stage's stderr."""
+        with contextlib.suppress(OSError), open(group.directory / STDERR, errors="replace") as f:
+            f.seek(said)
+            lines = [line for line in f.read().splitlines() if line.startswith("parsl-torch:")]
+            with open(Path(opts.stage_dir, STDERR), "a") as out:
+                out.writelines(f"{line}\n" for line in lines)
+        if opts.walltime and took >= opts.walltime:
+            return Outcome(Cause.TIMED_OUT, 124, f"timed out after {opts.walltime:g} s")
+        outcome = read_outcome(group.directory)
+        if outcome is not None and outcome.cause is not Cause.OK:
+            return outcome
+        exc = group.future.exception()
+        code = getattr(exc, "exitcode", 1)
+        return Outcome(Cause.LAUNCHER_FAILED, code, f"its warm ranks ended: {exc or 'without a word'}")
+
+    def _stop_idle(self) -> None:
+        while not self._closed.wait(0.5):
+            with self._cond:
+                now = time.monotonic()
+                for group in [g for g in self._groups if not g.busy]:
+                    if not group.alive or now - group.idle_since > IDLE_S:
+                        _ask_to_stop(group)
+                        self._groups.remove(group)
+
+    def close(self, wait: float = 30.0) -> None:
+        """Stop every group; wait for their tasks (their nodes go back to the blocks)."""
+        self._closed.set()
+        with self._cond:
+            groups, self._groups = list(self._groups), []
+        for group in groups:
+            _ask_to_stop(group)
+        deadline = time.monotonic() + wait
+        for group in groups:
+            with contextlib.suppress(Exception):
+                group.future.exception(timeout=max(deadline - time.monotonic(), 0.1))
+
+
+def _ask_to_stop(group: _Group) -> None:
+    with contextlib.suppress(OSError):
+        write_atomic(Path(group.directory, STOP), "")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+@functools.lru_cache(maxsize=1)
+def _serve() -> ShippedFunction:
+    return ShippedFunction.of(serve)
+
+
+def warm_stage(fn: ShippedFunction, script: None, opts: StageOptions, *args: Any, inputs: Sequence = (),
+               outputs: Sequence = (), parsl_torch_call: str | None = None,
+               parsl_torch_warm: tuple[WarmGroups, str] | None = None, **kwargs: Any) -> int:
+    """A warm stage's Parsl app: its arguments are a cold stage's bash app's (``script`` is None), so its
+    identity is the same; ``parsl_torch_warm``: the workflow's groups and the site's executor label
+    (a thread of this process runs it: nothing is pickled)."""
+    groups, label = parsl_torch_warm
+    return groups.run(fn, opts, label, args, kwargs, inputs, outputs, parsl_torch_call)
+
+
+@functools.lru_cache(maxsize=None)
+def warm_app(cache: bool = True):
+    from parsl import python_app
+
+    return python_app(warm_stage, executors=[WARM_LABEL], cache=cache)
+
+
+@contextlib.contextmanager
+def warm_groups(run_dir: Path, where: dict[str, Placement], never_retry: Any):
+    """The workflow's groups for the duration of the block; all are stopped when it ends."""
+    groups = WarmGroups(run_dir, where, never_retry)
+    try:
+        yield groups
+    finally:
+        groups.close()

@@ -1,0 +1,201 @@
+"""The ranks of a warm group (``pt.workflow(warm=True)``, see ``apps.warm``): started once,
+like any stage's ranks (supervisor, shim, ``stage_main``, ``setup_torch``), they run one stage
+call after another without starting again.
+
+Rank 0 waits for the next job file in the group's directory and broadcasts it; every rank runs
+the call exactly as ``stage_main`` would (the same payload, environment and result files, in
+the stage's directory, its output in the stage's stdout/stderr), then the ranks meet and rank
+0 writes the job's done file. Between calls each rank is put back as it started: working
+directory, environment, ``sys.path``, root logging, RNG seeds, default dtype and device, the
+process groups the call made, the accelerator's cached memory. Module state the call changed
+is its own. A call that raises ends its rank (as in ``stage_main``): the supervisor ends the
+group, and the workflow starts fresh ranks for the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ..common import settings
+from ..common.files import write_atomic
+
+#: how often rank 0 looks for the next job
+POLL_S = 0.002
+#: an idle group's ranks meet this often (their broadcast would otherwise reach the collective timeout)
+TICK_S = 5.0
+#: the job files in a group's directory: jobs/<n>.json, written by the workflow; started and done markers
+JOBS = "jobs"
+STOP = "stop"
+
+
+def job_path(group_dir: str | os.PathLike, n: int, kind: str = "json") -> Path:
+    return Path(group_dir, JOBS, f"{n}.{kind}")
+
+
+class _Baseline:
+    """What a rank looked like when the group started: each call's changes are undone against it."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.cwd, self.environ, self.path = os.getcwd(), dict(os.environ), list(sys.path)
+        root = logging.getLogger()
+        self.handlers, self.level = list(root.handlers), root.level
+        self.dtype = torch.get_default_dtype()
+
+    def restore(self) -> None:
+        import numpy as np
+        import torch
+
+        os.chdir(self.cwd)
+        os.environ.clear()
+        os.environ.update(self.environ)
+        sys.path[:] = self.path
+        root = logging.getLogger()
+        root.handlers[:] = self.handlers
+        root.setLevel(self.level)
+        torch.seed()  # fresh entropy, as a new process's torch, random and numpy have
+        random.seed()
+        np.random.seed()
+        torch.set_default_dtype(self.dtype)
+        torch.set_default_device(None)
+        for kind in ("cuda", "xpu"):
+            backend = getattr(torch, kind, None)
+            if backend is not None and backend.is_available():
+                backend.empty_cache()
+
+
+def _process_groups() -> set:
+    """The process groups alive now (torch keeps them in its world's map)."""
+    from torch.distributed import distributed_c10d
+
+    return set(getattr(getattr(distributed_c10d, "_world", None), "pg_map", {}) or ())
+
+
+def _keep_the_default_group() -> None:
+    """A call's ``pt.cleanup()`` / ``destroy_process_group()`` leaves the group's own process group up,
+    and its ``init_process_group`` finds it there (as ``setup_torch`` does)."""
+    import torch.distributed as dist
+
+    destroy, init = dist.destroy_process_group, dist.init_process_group
+
+    def destroy_process_group(group=None):
+        if group is not None and group is not dist.group.WORLD:
+            destroy(group)
+
+    def init_process_group(*args, **kwargs):
+        if not dist.is_initialized():
+            init(*args, **kwargs)
+
+    dist.destroy_process_group, dist.init_process_group = destroy_process_group, init_process_group
+
+
+@contextlib.contextmanager
+def _output_to(stdout: str, stderr: str):
+    """The rank's fds 1 and 2 write to the stage's files (appending: several ranks share them)."""
+    for stream in (sys.stdout, sys.stderr):  # what the rank printed before is not the stage's
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        for fd, path in ((1, stdout), (2, stderr)):
+            target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.dup2(target, fd)
+            os.close(target)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for fd, old in ((1, saved[0]), (2, saved[1])):
+            os.dup2(old, fd)
+            os.close(old)
+
+
+def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> None:
+    """One call, as ``stage_main`` runs it; a failure ends this rank (exit 1, or 124 past its walltime)."""
+    import dill
+
+    with open(job["env"]) as f:
+        env = json.load(f)
+    groups = _process_groups()
+    with _output_to(job["stdout"], job["stderr"]):
+        os.chdir(job["stage_dir"])
+        os.environ.update(env)
+        sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        timer = threading.Timer(job["walltime"], os._exit, (124,)) if job.get("walltime") else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            with open(job["payload"], "rb") as f:
+                shipped, args, kwargs = dill.load(f)
+            value = shipped.load()(*args, **kwargs)
+        except BaseException:  # noqa: BLE001 - as stage_main: report any failure, then end this rank
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        if timer is not None:
+            timer.cancel()
+        if rank == 0:
+            tmp = f"{job['result']}.tmp"
+            with open(tmp, "wb") as f:
+                dill.dump(value, f)
+            os.replace(tmp, job["result"])
+    import torch.distributed as dist
+
+    for group in _process_groups() - groups:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(group)
+    del value
+    baseline.restore()
+    gc.collect()
+
+
+def _next_job(group_dir: str, n: int) -> dict[str, Any] | str | None:
+    """Rank 0: job ``n`` when it is there, "stop" when asked (or the block is about to end), None after TICK_S."""
+    waited = time.monotonic() + TICK_S
+    path, stop = job_path(group_dir, n), Path(group_dir, STOP)
+    while time.monotonic() < waited:
+        if path.exists():
+            job = json.loads(path.read_text())
+            write_atomic(job_path(group_dir, n, "started"), "")
+            return job
+        deadline = settings.DEADLINE.get()
+        if stop.exists() or (deadline is not None and time.time() >= deadline):
+            return "stop"
+        time.sleep(POLL_S)
+    return None
+
+
+def serve(group_dir: str) -> str:
+    """The group's stage function: run calls until told to stop."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    baseline = _Baseline()
+    _keep_the_default_group()
+    n = 0
+    while True:
+        box = [_next_job(group_dir, n) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        job = box[0]
+        if job is None:
+            continue
+        if job == "stop":
+            return "stopped"
+        _run(job, baseline, rank)
+        dist.barrier()  # every rank finished the call: only then is it done
+        if rank == 0:
+            write_atomic(job_path(group_dir, n, "done"), "")
+        n += 1

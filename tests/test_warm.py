@@ -1,0 +1,112 @@
+"""Warm ranks (pt.workflow(warm=True)): stages of one shape run in ranks already up, with the results,
+files, errors and reruns of cold stages, each call in a clean rank."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import parsl_torch as pt
+from parsl_torch.errors import StageError
+
+from .conftest import processes_under
+
+pytestmark = pytest.mark.slow
+
+
+@pt.distributed_app(ranks_per_node=2)
+def probe(step: int, previous=None):
+    """What a call sees, then it changes every piece of rank state it can."""
+    import logging
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    rank = pt.setup_torch()
+    seen = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank, "world": dist.get_world_size(),
+            "cwd": os.getcwd(), "leak": os.environ.get("WARM_TEST_LEAK"), "dtype": str(torch.get_default_dtype()),
+            "seed": torch.initial_seed(), "draw": torch.rand(1).item(), "handlers": len(logging.getLogger().handlers),
+            "step": step}
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    seen["sum"] = t.item()
+    print(f"probe {step} rank {rank}", flush=True)
+    os.environ["WARM_TEST_LEAK"] = str(step)
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(1234)
+    os.chdir("/")
+    logging.getLogger().addHandler(logging.NullHandler())
+    dist.new_group([0, 1])
+    pt.cleanup()  # as many scripts end: the warm group's process group stays up
+    return seen
+
+
+@pt.distributed_app(ranks_per_node=2)
+def fails_on_rank_one():
+    if pt.setup_torch() == 1:
+        raise ValueError("rank one gives up")
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+@pt.distributed_app(ranks_per_node=2, walltime=3)
+def sleeps():
+    time.sleep(60)
+
+
+def _chain(n: int):
+    results, previous = [], None
+    for i in range(n):
+        previous = probe(i, previous, stage=f"p{i}")
+        results.append(previous)
+    return [r.result(timeout=300) for r in results]
+
+
+def test_a_chain_runs_in_the_same_ranks_each_call_as_clean_as_a_cold_one_and_reruns_are_skipped(tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pt.workflow(site="local", run_dir="runs/warm", warm=True) as wf:
+        warm = _chain(4)
+    with pt.workflow(site="local", run_dir="runs/cold") as cold_wf:
+        cold = _chain(2)
+    assert len({r["pid"] for r in warm}) == 1, "every call of the chain in one warm rank 0"
+    for i, seen in enumerate(warm):
+        assert seen["cwd"] == str(wf.run_dir / f"p{i}") and seen["step"] == i and seen["sum"] == 2
+        assert seen["leak"] is None and seen["dtype"] == "torch.float32"  # the last call's changes undone
+        assert (seen["handlers"], seen["world"]) == (cold[0]["handlers"], 2)
+        assert (wf.run_dir / f"p{i}" / "stdout.txt").read_text().count(f"probe {i} rank") == 2
+    assert cold[1]["pid"] != cold[0]["pid"]
+    # torch's RNG: freshly seeded for each call, as each new process's is (not the last call's seed 1234)
+    assert len({r["seed"] for r in warm}) == 4 and 1234 not in {r["seed"] for r in warm}
+    assert not processes_under(wf.run_dir) and not processes_under(cold_wf.run_dir), "warm ranks left behind"
+
+    with pt.workflow(site="local", run_dir="runs/warm", warm=False) as again:  # the same calls, cold: skipped
+        futures = [probe(0, None, stage="p0")]
+        assert futures[0].result(timeout=120) == warm[0] and futures[0].from_cache
+    assert again.run_dir == wf.run_dir
+
+
+def test_a_failed_call_fails_its_stage_as_a_cold_one_and_the_next_call_gets_fresh_ranks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pt.workflow(site="local", run_dir="runs/fail", warm=True) as wf:
+        before = probe(0, stage="before").result(timeout=300)
+        with pytest.raises(StageError, match=r"(?s)stage 'fails_on_rank_one' failed: rank 1 on \S+ exited with "
+                                             r"code 1.*ValueError: rank one gives up"):
+            fails_on_rank_one().result(timeout=300)
+        after = probe(1, stage="after").result(timeout=300)
+        with pytest.raises(StageError, match="stage 'sleeps' failed: timed out after 3 s"):
+            sleeps().result(timeout=300)
+    assert after["pid"] != before["pid"] and after["sum"] == 2
+    assert "Traceback" not in (wf.run_dir / "before" / "stderr.txt").read_text()
+    assert not processes_under(wf.run_dir)
+
+
+def test_warm_needs_the_workflows_own_parsl_and_a_bool(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pt.ConfigError, match=r"warm='yes'"):
+        with pt.workflow(site="local", run_dir="runs/x", warm="yes"):
+            pass
