@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
 #   make test   install into .venv (with the test extras) and run every test
+#   make docs   build the manual (docs/) into site/ (CI runs it)
 #   make test-lowest   the fast tests and one 2-rank workflow with the lowest versions
 #                      pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
 # TORCH picks the torch build: the default is the CPU wheel used here; on a GPU
@@ -13,7 +14,7 @@ BIN    := $(VENV)/bin
 # Parsl, mpiexec and torchrun are found by name: the venv's bin goes first
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: demo test test-lowest bench clean
+.PHONY: demo test test-lowest docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,14 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python -m pytest
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $@
+
+# the manual (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(RUN) $(BIN)/mkdocs build --strict --site-dir site
 
 LOWEST := .venv-lowest
 test-lowest:

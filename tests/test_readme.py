@@ -1,5 +1,6 @@
-"""Every Python example in the README runs as written (a few sizes made small), in a fresh directory
-that holds what the examples name: the configs, a folder script (mingpt/main.py) and its data."""
+"""Every Python example in the README and the manual (docs/) runs as written (a few sizes made small),
+in a fresh directory that holds what the examples name: the configs, a folder script
+(mingpt/main.py) and its data. An example the README repeats from a page runs once."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ import yaml
 from .conftest import BIN, clean_env
 from .test_own_scripts import MAIN_PY
 
-README = Path(__file__).parent.parent / "README.md"
+REPO = Path(__file__).parent.parent
+README = REPO / "README.md"
+#: the pages whose examples run: the README, then the manual's (architecture.md's Grid Engine record
+#: runs in test_layout, registered as a scheduler)
+PAGES = [README, *sorted(p for p in (REPO / "docs").rglob("*.md") if p.name != "architecture.md")]
 CONFIGS = Path(__file__).parent.parent / "configs"
 SMALL = {"steps": 40, "checkpoint_every": 20, "log_every": 10,
          "model": {"dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 16}}
@@ -44,23 +49,37 @@ EXAMPLES = {
 }
 
 
-def examples() -> list[tuple[int, str]]:
-    """(line, code) of every ```python block, in order."""
-    text = README.read_text()
-    return [(text[:m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+def all_examples() -> list[tuple[str, str]]:
+    """(where: page:line, code) of every ```python block of every page, in order."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        found += [(f"{page.relative_to(REPO)}:{text[:m.start()].count(chr(10)) + 2}", m.group(1))
+                  for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+    return found
+
+
+def examples() -> list[tuple[str, str]]:
+    """The distinct examples (the first place each appears)."""
+    seen: dict[str, str] = {}
+    for where, code in all_examples():
+        seen.setdefault(code, where)
+    return [(where, code) for code, where in seen.items()]
 
 
 def spec(code: str):
     found = [key for key in EXAMPLES if key in code]
-    assert len(found) == 1, f"README example without exactly one entry in EXAMPLES: {code[:200]!r}"
+    assert len(found) == 1, f"an example without exactly one entry in EXAMPLES: {code[:200]!r}"
     return EXAMPLES[found[0]]
 
 
-def test_every_readme_example_has_an_entry():
-    blocks = examples()
-    assert len(blocks) == len(EXAMPLES), "an example was added or removed: update EXAMPLES"
-    for _, code in blocks:
+def test_every_example_has_one_entry_and_every_entry_an_example():
+    used = set()
+    for where, code in all_examples():
         spec(code)
+        used |= {key for key in EXAMPLES if key in code}
+    assert used == set(EXAMPLES), f"entries without an example (removed?): {set(EXAMPLES) - used}"
+    assert len(examples()) == len(EXAMPLES), "two different examples share an entry: give each its own"
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +101,12 @@ def workdir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(EXAMPLES)))
 def test_readme_example_runs_as_written(workdir, index):
-    line, code = examples()[index]
+    where, code = examples()[index]
     how, expected, edits = spec(code)
     for old, new in edits:
         assert old in code
         code = code.replace(old, new)
-    script = workdir / f"example_{line}.py"
+    script = workdir / f"example_{index}.py"
     script.write_text(code)
     env = clean_env(MPLBACKEND="Agg")
     if how == "launch":
@@ -95,5 +114,5 @@ def test_readme_example_runs_as_written(workdir, index):
     else:
         cmd = [sys.executable, str(script)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=workdir)
-    assert out.returncode == 0, f"README line {line}:\n{code}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
-    assert expected in out.stdout, f"README line {line}: {expected!r} not in {out.stdout[-2000:]!r}"
+    assert out.returncode == 0, f"{where}:\n{code}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    assert expected in out.stdout, f"{where}: {expected!r} not in {out.stdout[-2000:]!r}"

@@ -4,6 +4,9 @@ files, errors and reruns of cold stages, each call in a clean rank."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,7 +14,8 @@ import pytest
 import parsl_torch as pt
 from parsl_torch.errors import StageError
 
-from .conftest import processes_under
+from .conftest import clean_env, processes_under
+from .test_early_kill import BOUND_S
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +114,33 @@ def test_warm_needs_the_workflows_own_parsl_and_a_bool(tmp_path, monkeypatch):
     with pytest.raises(pt.ConfigError, match=r"warm='yes'"):
         with pt.workflow(site="local", run_dir="runs/x", warm="yes"):
             pass
+
+
+HOLD = """
+import sys, time
+import parsl_torch as pt
+
+@pt.distributed_app(ranks_per_node=2)
+def up():
+    return pt.setup_torch()
+
+with pt.workflow(site="local", run_dir=sys.argv[1], warm=True):
+    up().result()
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_workflow_killed_with_warm_ranks_up_leaves_no_process(tmp_path):
+    (tmp_path / "hold.py").write_text(HOLD)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "hold.py"), str(run_dir)], cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout.readline().strip() == "holding"
+    assert processes_under(run_dir / ".warm"), "the warm group should be up"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + BOUND_S
+    while (left := processes_under(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left behind {BOUND_S:g} s after the kill: {left}"

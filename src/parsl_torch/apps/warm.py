@@ -43,6 +43,8 @@ from .warm_rank import JOBS, STOP, job_path, serve
 IDLE_S = 5.0
 #: how often a waiting call looks for its done file
 POLL_S = 0.003
+#: groups in a row that may stop (their block ends) before taking a call, before the call fails
+MAX_UNTAKEN = 3
 #: the directory of a run's groups
 GROUPS_DIR = ".warm"
 
@@ -88,7 +90,7 @@ class WarmGroups:
 
         prepare_call(fn, None, opts, args, inputs, outputs, kwargs, call)
         stage = Path(opts.stage_dir).name
-        while True:
+        for _ in range(MAX_UNTAKEN):
             group = self._take(shape(opts, label), opts, label)
             try:
                 outcome = self._call(group, opts)
@@ -100,6 +102,9 @@ class WarmGroups:
             if Path(opts.stage_dir, RESULT).exists():
                 return 0
             # the group ended before it took the call (it stopped for its block's end): another group takes it
+        write_outcome(opts.stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, f"{MAX_UNTAKEN} warm groups in a row "
+                                              f"stopped before they took the call"))
+        raise BashExitFailure(stage, 1)
 
     def _take(self, key: tuple, opts: StageOptions, label: str) -> _Group:
         with self._cond:
@@ -118,7 +123,7 @@ class WarmGroups:
     def _give_back(self, group: _Group) -> None:
         with self._cond:
             group.busy, group.idle_since = False, time.monotonic()
-            if not group.alive:
+            if not group.alive and group in self._groups:  # (close() may have taken it already)
                 self._groups.remove(group)
             self._cond.notify_all()
 
