@@ -54,6 +54,8 @@ TIMEOUT_EXIT = 124
 #: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
 NODE_LOST_EXIT = 75
 LOST_NODE_GRACE_S = 3.0
+#: seconds a vanished node waits for the other nodes' hellos before one that never said it is blamed
+GREET_WAIT_S = 2.0
 #: the block has too few nodes left for the stage (EX_UNAVAILABLE)
 TOO_FEW_NODES_EXIT = 69
 #: the workflow that started a stage is gone: nobody will use its result
@@ -93,6 +95,15 @@ def blame(kind: str, node: dict, nodes: tuple[str, ...], greeted: set[str]) -> t
     if kind == "vanished" and silent and str(node["host"]).split(".")[0] in short:
         return "silent", {"host": silent[0], "ranks": [], "victim": node["host"]}
     return kind, node
+
+
+def _greeted(listener: RankListener, nodes: tuple[str, ...], kind: str) -> set[str]:
+    """The nodes whose ranks said hello; for a vanished node, after up to GREET_WAIT_S more for the
+    others (a node whose launcher was merely slow greets by then; one whose link is down never does)."""
+    deadline = time.monotonic() + (GREET_WAIT_S if kind == "vanished" else 0)
+    while time.monotonic() < deadline and not {n.split(".")[0] for n in nodes} <= listener.greeted:
+        time.sleep(0.1)
+    return set(listener.greeted)
 
 
 def _exit_code(code: int) -> int:
@@ -145,7 +156,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
     next_owner_check = time.monotonic() + OWNER_CHECK_S
 
     def node_lost(kind: str, node: dict) -> Outcome:
-        kind, node = blame(kind, node, plan.nodes, listener.greeted)
+        kind, node = blame(kind, node, plan.nodes, _greeted(listener, plan.nodes, kind))
         _say(f"{describe_node_loss(kind, node)}; stopping {others}")
         stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
         return _node_outcome(kind, node)
@@ -190,7 +201,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                 with contextlib.suppress(queue.Empty):  # name the rank (or the lost node) if its report is near
                     kind, value = events.get(timeout=1.0)
                     if kind in ("lost", "vanished"):
-                        kind, value = blame(kind, value, plan.nodes, listener.greeted)
+                        kind, value = blame(kind, value, plan.nodes, _greeted(listener, plan.nodes, kind))
                         _say(describe_node_loss(kind, value))
                         return _node_outcome(kind, value)
                     if kind == "report":
