@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import yaml
-from common import BIN, bench_env
+from common import cluster_env, site_variant
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
@@ -69,16 +69,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(dir="/tmp") as d:
             tmp = Path(d)
-            site = yaml.safe_load((REPO / "tests" / "sites" / "nspbs.yaml").read_text())
-            site.update(name="nsspare", provider={**site["provider"], "nodes_per_block": 3},
-                        mpi={**site["mpi"], "spare_nodes": 1})
-            (tmp / "sites").mkdir()
-            (tmp / "sites" / "nsspare.yaml").write_text(yaml.safe_dump(site))
-            env = bench_env(**cluster.env_lines(cluster.node_names(3)),
-                            SLURM_CONF=str(cluster.STATE / "slurm" / "slurm.conf"),
-                            PARSL_TORCH_SITE_PATH=f"{tmp / 'sites'}:{REPO / 'tests' / 'sites'}",
-                            PARSL_TORCH_NODE_TIMEOUT=str(args.node_timeout), PARSL_TORCH_TIMEOUT="60")
-            env["PATH"] = f"{REPO / 'tests' / 'fakes' / 'pbs'}:{BIN}:/usr/local/sbin:/usr/sbin:/sbin:{env['PATH']}"
+            site_variant(tmp / "sites", "nspbs", "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
+            env = cluster_env(cluster, tmp / "sites", PARSL_TORCH_NODE_TIMEOUT=str(args.node_timeout),
+                              PARSL_TORCH_TIMEOUT="60")
             (tmp / "train.yaml").write_text(yaml.safe_dump({
                 "steps": 40, "checkpoint_every": STOP_AT, "log_every": 1,
                 "model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16}}))

@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-from common import BIN, bench_env
+from common import cluster_env, site_variant
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
@@ -68,15 +67,8 @@ def main() -> None:
         unpacked = time.perf_counter() - t0
         cluster.up(3)
         try:
-            site = yaml.safe_load((REPO / "tests" / "sites" / "nsslurm.yaml").read_text())
-            site.update(name="nslocal", node_local_python=str(cluster.NODE_LOCAL))
-            (tmp / "sites").mkdir()
-            (tmp / "sites" / "nslocal.yaml").write_text(yaml.safe_dump(site))
-            env = bench_env(**cluster.env_lines(cluster.node_names(3)),
-                            SLURM_CONF=str(cluster.STATE / "slurm" / "slurm.conf"),
-                            PARSL_TORCH_SITE_PATH=f"{tmp / 'sites'}:{REPO / 'tests' / 'sites'}",
-                            PARSL_TORCH_CACHE_DIR=str(tmp / "cache"))
-            env["PATH"] = f"{BIN}:/usr/local/sbin:/usr/sbin:/sbin:{env['PATH']}"
+            site_variant(tmp / "sites", "nsslurm", "nslocal", node_local_python=str(cluster.NODE_LOCAL))
+            env = cluster_env(cluster, tmp / "sites", PARSL_TORCH_CACHE_DIR=str(tmp / "cache"))
             (tmp / "wf.py").write_text(WORKFLOW)
             shared = run(env, tmp, "nsslurm")
             local = run(env, tmp, "nslocal")

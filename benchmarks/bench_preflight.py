@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-from common import BIN, bench_env
+from common import cluster_env, site_variant
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
@@ -64,15 +63,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(dir="/tmp") as d:
             tmp = Path(d)
-            site = yaml.safe_load((REPO / "tests" / "sites" / "nspbs.yaml").read_text())
-            site.update(name="nscheck", mpi={**site["mpi"], "preflight": 5})
-            (tmp / "sites").mkdir()
-            (tmp / "sites" / "nscheck.yaml").write_text(yaml.safe_dump(site))
-            env = bench_env(**cluster.env_lines(cluster.node_names(3)),
-                            SLURM_CONF=str(cluster.STATE / "slurm" / "slurm.conf"),
-                            PARSL_TORCH_SITE_PATH=f"{tmp / 'sites'}:{REPO / 'tests' / 'sites'}",
-                            PARSL_TORCH_TIMEOUT="60")
-            env["PATH"] = f"{REPO / 'tests' / 'fakes' / 'pbs'}:{BIN}:/usr/local/sbin:/usr/sbin:/sbin:{env['PATH']}"
+            site_variant(tmp / "sites", "nspbs", "nscheck", mpi={"preflight": 5})
+            env = cluster_env(cluster, tmp / "sites", PARSL_TORCH_TIMEOUT="60")
             (tmp / "wf.py").write_text(WORKFLOW)
             # the first stage of each workflow waits for its block: the others are compared
             plain = statistics.median(run(env, tmp, "nspbs", "plain", 6, 2)["times"][1:])

@@ -1,4 +1,5 @@
-"""What the benchmarks share: a clean environment and a wall-clock timer for commands."""
+"""What the benchmarks share: a clean environment, a wall-clock timer for commands, and the
+environment and site files of a workflow on the multi-node test cluster."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 
@@ -27,3 +29,29 @@ def timed(argv: list[str], env: dict[str, str], timeout: float = 1800) -> float:
     if out.returncode:
         raise SystemExit(f"{' '.join(argv[:3])} failed:\n{out.stderr[-3000:]}")
     return time.perf_counter() - t0
+
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_SITES = REPO / "tests" / "sites"
+
+
+def cluster_env(cluster: Any, sites: Path, **extra: str) -> dict[str, str]:
+    """bench_env for a workflow on the multi-node test cluster (``cluster``: tests/cluster/cluster.py,
+    started): its nodes, its Slurm, the fake PBS, the site files in ``sites`` before the test sites."""
+    env = bench_env(**cluster.env_lines(cluster.node_names(3)),
+                    SLURM_CONF=str(cluster.STATE / "slurm" / "slurm.conf"),
+                    PARSL_TORCH_SITE_PATH=f"{sites}:{TEST_SITES}", **extra)
+    env["PATH"] = f"{REPO / 'tests' / 'fakes' / 'pbs'}:{BIN}:/usr/local/sbin:/usr/sbin:/sbin:{env['PATH']}"
+    return env
+
+
+def site_variant(sites: Path, base: str, name: str, **changes: Any) -> None:
+    """Site file ``name`` in ``sites``: test site ``base`` with ``changes`` (a mapping updates that section)."""
+    import yaml
+
+    site = yaml.safe_load((TEST_SITES / f"{base}.yaml").read_text())
+    for key, value in changes.items():
+        site[key] = {**site[key], **value} if isinstance(value, dict) else value
+    site["name"] = name
+    sites.mkdir(exist_ok=True)
+    (sites / f"{name}.yaml").write_text(yaml.safe_dump(site))

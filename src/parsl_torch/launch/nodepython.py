@@ -65,7 +65,7 @@ def pack(cache: Path) -> Path:
     tmp = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
     base = Path(sys.base_prefix)
     with tarfile.open(tmp, "w") as tar:
-        tar.add(base / "bin" / Path(os.path.realpath(sys._base_executable)).name, "base/bin/" + _interpreter())
+        tar.add(base / "bin" / _interpreter(), "base/bin/" + _interpreter())
         for lib in (base / "lib").glob("libpython*"):
             tar.add(lib, f"base/lib/{lib.name}")
         tar.add(base / "lib" / _version_dir(), f"base/lib/{_version_dir()}", filter=_base_filter)
