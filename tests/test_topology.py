@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
-from parsl_torch.core.topology import expand_hostlist, resolve_master, topology_from_env
+from parsl_torch.core.topology import (
+    RENDEZVOUS_PORTS,
+    expand_hostlist,
+    free_port,
+    resolve_master,
+    topology_from_env,
+)
 from parsl_torch.errors import TopologyError
 
 
@@ -112,4 +121,13 @@ def test_single_node_without_mpi_uses_loopback_and_a_job_port():
     b = resolve_master(topo({**env, "SLURM_PROCID": "1", "SLURM_LOCALID": "1"}), env)
     assert a.master_addr == "127.0.0.1"
     assert a.master_port == b.master_port  # every rank derives the same port
-    assert 20000 <= a.master_port < 50000
+    assert a.master_port in RENDEZVOUS_PORTS
+
+
+def test_a_chosen_port_is_free_and_outside_the_range_outgoing_connections_take():
+    lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(p < lo or p > hi for p in ports), (ports, lo, hi)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))  # rank 0's store could listen there

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import secrets
 import socket
 import zlib
 from collections.abc import Mapping
@@ -260,9 +261,25 @@ def _slurm_tasks_on_my_node(env: Mapping[str, str]) -> int | None:
     return counts[node_id] if node_id < len(counts) else None
 
 
-def free_port() -> int:
-    """A TCP port free on this host right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+# Rendezvous ports come from below Linux's default ephemeral range (32768-60999):
+# a port handed out for outgoing connections can be taken by any connect() on the
+# host between the moment it is chosen and the moment rank 0's store binds it
+# (CI saw EADDRINUSE that way), and a client whose own ephemeral port equals the
+# store's connects to itself.
+RENDEZVOUS_PORTS = range(20000, 32768)
+
+
+def free_port(tries: int = 50) -> int:
+    """A TCP port, outside the ephemeral range, that nothing on this host holds now."""
+    for _ in range(tries):
+        port = RENDEZVOUS_PORTS[secrets.randbelow(len(RENDEZVOUS_PORTS))]  # not the user's seeded random
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # that range is full: let the kernel pick
         s.bind(("", 0))
         return s.getsockname()[1]
 
@@ -275,7 +292,7 @@ def _job_port(env: Mapping[str, str], one_node: bool) -> int:
     job = "/".join(env.get(k, "") for k in keys)
     if one_node:
         job += f"/{os.getppid()}"
-    return 20000 + zlib.crc32(job.encode()) % 30000
+    return RENDEZVOUS_PORTS[zlib.crc32(job.encode()) % len(RENDEZVOUS_PORTS)]
 
 
 def _broadcast_master(topo: Topology) -> tuple[str, int] | None:
