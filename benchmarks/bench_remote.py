@@ -47,7 +47,7 @@ def main() -> None:
         (tmp / "sites" / "engine.yaml").write_text(yaml.safe_dump({
             "name": "engine", "scheduler": "globus", "launch": {"ranks_per_node": 2},
             "globus": {"endpoint_id": "00000000-0000-4000-8000-000000000000",
-                       "remote_run_dir": str(tmp / "remote"), "python": sys.executable}}))
+                       "remote_run_dir": str(tmp / "remote")}}))
         env = bench_env(PARSL_TORCH_SCHEDULER="local", PARSL_TORCH_SITE_PATH=str(tmp / "sites"))
         config = tmp / "train.yaml"
         config.write_text(yaml.safe_dump({"steps": args.steps, "checkpoint_every": args.steps, "log_every": 10,

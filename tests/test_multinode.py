@@ -382,16 +382,18 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
     assert "n2" in (wf.run_dir / "parsl" / "quarantine.json").read_text()
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allows(cluster, sites_here, tmp_path,
-                                                                                  monkeypatch):
+                                                                                  monkeypatch, warm):
     """A 2-node PBS block, a 2-node train with min_nodes=1: n2 is lost at step 6; no node is free, so the
     retry resumes from the checkpoint of step 6 on n1 alone (2 ranks). Every step once, the loss still
-    falls, and the result and the history name both segments."""
+    falls, and the result and the history name both segments. In warm ranks too: the retry's group starts
+    on the node left."""
     monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")  # rank 2 (n2) stops at step 6
     monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
     monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
     cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2, "lr": 1e-2}
-    with pt.workflow(site="nspbs", run_dir="runs/elastic", retries=1) as wf:
+    with pt.workflow(site="nspbs", run_dir="runs/elastic", retries=1, warm=warm) as wf:
         with pytest.raises(pt.ConfigError, match=r"min_nodes=3 must be an int from 1 to num_nodes \(2\)"):
             train(cfg, num_nodes=2, min_nodes=3, stage="wrong")
         future = train(cfg, num_nodes=2, ranks_per_node=2, min_nodes=1)

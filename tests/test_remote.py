@@ -139,7 +139,7 @@ def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
         "name": name, "scheduler": "globus", "description": "test endpoint (the endpoint's engine, here)",
         "launch": {"ranks_per_node": 2},
         "globus": {"endpoint_id": "6f3a8b52-0000-4000-8000-000000000000",
-                   "remote_run_dir": str(tmp_path / "remote"), "python": sys.executable,
+                   "remote_run_dir": str(tmp_path / "remote"),
                    "user_endpoint_config": {"account": "MyProj", "nodes": 1}, **globus}}))
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path / "sites"))
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")

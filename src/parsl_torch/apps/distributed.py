@@ -108,7 +108,7 @@ class DistributedApp:
         elif wf.warm is not None and self.fn is not None:  # in ranks already up (a script owns its process)
             stage_dir.mkdir(parents=True, exist_ok=True)
             app_future = warm_app(wf.memoize)(ShippedFunction.of(self.fn), None, opts, *args, inputs=list(inputs),
-                                              outputs=outputs, **{WARM_KWARG: (wf.warm, where.mpi_label)}, **kwargs)
+                                              outputs=outputs, **{WARM_KWARG: (wf.warm, where.mpi_label, spec)}, **kwargs)
             future = StageFuture(stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
         else:
             stage_dir.mkdir(parents=True, exist_ok=True)

@@ -63,10 +63,12 @@ class _Group:
         return not self.future.done() and not Path(self.directory, STOP).exists()
 
 
-def shape(opts: StageOptions, label: str) -> tuple:
-    """What must be equal for two calls to share ranks: where and how they start."""
+def shape(opts: StageOptions, label: str, spec: dict[str, Any]) -> tuple:
+    """What must be equal for two calls to share ranks: where and how they start (``spec``: the
+    call's resource specification, with its ``min_nodes``: a group may start on fewer nodes)."""
     env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))
-    return label, opts.num_nodes, opts.ranks_per_node, opts.launcher_args, opts.preflight, env, opts.import_path
+    return (label, opts.num_nodes, opts.ranks_per_node, opts.launcher_args, opts.preflight, env, opts.import_path,
+            tuple(sorted(spec.items())))
 
 
 class WarmGroups:
@@ -83,15 +85,15 @@ class WarmGroups:
         self.log = get_logger("parsl_torch.workflow")
         threading.Thread(target=self._stop_idle, daemon=True).start()
 
-    def run(self, fn: ShippedFunction, opts: StageOptions, label: str, args: tuple, kwargs: dict[str, Any],
-            inputs: Sequence, outputs: Sequence, call: str | None) -> int:
+    def run(self, fn: ShippedFunction, opts: StageOptions, label: str, spec: dict[str, Any], args: tuple,
+            kwargs: dict[str, Any], inputs: Sequence, outputs: Sequence, call: str | None) -> int:
         """One call in a group of its shape (one is started if none is free); raises as its bash app would."""
         from parsl.app.errors import BashExitFailure
 
         prepare_call(fn, None, opts, args, inputs, outputs, kwargs, call)
         stage = Path(opts.stage_dir).name
         for _ in range(MAX_UNTAKEN):
-            group = self._take(shape(opts, label), opts, label)
+            group = self._take(shape(opts, label, spec), opts, label, spec)
             try:
                 outcome = self._call(group, opts)
             finally:
@@ -106,7 +108,7 @@ class WarmGroups:
                                               f"stopped before they took the call"))
         raise BashExitFailure(stage, 1)
 
-    def _take(self, key: tuple, opts: StageOptions, label: str) -> _Group:
+    def _take(self, key: tuple, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
         with self._cond:
             while True:
                 alive = [g for g in self._groups if g.shape == key and g.alive]
@@ -115,7 +117,7 @@ class WarmGroups:
                     free.busy = True
                     return free
                 if len(alive) < self.slots.get(label, 1):
-                    group = self._start(key, opts, label)
+                    group = self._start(key, opts, label, spec)
                     self._groups.append(group)
                     return group
                 self._cond.wait(1.0)
@@ -127,14 +129,13 @@ class WarmGroups:
                 self._groups.remove(group)
             self._cond.notify_all()
 
-    def _start(self, key: tuple, opts: StageOptions, label: str) -> _Group:
+    def _start(self, key: tuple, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
         directory = self.run_dir / GROUPS_DIR / str(next(self._made))
         (directory / JOBS).mkdir(parents=True, exist_ok=True)
         env = dict(opts.env)
         env[settings.STAGE_DIR.name] = str(directory)
         group_opts = dataclasses.replace(opts, stage_dir=str(directory), walltime=None, env=tuple(env.items()),
                                          code="", code_roots=(), script=None, module=None, files=())
-        spec = {"num_nodes": opts.num_nodes, "ranks_per_node": opts.ranks_per_node, "num_ranks": opts.num_ranks}
         future = bash_app_for(label, cache=False)(
             _serve(), None, group_opts, str(directory), stdout=str(directory / STDOUT),
             stderr=str(directory / STDERR), parsl_resource_specification=spec, parsl_torch_call="warm-group")
@@ -146,7 +147,7 @@ class WarmGroups:
     def _call(self, group: _Group, opts: StageOptions) -> Outcome | None:
         """The call in ``group``: None when it is done (or was never taken), else why it failed."""
         n = next(group.jobs)
-        said = _size(group.directory / STDERR)
+        said = _size(group.directory / STDERR) if n else 0  # a new group's start lines are the call's
         stage_dir = Path(opts.stage_dir)
         job = {"stage_dir": str(stage_dir), "payload": str(stage_dir / PAYLOAD), "result": str(stage_dir / RESULT),
                "env": str(stage_dir / ENV_FILE), "stdout": str(stage_dir / STDOUT), "stderr": str(stage_dir / STDERR),
@@ -158,17 +159,14 @@ class WarmGroups:
             if group.future.done() and not done.exists():
                 if not taken.exists() and group.future.exception() is None:
                     return None  # it stopped (its block ends) before it took the call
-                return self._failure(group, opts, time.monotonic() - started, said)
+                _pass_on(group, opts, said)
+                return self._failure(group, opts, time.monotonic() - started)
             time.sleep(POLL_S)
+        _pass_on(group, opts, said)
         return None
 
-    def _failure(self, group: _Group, opts: StageOptions, took: float, said: int) -> Outcome:
-        """The group's end as the call's outcome; the supervisor's lines go to the stage's stderr."""
-        with contextlib.suppress(OSError), open(group.directory / STDERR, errors="replace") as f:
-            f.seek(said)
-            lines = [line for line in f.read().splitlines() if line.startswith("parsl-torch:")]
-            with open(Path(opts.stage_dir, STDERR), "a") as out:
-                out.writelines(f"{line}\n" for line in lines)
+    def _failure(self, group: _Group, opts: StageOptions, took: float) -> Outcome:
+        """The group's end as the call's outcome."""
         if opts.walltime and took >= opts.walltime:
             return Outcome(Cause.TIMED_OUT, 124, f"timed out after {opts.walltime:g} s")
         outcome = read_outcome(group.directory)
@@ -200,6 +198,17 @@ class WarmGroups:
                 group.future.exception(timeout=max(deadline - time.monotonic(), 0.1))
 
 
+def _pass_on(group: _Group, opts: StageOptions, said: int) -> None:
+    """The supervisor's lines since byte ``said`` of the group's stderr (a lost node, ranks started on
+    fewer nodes, ...) go to the stage's stderr, where a cold stage has them."""
+    with contextlib.suppress(OSError), open(group.directory / STDERR, errors="replace") as f:
+        f.seek(said)
+        lines = [line for line in f.read().splitlines() if line.startswith("parsl-torch:")]
+        if lines:
+            with open(Path(opts.stage_dir, STDERR), "a") as out:
+                out.writelines(f"{line}\n" for line in lines)
+
+
 def _ask_to_stop(group: _Group) -> None:
     with contextlib.suppress(OSError):
         write_atomic(Path(group.directory, STOP), "")
@@ -219,12 +228,12 @@ def _serve() -> ShippedFunction:
 
 def warm_stage(fn: ShippedFunction, script: None, opts: StageOptions, *args: Any, inputs: Sequence = (),
                outputs: Sequence = (), parsl_torch_call: str | None = None,
-               parsl_torch_warm: tuple[WarmGroups, str] | None = None, **kwargs: Any) -> int:
+               parsl_torch_warm: tuple[WarmGroups, str, dict[str, Any]] | None = None, **kwargs: Any) -> int:
     """A warm stage's Parsl app: its arguments are a cold stage's bash app's (``script`` is None), so its
-    identity is the same; ``parsl_torch_warm``: the workflow's groups and the site's executor label
-    (a thread of this process runs it: nothing is pickled)."""
-    groups, label = parsl_torch_warm
-    return groups.run(fn, opts, label, args, kwargs, inputs, outputs, parsl_torch_call)
+    identity is the same; ``parsl_torch_warm``: the workflow's groups, the site's executor label and the
+    call's resource specification (a thread of this process runs it: nothing is pickled)."""
+    groups, label, spec = parsl_torch_warm
+    return groups.run(fn, opts, label, spec, args, kwargs, inputs, outputs, parsl_torch_call)
 
 
 @functools.lru_cache(maxsize=None)

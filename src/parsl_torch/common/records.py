@@ -78,6 +78,8 @@ def build_dataclass(cls: type, data: Mapping[str, Any], where: str, error: type[
     values = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
+        if retired := getattr(cls, "RETIRED", {}).get(key):
+            raise error(f"{path}: no longer a setting: {retired}")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(names)}"

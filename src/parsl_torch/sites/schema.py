@@ -12,7 +12,8 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from ..common.blocks import default_grace
 from ..common.records import ENV_NAME, build_dataclass
@@ -97,11 +98,17 @@ class GlobusSpec:
     endpoint_id: str
     remote_run_dir: str  # where stages write on the endpoint's file system
     user_endpoint_config: Mapping[str, Any] = field(default_factory=dict)  # account, queue, walltime...
-    python: str = "python"  # the endpoint's Python with parsl-torch installed
-    max_parallel_stages: int = 4
     #: the file system its stages see: the endpoint's own (None), or a name another site's may share;
     #: "local": the files of the machine the workflow runs on (an endpoint on the same cluster)
     file_system: str | None = None
+
+    #: settings of earlier versions that decided nothing, and why (a file that sets one is refused)
+    RETIRED: ClassVar[Mapping[str, str]] = MappingProxyType({
+        "python": "stages run under the Python of the endpoint's engine (set it up in the endpoint's "
+                  "config, e.g. worker_init); a script_app stage takes python=. Remove it",
+        "max_parallel_stages": "how many stages run at once is the endpoint's (its engine's "
+                               "max_workers_per_block and blocks). Remove it",
+    })
 
 
 @dataclass(frozen=True)
