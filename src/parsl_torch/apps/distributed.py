@@ -107,8 +107,9 @@ class DistributedApp:
             future = StageFuture(stage, app_future, None, None)
         elif wf.warm is not None and self.fn is not None:  # in ranks already up (a script owns its process)
             stage_dir.mkdir(parents=True, exist_ok=True)
+            warm = {WARM_KWARG: (wf.warm, where.mpi_label, spec)}
             app_future = warm_app(wf.memoize)(ShippedFunction.of(self.fn), None, opts, *args, inputs=list(inputs),
-                                              outputs=outputs, **{WARM_KWARG: (wf.warm, where.mpi_label, spec)}, **kwargs)
+                                              outputs=outputs, **warm, **kwargs)
             future = StageFuture(stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
         else:
             stage_dir.mkdir(parents=True, exist_ok=True)

@@ -267,11 +267,13 @@ def _slurm_tasks_on_my_node(env: Mapping[str, str]) -> int | None:
 # (CI saw EADDRINUSE that way), and a client whose own ephemeral port equals the
 # store's connects to itself.
 RENDEZVOUS_PORTS = range(20000, 32768)
+#: ports of that range tried before the kernel picks one
+PORT_TRIES = 50
 
 
-def free_port(tries: int = 50) -> int:
+def free_port() -> int:
     """A TCP port, outside the ephemeral range, that nothing on this host holds now."""
-    for _ in range(tries):
+    for _ in range(PORT_TRIES):
         port = RENDEZVOUS_PORTS[secrets.randbelow(len(RENDEZVOUS_PORTS))]  # not the user's seeded random
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
