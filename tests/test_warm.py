@@ -92,6 +92,10 @@ def test_a_chain_runs_in_the_same_ranks_each_call_as_clean_as_a_cold_one_and_rer
         futures = [probe(0, None, stage="p0")]
         assert futures[0].result(timeout=120) == warm[0] and futures[0].from_cache
     assert again.run_dir == wf.run_dir
+    with pt.workflow(site="local", run_dir="runs/warm", warm=True):  # warm again: a changed call runs, in new ranks
+        changed = probe(9, None, stage="p1").result(timeout=300)
+    assert changed["step"] == 9 and changed["pid"] != warm[0]["pid"] and changed["cwd"] == str(wf.run_dir / "p1")
+    assert not list((wf.run_dir / ".warm").iterdir()), "a run's warm groups are its own, removed at its end"
 
 
 def test_a_failed_call_fails_its_stage_as_a_cold_one_and_the_next_call_gets_fresh_ranks(tmp_path, monkeypatch):

@@ -20,6 +20,8 @@ import dataclasses
 import functools
 import itertools
 import json
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -45,7 +47,8 @@ IDLE_S = 5.0
 POLL_S = 0.003
 #: groups in a row that may stop (their block ends) before taking a call, before the call fails
 MAX_UNTAKEN = 3
-#: the directory of a run's groups
+#: the directory of the runs' groups: each run has its own in it (a run's group 0 is not an earlier run's),
+#: removed when the run ends
 GROUPS_DIR = ".warm"
 
 
@@ -75,10 +78,13 @@ class WarmGroups:
     """One workflow's groups. ``never_retry``: told each group's task id (a failed group is not run again)."""
 
     def __init__(self, run_dir: Path, where: dict[str, Placement], never_retry: Any) -> None:
-        self.run_dir, self.never_retry = run_dir, never_retry
+        self.never_retry = never_retry
+        (run_dir / GROUPS_DIR).mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix="run-", dir=run_dir / GROUPS_DIR))
         self.slots = {p.mpi_label: p.site.spec.local_slots if p.scheduler.max_nodes_per_block == 1
                       else p.site.spec.mpi.max_workers_per_block for p in where.values()}
-        self._groups: list[_Group] = []
+        self._groups: list[_Group] = []  # those that take calls
+        self._started: list[_Group] = []  # every one, for the end
         self._made = itertools.count()
         self._cond = threading.Condition()
         self._closed = threading.Event()
@@ -119,6 +125,7 @@ class WarmGroups:
                 if len(alive) < self.slots.get(label, 1):
                     group = self._start(key, opts, label, spec)
                     self._groups.append(group)
+                    self._started.append(group)
                     return group
                 self._cond.wait(1.0)
 
@@ -130,7 +137,7 @@ class WarmGroups:
             self._cond.notify_all()
 
     def _start(self, key: tuple, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
-        directory = self.run_dir / GROUPS_DIR / str(next(self._made))
+        directory = self.root / str(next(self._made))
         (directory / JOBS).mkdir(parents=True, exist_ok=True)
         env = dict(opts.env)
         env[settings.STAGE_DIR.name] = str(directory)
@@ -186,16 +193,19 @@ class WarmGroups:
                         self._groups.remove(group)
 
     def close(self, wait: float = 30.0) -> None:
-        """Stop every group; wait for their tasks (their nodes go back to the blocks)."""
+        """Stop every group; wait for their tasks (their nodes go back to the blocks), then remove
+        the run's group directories (a failed group's lines are in its stage's stderr)."""
         self._closed.set()
         with self._cond:
             groups, self._groups = list(self._groups), []
         for group in groups:
             _ask_to_stop(group)
         deadline = time.monotonic() + wait
-        for group in groups:
+        for group in self._started:  # (those stopped when idle too)
             with contextlib.suppress(Exception):
                 group.future.exception(timeout=max(deadline - time.monotonic(), 0.1))
+        if all(group.future.done() for group in self._started):  # (ranks still up may still write there)
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _pass_on(group: _Group, opts: StageOptions, said: int) -> None:
