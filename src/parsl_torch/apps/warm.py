@@ -48,7 +48,7 @@ POLL_S = 0.003
 #: groups in a row that may stop (their block ends) before taking a call, before the call fails
 MAX_UNTAKEN = 3
 #: the directory of the runs' groups: each run has its own in it (a run's group 0 is not an earlier run's),
-#: removed when the run ends
+#: removed when the run ends (a killed run's, when the next one starts)
 GROUPS_DIR = ".warm"
 
 
@@ -79,8 +79,11 @@ class WarmGroups:
 
     def __init__(self, run_dir: Path, where: dict[str, Placement], never_retry: Any) -> None:
         self.never_retry = never_retry
-        (run_dir / GROUPS_DIR).mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="run-", dir=run_dir / GROUPS_DIR))
+        groups_dir = run_dir / GROUPS_DIR
+        # what is there is runs' that were killed (the run lock lets one workflow at a time in)
+        shutil.rmtree(groups_dir, ignore_errors=True)
+        groups_dir.mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix="run-", dir=groups_dir))
         self.slots = {p.mpi_label: p.site.spec.local_slots if p.scheduler.max_nodes_per_block == 1
                       else p.site.spec.mpi.max_workers_per_block for p in where.values()}
         self._groups: list[_Group] = []  # those that take calls
