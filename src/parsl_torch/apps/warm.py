@@ -68,10 +68,9 @@ class _Group:
 
 def shape(opts: StageOptions, label: str, spec: dict[str, Any]) -> tuple:
     """What must be equal for two calls to share ranks: where and how they start (``spec``: the
-    call's resource specification, with its ``min_nodes``: a group may start on fewer nodes)."""
+    call's resource specification: nodes, ranks, and ``min_nodes``: a group may start on fewer nodes)."""
     env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))
-    return (label, opts.num_nodes, opts.ranks_per_node, opts.launcher_args, opts.preflight, env, opts.import_path,
-            tuple(sorted(spec.items())))
+    return label, tuple(sorted(spec.items())), opts.launcher_args, opts.preflight, env, opts.import_path
 
 
 class WarmGroups:
@@ -102,7 +101,7 @@ class WarmGroups:
         prepare_call(fn, None, opts, args, inputs, outputs, kwargs, call)
         stage = Path(opts.stage_dir).name
         for _ in range(MAX_UNTAKEN):
-            group = self._take(shape(opts, label, spec), opts, label, spec)
+            group = self._take(opts, label, spec)
             try:
                 outcome = self._call(group, opts)
             finally:
@@ -117,7 +116,8 @@ class WarmGroups:
                                               f"stopped before they took the call"))
         raise BashExitFailure(stage, 1)
 
-    def _take(self, key: tuple, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
+    def _take(self, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
+        key = shape(opts, label, spec)
         with self._cond:
             while True:
                 alive = [g for g in self._groups if g.shape == key and g.alive]
