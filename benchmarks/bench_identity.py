@@ -27,6 +27,7 @@ import mod_0
 from parsl.data_provider.files import File
 from parsl_torch.apps import identity
 from parsl_torch.apps.fingerprint import Fingerprinter
+from parsl_torch.apps.memo import stage_components
 from parsl_torch.apps.payload import StageOptions
 
 def stage(x, inputs=()):
@@ -34,11 +35,11 @@ def stage(x, inputs=()):
 
 t0 = time.perf_counter()
 cache = identity.DigestCache.of_run_dir(sys.argv[2])
-fp = Fingerprinter(cache.file_digest, strict=False)
+fp = Fingerprinter(strict=False)
 code = fp.digest(stage, "stage")
 opts = StageOptions(sys.argv[2] + "/stage", 1, 2, None, (), (), code=code, code_roots=tuple(sorted(fp.roots)),
-                    import_path=(sys.argv[1],))
-parts = identity.components(opts, identity.arguments_digest((3,), {}, [], cache), [File(sys.argv[3])], cache)
+                    files=tuple(sorted(fp.files)), env_reads=tuple(sorted(fp.env_names)), import_path=(sys.argv[1],))
+parts = stage_components(opts, None, (3,), {"inputs": [File(sys.argv[3])], "outputs": []}, cache)
 took = time.perf_counter() - t0
 print(json.dumps({"seconds": took, "modules": sum(k.startswith("module ") for k in parts)}))
 """

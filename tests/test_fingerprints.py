@@ -24,7 +24,6 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import lib
     from parsl_torch.apps.fingerprint import Fingerprinter
-    from parsl_torch.apps.identity import DigestCache
 
     NAMES = {"alpha", "beta", "gamma"}
     TABLE = {"z": 1, "a": {"q", "r"}}
@@ -35,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     def stage(x):
         return json.dumps([lib.twice(x), math.pi, sorted(NAMES), TABLE, helper(x)])
 
-    fp = Fingerprinter(DigestCache(None).file_digest, strict=False)
+    fp = Fingerprinter(strict=False)
     print(fp.digest(stage, "stage"), sorted(m for _, m in fp.roots))
 """)
 
@@ -67,7 +66,7 @@ class Opts:
 def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
     data = tmp_path / "x.txt"
     data.write_text("1")
-    fp = Fingerprinter(identity.DigestCache(None).file_digest, strict=True)
+    fp = Fingerprinter(strict=True)
     from collections import namedtuple
 
     point = namedtuple("point", "x y")
@@ -78,7 +77,7 @@ def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
     assert fp.token(OrderedDict(b=1, a=2), "a") != fp.token(OrderedDict(a=2, b=1), "a")  # its order is its value
     assert fp.token({"b": 1, "a": 2}, "a") == fp.token({"a": 2, "b": 1}, "a")
     assert fp.token(np.arange(3.0), "a") != fp.token(np.arange(3), "a")
-    assert fp.files == {str(data): identity.DigestCache(None).file_digest(data)}  # a Path names an input
+    assert fp.files == {str(data)}  # a Path names an input
     import threading
 
     with pytest.raises(Unidentifiable, match=r"argument 'cfg'\['lock'\] is a _thread.lock"):
@@ -94,7 +93,7 @@ def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
     (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "sub" / "deep.py").write_text("import numpy\n")
     (tmp_path / "unused.py").write_text("")
-    found = usercode.user_modules([(str(tmp_path / "main.py"), "__main__")], [], identity.DigestCache(None))
+    found, _ = usercode.user_modules([(str(tmp_path / "main.py"), "__main__")], [], identity.DigestCache(None))
     assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in found) == [
         "late.py", "main.py", "pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/deep.py", "pkg/tool.py"]
     roots = usercode.module_origin("pkg", [str(tmp_path)])
@@ -107,3 +106,74 @@ def test_module_digests_ignore_comments_and_follow_code(tmp_path):
     assert usercode.parse_module(b"# c\n\nx = 1  # one\n", "a.py") == a
     assert usercode.parse_module(b"x = 2\n", "a.py") != a
     assert usercode.parse_module(b"def (:\n", "a.py")[0].startswith("bytes:")
+
+
+def test_strings_that_name_existing_files_or_directories_are_inputs(tmp_path, monkeypatch):
+    """The script_app rule, for every string of a call: relative to the working directory or absolute,
+    inside containers too; not "/", ".", "..", a device, a dict's key, or a bare word (a folder's name
+    without a / is a word: "data", "train")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("1")
+    fp = Fingerprinter(strict=True)
+    fp.token(["data/x.txt", {"dir": "./data", "sep": "/", "here": ".", "up": "..", "word": "the", "null": "/dev/null",
+                             "absolute": str(tmp_path / "data" / "x.txt"), "nul": "a\0b", "long": "x" * 5000,
+                             "data": "a word, as is the key", "bare": "data"}], "a")
+    assert fp.files == {str(tmp_path / "data" / "x.txt"), str(tmp_path / "data")}
+    assert fp.token("data/x.txt", "a") == fp.token("data/x.txt", "a") != fp.token("data/y.txt", "a")
+
+    def reads():
+        return open("data/x.txt").read(), "%.3f" % 1, "w"
+
+    fp = Fingerprinter(strict=False)
+    fp.function(reads)  # a path literal in a function of the workflow script
+    assert fp.files == {str(tmp_path / "data" / "x.txt")}
+
+
+def test_environment_reads_and_literal_imports_are_found_in_functions_and_modules():
+    import importlib
+    import os
+
+    def stage():
+        a = os.environ.get("SCALE", "1")
+        b = os.environ["MODE"] + os.getenv("LEVEL", "")
+        c = "FLAG" in os.environ
+        d = os.environ.setdefault("KEPT", "x")
+        name = "NOT_" + "LITERAL"
+        mod = importlib.import_module("helpermod")
+        return a, b, c, d, os.environ.get(name), mod, {"dict_key": os.sep}
+
+    fp = Fingerprinter(strict=False)
+    fp.function(stage)  # as for a function of the workflow script (this module's are read as modules)
+    assert fp.env_names == {"SCALE", "MODE", "LEVEL", "FLAG", "KEPT"}
+    from parsl_torch.apps.fingerprint import _imported_names
+
+    assert "helpermod" in _imported_names(stage.__code__)
+    source = (b"import os, importlib\nfrom os import environ, getenv\nX = os.environ['A'] + environ.get('B')\n"
+              b"def f():\n    return getenv('C'), 'D' in os.environ, importlib.import_module('pkg.mod'), "
+              b"os.environ.get(name)\n")
+    _, imports, env = usercode.parse_module(source, "m.py")
+    assert env == ["A", "B", "C", "D"] and [0, "pkg.mod", []] in imports
+
+
+def test_env_components_take_the_stages_env_over_the_shell_and_leave_launch_variables_out():
+    parts = identity.env_components(["SCALE", "RANK", "SLURM_PROCID", "UNSET_ONE", "MODE"], [("MODE", "b")],
+                                    {"SCALE": "hunter2-secret", "RANK": "0", "SLURM_PROCID": "3", "MODE": "a"})
+    assert set(parts) == {"env SCALE", "env UNSET_ONE", "env MODE"} and parts["env UNSET_ONE"] == "unset"
+    assert parts["env MODE"] == identity.env_components(["MODE"], [], {"MODE": "b"})["env MODE"]
+    assert "hunter2" not in repr(parts) and parts["env SCALE"] != identity.env_components(["SCALE"], [], {})["env SCALE"]
+
+
+def test_directory_digests_leave_out_hidden_folders_caches_and_the_run_directory(tmp_path):
+    (tmp_path / "runs" / "parsl").mkdir(parents=True)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    cache = identity.DigestCache.of_run_dir(tmp_path / "runs")
+    before = cache.file_digest(tmp_path)
+    for noise in (tmp_path / "runs" / "status.json", tmp_path / ".git" / "x", tmp_path / "__pycache__" / "m.pyc"):
+        noise.write_text("changed")
+        assert cache.file_digest(tmp_path) == before, noise
+    (tmp_path / "a.txt").write_text("longer")
+    assert cache.file_digest(tmp_path) != before
+    assert cache.file_digest("/dev/null").startswith("special:")  # never read

@@ -1,6 +1,8 @@
 """Reruns of a multi-file project, as a user runs one: a workflow script beside its own
 modules, a script stage importing a sibling, a package run with ``-m``, data files named
-in arguments and in a built-in stage's config. Each row edits the project and runs
+in arguments (as Paths and as strings), in a global and in a built-in stage's config, an
+environment variable and a module imported by name, objects of the project's own classes as
+arguments, outputs and return values deleted. Each row edits the project and runs
 ``python wf.py`` again in a new process; exactly the stages that can see the edit run
 again, the log names the file, and every other stage is skipped with its old result."""
 
@@ -22,7 +24,7 @@ from .conftest import clean_env
 pytestmark = pytest.mark.slow
 
 WORKFLOW = '''
-import json, math, os, sys
+import importlib, json, math, os, sys, uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +32,14 @@ from pathlib import Path
 import numpy as np
 
 import parsl_torch as pt
+import helpers
 import mymod
 from parsl_torch.stages.train import train
 
 SETTINGS = {"b": 2, "a": 1, "c": {3, 1, 2}}  # a dict and a set: their order follows the hash seed
 WALLTIME = float(os.environ.get("WALLTIME", "600"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+TABLE = os.path.join(HERE, "data", "table.csv")  # a string global that names a file the stage reads
 
 
 @dataclass
@@ -61,13 +66,22 @@ def inner(x):
     return innermod.value(x)
 
 
+@pt.distributed_app(ranks_per_node=1)
+def extras(path, cfg, fn, outputs=()):
+    Path(outputs[0]).write_text("written")
+    return {"path": open(path).read(), "table": open(TABLE).read(), "scale": os.environ.get("SCALE", "1"),
+            "loaded": importlib.import_module("helpermod").value(), "cfg": fn(cfg.n), "run": uuid.uuid4().hex}
+
+
 def text(future):
     future.result()
     return (Path(future.outputs[0].result().filepath)).read_text()
 
 
-with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1"):
+with pt.workflow(site="local", run_dir=os.environ.get("RUN_DIR", "runs"), warm=os.environ.get("WARM") == "1"):
     stages = {
+        "extras": extras(str(Path("data/path.txt").resolve()), helpers.Cfg(3), helpers.triple,
+                         outputs=["extras.txt"]),
         "helper": helper(3),
         "inner": inner(3),
         "flavor": flavor(Path("data/note.txt"), np.arange(4.0), OrderedDict(z=1, a=2), {"x", "y"},
@@ -88,6 +102,11 @@ with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1
 
 FILES = {
     "mymod.py": "def helper(x):\n    return x * 2\n",
+    "helpers.py": "from dataclasses import dataclass\n\n\n@dataclass\nclass Cfg:\n    n: int\n\n\n"
+                  "def triple(n):\n    return n * 3\n",
+    "helpermod.py": "def value():\n    return 'loaded-v1'\n",
+    "data/path.txt": "path-v1\n",
+    "data/table.csv": "a,b\n",
     "innermod.py": "def value(x):\n    return x + 1\n",
     "app/main.py": "from util import factor\nopen('out.txt', 'w').write(str(factor(5)))\n",
     "app/util.py": "def factor(x):\n    return x * 10\n",
@@ -103,7 +122,7 @@ FILES = {
     "data/note.txt": "note\n",
     "wf.py": WORKFLOW,
 }
-STAGES = ("helper", "inner", "flavor", "app", "reader", "mypkg", "train")
+STAGES = ("helper", "inner", "flavor", "app", "reader", "mypkg", "train", "extras")
 
 
 def write_tokens(path: Path, seed: int) -> None:
@@ -150,12 +169,27 @@ EDITS = [
      "train", "input {p}/data/tokens.npy changed", None),
     ("a Path argument's file", lambda p, env: (p / "data/note.txt").write_text("note-v2\n"),
      "flavor", "input {p}/data/note.txt changed", None),
-    ("a per-call env value", lambda p, env: env.update(FLAVOR="spicy"), "flavor", "stage options changed", None),
+    ("a per-call env value", lambda p, env: env.update(FLAVOR="spicy"), "flavor",
+     "stage options changed, environment variable FLAVOR changed", None),
+    ("a file named by a string argument", lambda p, env: (p / "data/path.txt").write_text("path-v2\n"),
+     "extras", "input {p}/data/path.txt changed", ("extras", "path-v2\n", "path")),
+    ("a file named by a string global", lambda p, env: (p / "data/table.csv").write_text("a,b\n1,2\n"),
+     "extras", "input {p}/data/table.csv changed", ("extras", "a,b\n1,2\n", "table")),
+    ("an environment variable the stage reads", lambda p, env: env.update(SCALE="2"), "extras",
+     "environment variable SCALE changed", ("extras", "2", "scale")),
+    ("a module imported by importlib.import_module", lambda p, env: edit(p, "helpermod.py", "-v1", "-v2"),
+     "extras", "helpermod.py changed", ("extras", "loaded-v2", "loaded")),
+    ("the module of an argument's class and function", lambda p, env: edit(p, "helpers.py", "n * 3", "n * 4"),
+     "extras", "helpers.py changed", ("extras", 12, "cfg")),
+    ("a declared output deleted", lambda p, env: (p / "runs/extras/extras.txt").unlink(), "extras",
+     "the output extras.txt of its finished run is missing", None),
+    ("a function stage's return value deleted", lambda p, env: (p / "runs/extras/result.pkl").unlink(), "extras",
+     "the return value (result.pkl) of its finished run is missing", None),
 ]
 
 
 #: in warm ranks (function stages only: scripts run cold), the rows of function stages, under fewer seeds
-WARM_ROWS = (0, 1, 7, 8)
+WARM_ROWS = (0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
@@ -173,15 +207,20 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
     assert first["flavor"] == ["plain", "note\n", 6.0, ["z", "a"], ["x", "y"], 2]  # env= per call reached it
     assert (first["app"], first["reader"], first["mypkg"]) == ("50", "tokens-v1:m1", "pkg-v1")
     assert isinstance(first["train"], float)
+    assert {k: v for k, v in first["extras"].items() if k != "run"} == {
+        "path": "path-v1\n", "table": "a,b\n", "scale": "1", "loaded": "loaded-v1", "cfg": 9}
 
     # the same project under other hash seeds, a comment and blank lines moving every function down,
     # a comment in a module, another walltime: nothing can change, nothing runs
     for seed in ("1", "2") if warm else ("1", "2", "3", "4", "5"):
         again, states = run(project, seed=seed, **mode)
         assert set(states.values()) == {"skipped"} and again == first, (seed, states)
-    edit(project, "wf.py", "import json, math", "# a comment\n\n\nimport json, math")
+    edit(project, "wf.py", "import importlib, json", "# a comment\n\n\nimport importlib, json")
     edit(project, "mymod.py", "def helper", "# helpers\n\ndef helper")
     again, states = run(project, WALLTIME="900", **mode)
+    assert set(states.values()) == {"skipped"} and again == first, states
+    (project / "link").symlink_to("runs")  # the same run directory through a link
+    again, states = run(project, RUN_DIR="link", **mode)
     assert set(states.values()) == {"skipped"} and again == first, states
 
     results, env = first, dict(mode)
@@ -189,11 +228,12 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
         change(project, env)
         now, states = run(project, **env)
         assert states[stage] == reason.format(p=project), (what, states)
-        assert all(s == "skipped" for name, s in states.items() if name != stage), (what, states)
+        assert all(s == "skipped" for name, s in states.items() if name != stage), (what, {k: v for k, v in states.items() if v != "skipped"})
         assert {k: v for k, v in now.items() if k != stage} == {k: v for k, v in results.items() if k != stage}
         assert now[stage] != results[stage], f"{what}: the stage ran again and returned the same"
         if expected is not None:
-            assert now[expected[0]] == expected[1], (what, now)
+            got = now[expected[0]][expected[2]] if len(expected) > 2 else now[expected[0]]
+            assert got == expected[1], (what, now)
         results = now
     assert results["flavor"][:2] == ["spicy", "note-v2\n"]
 

@@ -274,21 +274,22 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
 
     script, helper = tmp_path / "train.py", tmp_path / "helper.py"
     script.write_text("import helper\nprint(helper.X)\n")
-    helper.write_text("X = 1\n")
+    helper.write_text("import os\nX = os.environ.get('SEED')\n")
     cache = identity.DigestCache(None)
 
     def parts(walltime=None, **opts):
         o = StageOptions(str(tmp_path / "runs" / "s"), 1, 1, walltime, (), (), script=str(script), **opts)
-        return {**identity.code_components(o, cache), **identity.data_components(o, ("args", {}), [], cache)}
+        return {**identity.code_components(o, cache), **identity.data_components(o, identity.Arguments("args", {}, ()), [], cache)}
 
     first = parts()
-    assert set(first) == {"code", "options", "arguments", f"module {helper}"}
+    assert set(first) == {"code", "options", "arguments", f"module {helper}", identity.ENV_NAMES}
+    assert first[identity.ENV_NAMES] == '["SEED"]'  # the variables its modules read, resolved per call
     assert parts(walltime=60.0) == first and parts(import_path=("/elsewhere",)) == first  # not compared
     script.write_text("# a comment\n\nimport helper\nprint(helper.X)  # moved down\n")
     assert parts() == first
     script.write_text("import helper\nprint(helper.X + 1)\n")
     assert parts()["code"] != first["code"]
-    helper.write_text("X = 2\n")
+    helper.write_text("import os\nX = os.environ.get('SEED', 2)\n")
     assert parts()[f"module {helper}"] != first[f"module {helper}"]
 
 

@@ -28,7 +28,6 @@ from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
 from ..launch.pool import MIN_NODES_KEY
-from . import identity
 from .fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
 from .payload import ShippedFunction, StageOptions
@@ -88,15 +87,16 @@ class DistributedApp:
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
         self._check_arguments(asked, args, kwargs)
-        code, roots = self._code(asked, wf.digests)
+        code, roots, code_files, env_reads = self._code(asked)
         stage = wf.stage_name(asked, explicit=stage is not None)
         stage_dir = where.stage_dir(wf.run_dir, stage)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
                **where.site.rank_env(), **stage_env}
         script, module = _script_target(self.script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), where.site.launcher_args(ppn),
-                            code=code, code_roots=roots, script=script, module=module, files=self.files,
-                            import_path=rank_import_path(), preflight=where.site.spec.mpi.preflight)
+                            code=code, code_roots=roots, script=script, module=module,
+                            files=(*self.files, *code_files), env_reads=env_reads, import_path=rank_import_path(),
+                            preflight=where.site.spec.mpi.preflight)
         outputs = [wf.place(o, stage_dir) for o in outputs]
         spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         if min_nodes is not None and min_nodes < nodes:  # the pool may start it on fewer (launch.pool)
@@ -126,7 +126,7 @@ class DistributedApp:
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
         is submitted (the files they name are read when the stage is ready to run)."""
-        fp = Fingerprinter(lambda path: "", strict=True)
+        fp = Fingerprinter(strict=True)
         names = _parameter_names(self.fn, len(args)) if self.fn is not None else []
         for i, value in enumerate(args):
             if not isinstance(value, Future):
@@ -135,14 +135,14 @@ class DistributedApp:
             if not isinstance(value, Future):
                 _identifiable(stage, fp, value, f"argument {key!r}")
 
-    def _code(self, stage: str, cache: identity.DigestCache) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """The function's fingerprint and the user modules it reaches (a script's are read from its file)."""
+    def _code(self, stage: str) -> tuple[str, tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
+        """The function's fingerprint, the user modules it reaches, the files its globals name and the
+        environment variables it reads (a script's are read from its file)."""
         if self.fn is None:
-            return "", ()
-        fp = Fingerprinter(cache.file_digest, strict=False)
+            return "", (), (), ()
+        fp = Fingerprinter(strict=False)
         code = fp.digest(self.fn, f"stage {stage!r}")
-        cache.save()
-        return code, tuple(sorted(fp.roots))
+        return code, tuple(sorted(fp.roots)), tuple(sorted(fp.files)), tuple(sorted(fp.env_names))
 
 
 def _absolute(value: Any) -> Any:

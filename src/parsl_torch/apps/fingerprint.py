@@ -8,13 +8,19 @@ their body), so a value is turned into a canonical token instead:
 * plain data (numbers, strings, bytes, lists, tuples, dicts, sets, frozensets,
   OrderedDicts, dataclasses, enums, ``Path``, numpy arrays and torch tensors)
   by value; dicts and sets do not depend on order, OrderedDicts do;
-* a ``Path`` or File by its path, and its content digest is kept in ``files``
-  (it is a file the stage is told about);
+* a ``Path`` or File by its path, kept in ``files`` (a file the stage is told
+  about: its content joins the call's identity where the call is launched);
+  so is a string that names an existing file or directory (``PathNames``),
+  wherever it is: an argument, inside one (not a dict's key), a global the
+  function uses, a literal in its code;
 * a function or class of the workflow script by its code: the bytecode and
   constants of every code object inside it (no line numbers, no file name:
   a comment or a blank line changes nothing), its defaults and closure, and
   the value of each global it uses, recursively; a user module it imports
-  inside its body joins the code roots;
+  inside its body (``import x``, ``importlib.import_module("x")``) joins the
+  code roots, and each environment variable it reads by a literal name
+  (``os.environ["X"]``, ``.get("X")``, ``os.getenv("X")``, ``"X" in os.environ``)
+  is kept in ``env_names`` (its value joins the identity);
 * a function, class or module of a user module (``usercode``) by name, and
   the module's file is added to the stage's code roots (its digest covers it);
   anything from an installed package by name (its version is the installation's).
@@ -35,11 +41,12 @@ import os
 import sys
 import types
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
-from .usercode import is_user_file, user_files
+from ..common.records import ENV_NAME
+from .scriptargs import PathNames
+from .usercode import ENV_METHODS, ENVIRON, GETENV, MODULE_IMPORTERS, is_user_file, user_files
 
 
 class Unidentifiable(TypeError):
@@ -62,40 +69,47 @@ def _sha(data: bytes) -> str:
 class Fingerprinter:
     """Tokens for one stage call; ``roots`` collects the user modules they reach."""
 
-    def __init__(self, file_digest: Callable[[str], str], strict: bool) -> None:
-        self.file_digest = file_digest
+    def __init__(self, strict: bool) -> None:
         self.strict = strict
         #: (file, module name) of each user module the tokens reached
         self.roots: set[tuple[str, str]] = set()
-        #: the files that Path and File values name, with their content digests
-        self.files: dict[str, str] = {}
+        #: the files and directories that Path and File values and strings name (absolute paths)
+        self.files: set[str] = set()
+        #: the environment variables the functions read by a literal name
+        self.env_names: set[str] = set()
+        self._paths = PathNames()
         self._active: set[int] = set()
 
     def digest(self, value: Any, where: str) -> str:
-        """``value``'s token and the content of the files it names, as one digest."""
-        token = self.token(value, where)
-        return _sha(repr((token, sorted(self.files.items()))).encode())
+        """``value``'s token as a digest (the files it names are in ``files``, compared where it runs)."""
+        return _sha(repr(self.token(value, where)).encode())
 
     # -- values --------------------------------------------------------------------------------------------
     def token(self, value: Any, where: str) -> Any:  # noqa: C901 - one dispatch over the kinds of value
         kind = type(value)
-        if value is None or kind in (bool, int, float, complex, str, bytes):
+        if kind is str:
+            if (path := self._paths.named(value)) is not None:
+                self.files.add(path)
+            return ("str", value)
+        if kind is bytes:  # by digest: repr() of a large value would copy it several times
+            return ("bytes", len(value), _sha(value))
+        if value is None or kind in (bool, int, float, complex):
             return (kind.__name__, repr(value))
         if isinstance(value, (list, tuple)):  # namedtuples too (their type is part of the value)
             return (self._type_name(kind), [self.token(v, f"{where}[{i}]") for i, v in enumerate(value)])
         if kind in (set, frozenset):
             return (kind.__name__, sorted(repr(self.token(v, f"{where} (an element)")) for v in value))
         if isinstance(value, dict):
-            items = [(repr(self.token(k, f"{where} (a key)")), self.token(v, f"{where}[{k!r}]"))
-                     for k, v in value.items()]
+            items = [(repr(("str", k) if type(k) is str else self.token(k, f"{where} (a key)")),  # a key names
+                      self.token(v, f"{where}[{k!r}]")) for k, v in value.items()]           # (is no path)
             ordered = isinstance(value, OrderedDict)
             return (self._type_name(kind), items if ordered else sorted(items, key=lambda kv: kv[0]))
         if isinstance(value, PurePath):
             path = os.path.abspath(value)
-            self.files[path] = self.file_digest(path)
+            self.files.add(path)
             return ("path", path)
         if hasattr(value, "filepath") and hasattr(value, "url"):  # a Parsl File or a StageFile
-            self.files[os.path.abspath(value.filepath)] = self.file_digest(value.filepath)
+            self.files.add(os.path.abspath(value.filepath))
             return ("file", str(value.url))
         if isinstance(value, enum.Enum):
             return ("enum", self.token(kind, where), value.name)
@@ -182,6 +196,8 @@ class Fingerprinter:
                  for c in fn.__closure__ or () if _cell_set(c)]
         for name in _imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
             self.roots.update(user_files(name, sys.path))
+        self.env_names |= _env_reads(code)
+        self.files.update(p for c in _string_constants(code) if (p := self._paths.named(c)) is not None)
         parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
         return _sha(repr(parts).encode())
@@ -198,10 +214,63 @@ def _imported_names(code: types.CodeType) -> set[str]:
             names.add(ins.argval)
             names.update(f"{ins.argval}.{item}" for item in consts[-1] or () if item != "*")
         consts = [*consts[-1:], ins.argval] if ins.opname == "LOAD_CONST" else []
+    loads = _loads(code)  # ``importlib.import_module("x")`` with a literal, absolute name
+    for i, (op, value) in enumerate(loads):
+        if op == "const" and isinstance(value, str) and value and not value.startswith(".") and i \
+                and loads[i - 1][0] == "name" and loads[i - 1][1] in MODULE_IMPORTERS:
+            names.add(value)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _imported_names(const)
     return names
+
+
+#: instructions that load nothing (they sit between a name and its argument in some Pythons)
+_FILLER = {"CACHE", "PUSH_NULL", "PRECALL", "NOP", "EXTENDED_ARG", "RESUME", "COPY_FREE_VARS", "KW_NAMES"}
+
+
+def _loads(code: types.CodeType) -> list[tuple[str, Any]]:
+    """A code object's own instructions as ("const", value), ("name", name loaded) or ("op", opname)."""
+    found = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in _FILLER:
+            continue
+        if ins.opname.startswith("LOAD_CONST"):
+            found.append(("const", ins.argval))
+        elif ins.opname.startswith("LOAD_"):
+            found.append(("name", ins.argval))
+        else:
+            found.append(("op", ins.opname))
+    return found
+
+
+def _env_reads(code: types.CodeType) -> set[str]:
+    """The variables a code object (and those nested in it) reads by a literal name:
+    ``getenv("X")``, ``environ["X"]``, ``environ.get("X")`` (``setdefault``, ``pop``), ``"X" in environ``."""
+    found: set[str] = set()
+    loads = _loads(code)
+    for i, (op, value) in enumerate(loads):
+        if op != "const" or not isinstance(value, str) or not ENV_NAME.match(value):
+            continue
+        before = loads[max(i - 2, 0):i]
+        after = loads[i + 1:i + 4]
+        if before[-1:] in ([("name", GETENV)], [("name", ENVIRON)]) or \
+                (len(before) == 2 and before[0] == ("name", ENVIRON) and before[1][1] in ENV_METHODS) or \
+                any(a == ("name", ENVIRON) and b == ("op", "CONTAINS_OP") for a, b in zip(after, after[1:])):
+            found.add(value)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _env_reads(const)
+    return found
+
+
+def _string_constants(code: types.CodeType) -> set[str]:
+    """The string literals of a code object and those nested in it (``open("/data/x.txt")``)."""
+    found = {c for c in code.co_consts if type(c) is str}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _string_constants(const)
+    return found
 
 
 def _cell_set(cell: types.CellType) -> bool:

@@ -53,8 +53,9 @@ class StageFuture(Future):
 
             with open(self._result_file, "rb") as f:
                 self.set_result(dill.load(f))
-        except FileNotFoundError:
-            self.set_result(None)  # a script stage returns nothing
+        except FileNotFoundError:  # (its supervisor fails a run without it: this one was deleted meanwhile)
+            self.set_exception(StageError(f"stage {self.stage!r} finished but its return value "
+                                          f"{self._result_file} is gone: run the workflow again to run it again"))
         except Exception as err:  # noqa: BLE001 - any unreadable result is the stage's failure
             self.set_exception(StageError(f"stage {self.stage!r} finished but its result "
                                           f"{self._result_file} cannot be read: {err}"))

@@ -5,16 +5,21 @@ A call's components, each a digest:
 * ``code``: the function (``fingerprint``: its code and the values of the
   globals it uses, without positions), or the script's syntax tree;
 * ``module <file>``: every user module that code can import (``usercode``);
+* ``runtime``: parsl-torch's version and sources, and torch's version;
 * ``options``: nodes, ranks per node, environment, launcher flags, stage directory;
+* ``env <NAME>``: each environment variable the code reads by a literal name,
+  as the stage's ranks will see it (its ``env=``, else this process's);
 * ``arguments``: the call's own arguments and output names (``fingerprint``);
 * ``input <path>``: the content of each file the stage is told about:
-  ``inputs=``, ``Path``/File arguments, files named in a script's ``args``,
-  files named in a built-in stage's config.
+  ``inputs=``, ``Path``/File arguments, strings (in arguments, in the globals
+  its function uses) that name an existing file or directory, files named in
+  a script's ``args``, files named in a built-in stage's config.
 
 Not compared: ``walltime`` and ``retries`` (they cannot change a result).
 A file is hashed (SHA-256) when its size, mtime or inode differ from the last
 time; ``PARSL_TORCH_INPUT_HASH=stat`` uses those alone (for huge inputs), and
-a directory is always compared by the size and mtime of its files. Digests
+a directory is always compared by the size and mtime of its files (not those
+under hidden folders or ``__pycache__``, nor the run directory's own). Digests
 (and parsed modules) are cached in ``<run_dir>/parsl/input-digests.json``,
 which the workflow and its workers share.
 """
@@ -22,9 +27,12 @@ which the workflow and its workers share.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +46,14 @@ from .fingerprint import Fingerprinter
 
 #: in a stage directory: the call whose files are there (written when it succeeds)
 DIGESTS = "input-digests.json"
+#: the code components' list of the environment variables the code reads (``env <NAME>`` once resolved)
+ENV_NAMES = "reads environment"
+#: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
+LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HYDRA_", "SLURM_", "PBS_", "PARSL_",
+                   "TORCHELASTIC_", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                   "ZE_AFFINITY_MASK")
+LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                          "MASTER_ADDR", "MASTER_PORT"})
 
 
 def _sha(data: bytes) -> str:
@@ -53,15 +69,17 @@ class DigestCache:
 
     Read once, written once per ``save`` (merged with what another process wrote meanwhile)."""
 
-    def __init__(self, path: str | os.PathLike | None) -> None:
+    def __init__(self, path: str | os.PathLike | None, run_dir: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else None
+        #: left out of a directory's digest: the run's own files are outputs, and change on every run
+        self.run_dir = os.path.realpath(run_dir) if run_dir is not None else None
         self._known: dict[str, Any] | None = None
         self._dirty: dict[str, Any] = {}
         self._lock = threading.RLock()
 
     @classmethod
     def of_run_dir(cls, run_dir: str | os.PathLike) -> DigestCache:
-        return cls(Path(run_dir) / "parsl" / DIGESTS)
+        return cls(Path(run_dir) / "parsl" / DIGESTS, run_dir)
 
     def _entry(self, key: str, stat: str) -> Any:
         with self._lock:
@@ -77,16 +95,16 @@ class DigestCache:
 
     def file_digest(self, path: str | os.PathLike) -> str:
         """The content digest of a file (stat-based for a directory, or with PARSL_TORCH_INPUT_HASH=stat);
-        "missing" if it does not exist."""
+        "missing" if it does not exist; a device or pipe by its kind (it is never read)."""
         path = os.path.abspath(path)
         try:
             st = os.stat(path)
         except OSError:
             return "missing"
-        if os.path.isdir(path):
-            entries = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-                             for p in Path(path).rglob("*") if p.is_file())
-            return "dir:" + _sha(json.dumps(entries).encode())
+        if stat.S_ISDIR(st.st_mode):
+            return "dir:" + _sha(json.dumps(self._tree(path)).encode())
+        if not stat.S_ISREG(st.st_mode):
+            return f"special:{stat.S_IFMT(st.st_mode)}"
         key = _stat_key(st)
         if settings.INPUT_HASH.get() == "stat":
             return f"stat:{key}"
@@ -100,15 +118,29 @@ class DigestCache:
         self._remember(path, {"stat": key, "sha256": h.hexdigest()})
         return h.hexdigest()
 
-    def module(self, path: str) -> tuple[str, list[list[Any]]]:
-        """(digest of the module's syntax tree, its imports): ``usercode.parse_module``, cached."""
+    def _tree(self, path: str) -> list[tuple[str, int, int]]:
+        """(relative path, size, mtime) of each file under a directory, in order; hidden folders,
+        ``__pycache__`` and the run directory left out."""
+        found = []
+        for top, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                             and os.path.realpath(os.path.join(top, d)) != self.run_dir)
+            for name in sorted(files):
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(top, name))
+                    found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
+        return found
+
+    def module(self, path: str) -> tuple[str, list[list[Any]], list[str]]:
+        """(digest of the module's syntax tree, its imports, the variables it reads): ``usercode.parse_module``,
+        cached."""
         st = os.stat(path)
         entry = self._entry("py:" + path, _stat_key(st))
-        if entry is not None:
-            return entry["ast"], entry["imports"]
-        digest, imports = usercode.parse_module(Path(path).read_bytes(), path)
-        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports})
-        return digest, imports
+        if entry is not None and "env" in entry:
+            return entry["ast"], entry["imports"], entry["env"]
+        digest, imports, env = usercode.parse_module(Path(path).read_bytes(), path)
+        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports, "env": env})
+        return digest, imports, env
 
     def save(self) -> None:
         with self._lock:
@@ -140,47 +172,105 @@ def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None)
         digests.save()
 
 
-def arguments_digest(args: Sequence[Any], kwargs: Mapping[str, Any], outputs: Sequence[Any],
-                     cache: DigestCache) -> tuple[str, dict[str, str]]:
-    """The call's own arguments (strict: a value with no stable identity is ``Unidentifiable``) and the
-    names of its outputs (named, not read); and the files that Path and File arguments name, with
-    their digests (inputs of the call)."""
-    fp = Fingerprinter(cache.file_digest, strict=True)
-    tokens = [fp.token(v, f"argument {i + 1}") for i, v in enumerate(args)]
+@dataclasses.dataclass(frozen=True)
+class Arguments:
+    """A call's arguments as its identity sees them: their digest, the files they name (with their
+    digests) and the user modules of the functions and classes among them (``(file, module)``)."""
+
+    digest: str
+    files: dict[str, str]
+    roots: tuple[tuple[str, str], ...]
+
+
+def arguments_digest(command: Sequence[str], args: Sequence[Any], kwargs: Mapping[str, Any],
+                     outputs: Sequence[Any], cache: DigestCache) -> Arguments:
+    """The call's own arguments (strict: a value with no stable identity is ``Unidentifiable``), a
+    script's Python and script (``command``: the code, not inputs) and the names of its outputs (named,
+    not read)."""
+    fp = Fingerprinter(strict=True)
+    tokens: list[Any] = [("command", [str(c) for c in command])]
+    tokens += [fp.token(v, f"argument {i + 1}") for i, v in enumerate(args)]
     tokens += [(k, fp.token(kwargs[k], f"argument {k!r}")) for k in sorted(kwargs)]
     tokens.append(("outputs", [str(getattr(o, "url", o)) for o in outputs]))
-    return _sha(repr(tokens).encode()), fp.files
+    return Arguments(_sha(repr(tokens).encode()), {path: cache.file_digest(path) for path in sorted(fp.files)},
+                     tuple(sorted(fp.roots)))
 
 
-def code_components(opts: Any, cache: DigestCache) -> dict[str, str]:
-    """``code`` and ``module <file>``: what the stage runs (read where its code is)."""
+def code_components(opts: Any, cache: DigestCache, roots: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    """``code`` and ``module <file>``: what the stage runs (read where its code is); ``roots``: more
+    user modules it reaches (those of its arguments' functions and classes)."""
     parts = {"code": opts.code}
-    roots = list(opts.code_roots)
+    roots = [*opts.code_roots, *roots]
     if opts.module:
         roots += usercode.module_origin(opts.module, opts.import_path)
     if opts.script:
         roots.append((opts.script, "__main__"))
-    modules = usercode.user_modules(roots, opts.import_path, cache)
+    modules, env = usercode.user_modules(roots, opts.import_path, cache)
     if opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
+    parts[ENV_NAMES] = json.dumps(sorted(env | set(opts.env_reads)))
     cache.save()
     return parts
 
 
-def data_components(opts: Any, arguments: tuple[str, dict[str, str]], inputs: Sequence[Any],
-                    cache: DigestCache) -> dict[str, str]:
+def argument_modules(arguments: Arguments, import_path: Sequence[str], cache: DigestCache) -> dict[str, str]:
+    """``module <file>`` for the user modules of the arguments' functions and classes (read where the
+    arguments are: a remote stage's code components were read elsewhere)."""
+    modules, _ = usercode.user_modules(arguments.roots, import_path, cache)
+    return {f"module {path}": digest for path, digest in modules.items()}
+
+
+def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cache: DigestCache) -> dict[str, str]:
     """``options``, ``arguments`` and ``input <path>``: what the stage is given (read where its files are)."""
     options = json.dumps([opts.stage_dir, opts.num_nodes, opts.ranks_per_node, list(map(list, opts.env)),
                           list(opts.launcher_args)])
-    parts = {"options": _sha(options.encode()), "arguments": arguments[0]}
+    parts = {"options": _sha(options.encode()), "arguments": arguments.digest}
     stage_dir = os.path.join(opts.stage_dir, "")
-    for path in [*opts.files, *(getattr(i, "filepath", None) for i in inputs)]:
-        if path is not None and not os.path.abspath(path).startswith(stage_dir):  # its own files are outputs
-            parts[f"input {path}"] = cache.file_digest(path)
-    parts.update((f"input {path}", digest) for path, digest in arguments[1].items())
+    given = {**{path: None for path in opts.files}, **{i.filepath: None for i in inputs if hasattr(i, "filepath")},
+             **arguments.files}
+    for path, digest in given.items():
+        if not os.path.abspath(path).startswith(stage_dir):  # its own files are outputs
+            parts[f"input {path}"] = digest if digest is not None else cache.file_digest(path)
     cache.save()
     return parts
+
+
+def env_components(names: Sequence[str], stage_env: Sequence[tuple[str, str]],
+                   environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env <NAME>`` for each variable the code reads: its value as the ranks get it (the stage's
+    ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
+    variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
+    environ = os.environ if environ is None else environ
+    given = dict(stage_env)
+    parts = {}
+    for name in names:
+        if name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES):
+            continue
+        value = given.get(name, environ.get(name))
+        parts[f"env {name}"] = "unset" if value is None else _sha(f"{name}={value}".encode())
+    return parts
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for dist in ("parsl-torch", "torch"):
+        try:
+            found.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            found.append(f"{dist} (no metadata)")
+    return " ".join(found)
+
+
+def runtime_digest(cache: DigestCache) -> str:
+    """parsl-torch's version and the content of its sources (an edited editable install, an upgrade), and
+    torch's version: what runs every stage besides the user's code."""
+    package = Path(usercode.PACKAGE_DIR)
+    sources = [(str(p.relative_to(package)), cache.file_digest(p)) for p in sorted(package.rglob("*.py"))]
+    return _sha(json.dumps([_versions(), sources]).encode())
 
 
 def call_id(parts: Mapping[str, str]) -> str:
@@ -202,6 +292,26 @@ def forget_call(stage_dir: str | os.PathLike) -> None:
     stagedir.forget(Path(stage_dir) / stagedir.CALL)
 
 
+def missing_files(stage_dir: str | os.PathLike, function: bool, outputs: Sequence[Any]) -> list[str]:
+    """The files of a finished call that are gone (a skip returns them): each declared output and, for
+    a function stage, rank 0's result; named relative to the stage directory where they are in it."""
+    gone = [_shown(o.filepath, stage_dir) for o in outputs
+            if getattr(o, "scheme", "file") == "file" and not os.path.exists(o.filepath)]
+    if function and not Path(stage_dir, stagedir.RESULT).exists():
+        gone.append(f"return value ({stagedir.RESULT})")
+    return gone
+
+
+def missing_said(gone: Sequence[str]) -> str:
+    """Why a stage whose files are gone runs again (``missing_files``)."""
+    return f"the {' and the '.join(gone)} of its finished run {'is' if len(gone) == 1 else 'are'} missing"
+
+
+def _shown(path: str, stage_dir: str | os.PathLike) -> str:
+    relative = os.path.relpath(path, stage_dir)
+    return f"output {path if relative.startswith('..') else relative}"
+
+
 def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],
               memo_hit: bool) -> str:
     """Why the stage runs (for the log), comparing the last finished call with this one."""
@@ -217,10 +327,16 @@ def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now
             name = usercode.display_name(key[len("module "):])
             changed.append(f"{name} changed" if key in old and key in now else
                            f"{name} {'now imported' if key in now else 'no longer imported'}")
+    if old.get("runtime") != now.get("runtime"):
+        changed.append("parsl-torch or torch changed")
     if old.get("arguments") != now.get("arguments"):
         changed.append("arguments changed")
     if old.get("options") != now.get("options"):
         changed.append("stage options changed")
+    for key in sorted(set(old) | set(now)):
+        if key.startswith("env ") and old.get(key) != now.get(key):
+            changed.append(f"environment variable {key[4:]} changed" if key in old and key in now else
+                           f"environment variable {key[4:]} {'now read' if key in now else 'no longer read'}")
     for key in sorted(set(old) | set(now)):
         if key.startswith("input ") and old.get(key) != now.get(key):
             changed.append(f"{key} changed" if key in old and key in now else

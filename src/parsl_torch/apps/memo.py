@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import pickle
 import threading
 from collections.abc import Mapping, Sequence
@@ -64,12 +65,20 @@ def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tup
     stage's command line counts among its arguments. ``code``: its code components when they were
     read elsewhere (a remote stage's, where the workflow runs)."""
     own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS and k != CALL_KWARG}
+    script = list(script or ())
+    command = 3 if script[1:2] == ["-m"] else min(len(script), 2)  # Python and the script: code, not inputs
     try:
-        arguments = identity.arguments_digest((*(script or ()), *args), own, list(kwargs.get("outputs", ())), cache)
+        arguments = identity.arguments_digest(script[:command], (*script[command:], *args), own,
+                                              list(kwargs.get("outputs", ())), cache)
     except Unidentifiable as exc:
         raise ConfigError(f"stage {Path(opts.stage_dir).name!r}: {exc}") from None
-    code_parts = dict(code) if code is not None else identity.code_components(opts, cache)
-    return {**code_parts, **identity.data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
+    if code is None:
+        code_parts = identity.code_components(opts, cache, arguments.roots)
+    else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
+        code_parts = {**code, **identity.argument_modules(arguments, opts.import_path, cache)}
+    env_names = json.loads(code_parts.pop(identity.ENV_NAMES, "[]"))
+    return {**code_parts, "runtime": identity.runtime_digest(cache), **identity.env_components(env_names, opts.env),
+            **identity.data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
 
 
 def _stage_call(task: Any) -> tuple[str, StageOptions, Sequence[Any] | None, tuple, dict] | None:
@@ -108,13 +117,16 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             kwargs[CALL_KWARG] = key  # the ranks' checkpoints belong to this call
             result = self.memo_lookup_table.get(key)
             before = identity.read_call(opts.stage_dir)
-            if result is not None and before is not None and before.memo_key == key:
+            hit = result is not None and before is not None and before.memo_key == key
+            gone = identity.missing_files(opts.stage_dir, script is None, kwargs.get("outputs", ())) if hit else []
+            if hit and not gone:
                 return result
             if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
                 stage = Path(opts.stage_dir).name
-                get_logger("parsl_torch.workflow").info(
-                    "[%s] runs%s: %s", stage, " again" if before or result else "",
-                    identity.why_rerun(stage, function, before, now, result is not None))
+                why = identity.missing_said(gone) if gone else \
+                    identity.why_rerun(stage, function, before, now, result is not None)
+                get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", stage, " again" if before or result else "",
+                                                        why)
             return None
 
         def update_memo_result(self, task, r):

@@ -81,7 +81,8 @@ class StageOptions:
     code_roots: tuple[tuple[str, str], ...] = ()
     script: str | None = None  # the script a script stage runs (its imports are followed too)
     module: str | None = None  # the module a ``python -m`` stage runs
-    files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs=
+    files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs= (or its code names)
+    env_reads: tuple[str, ...] = ()  # the variables its function reads by a literal name (apps.fingerprint)
     import_path: tuple[str, ...] = ()  # the ranks' PYTHONPATH: what the workflow imports from (not compared)
     preflight: float = 0.0  # seconds each node has to answer before a multi-node launch (not compared)
 

@@ -22,7 +22,6 @@ names the rank, as a local stage's does. Files stay on the endpoint.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -93,8 +92,6 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     engine for its ranks): the stage, unless its directory holds this call's files."""
     stage_dir = Path(job.opts.stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    for output in outputs:
-        Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
     call = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
     try:
         opts, script = _here(job)
@@ -102,12 +99,12 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
     key, before = identity.call_id(parts), identity.read_call(stage_dir)
-    if job.memoize and before is not None and before.memo_key == key:
-        stored = _value(stage_dir, job)
-        if stored is not False:
-            return RemoteAnswer(job.stage, stored)
+    hit = job.memoize and before is not None and before.memo_key == key
+    gone = identity.missing_files(stage_dir, job.fn is not None, outputs) if hit else []
+    if hit and not gone and (stored := _value(stage_dir, job)) is not False:
+        return RemoteAnswer(job.stage, stored)
     name = job.fn.name if job.fn is not None else job.stage
-    why = identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
+    why = identity.missing_said(gone) if gone else identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
             opts = replace(opts, import_path=(str(_unpack(stage_dir / SOURCES, job.sources)), *opts.import_path))

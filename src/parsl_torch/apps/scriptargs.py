@@ -1,11 +1,16 @@
-"""A script stage's command line: its name, and the arguments that name files (made absolute where
-the workflow runs, and read as the stage's inputs)."""
+"""Arguments that name files: a script stage's command line (its name; the arguments that name
+files, made absolute where the workflow runs and read as the stage's inputs), and any string of a
+call that names an existing file or directory (``PathNames``: an input of the call)."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
+
+#: strings longer than this are not looked up as paths
+PATH_MAX = 4096
 
 
 #: script stems that say nothing about the script: the stage is named after its folder
@@ -43,3 +48,39 @@ def named_path(arg: Any) -> str | None:
         return None
     value = arg.partition("=")[2] if arg.startswith("-") else arg
     return value if value and os.path.isabs(value) and os.path.exists(value) else None
+
+
+class PathNames:
+    """Which strings name an existing file or directory, as an absolute path.
+
+    An absolute string, or a relative one that looks like a path (a ``/`` or a ``.`` in it:
+    ``data/x.txt``, ``x.csv``, ``./data``; a bare word such as ``data`` or ``train`` is a word),
+    looked up only when its first part is an entry of the working directory (one listing, so a
+    list of 50,000 words costs no 50,000 look-ups on a parallel file system). Not paths: a special
+    file (a device, a pipe: it is never read), and a directory that holds the working directory
+    (``/``, ``.``, ``..``: a separator or a folder of everything)."""
+
+    def __init__(self) -> None:
+        self._cwd: str | None = None
+        self._entries: set[str] = set()
+
+    def named(self, text: str) -> str | None:
+        if not text or len(text) > PATH_MAX or "\0" in text or "\n" in text:
+            return None
+        if self._cwd is None:
+            self._cwd = os.getcwd()
+            try:
+                self._entries = {*os.listdir(self._cwd), ".", ".."}
+            except OSError:
+                self._entries = {".", ".."}
+        if not os.path.isabs(text) and ("/" not in text and "." not in text
+                                        or text.split(os.sep, 1)[0] not in self._entries):
+            return None
+        path = os.path.normpath(os.path.join(self._cwd, text))
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            return None
+        if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)):
+            return None
+        return path if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else None

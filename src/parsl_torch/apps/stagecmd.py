@@ -48,7 +48,8 @@ def stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
     it reads them from the call (redirection, the MPI task's nodes);
     ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
-    return _command(opts, prepare_call(fn, script, opts, args, inputs, outputs, kwargs, parsl_torch_call))
+    return _command(opts, prepare_call(fn, script, opts, args, inputs, outputs, kwargs, parsl_torch_call),
+                    returns=fn is not None)
 
 
 def prepare_call(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions, args: tuple,
@@ -60,6 +61,8 @@ def prepare_call(fn: ShippedFunction | None, script: Sequence[str] | None, opts:
         opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
     _begin_attempt(opts.stage_dir)
+    for output in outputs:  # (``ckpt/model.pt``: its folder is there for the ranks to write into)
+        Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
     if fn is not None:
         kwargs.update({k: v for k, v in {"inputs": list(inputs), "outputs": list(outputs)}.items() if k in fn.takes})
         rank_cmd = _write_payload(opts.stage_dir, fn, args, kwargs)
@@ -109,13 +112,16 @@ def _write_env(opts: StageOptions, call: str) -> None:
         f.write(json.dumps(env).encode())
 
 
-def _command(opts: StageOptions, rank_cmd: str) -> str:
+def _command(opts: StageOptions, rank_cmd: str, returns: bool) -> str:
+    """``returns``: a function stage, whose rank 0 must leave its return value (or the stage failed)."""
     py = shlex.quote(sys.executable)
-    timeout = f"--timeout {opts.walltime:g} " if opts.walltime else ""
+    flags = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     if opts.preflight and opts.num_nodes > 1:
-        timeout += f"--preflight {opts.preflight:g} "
+        flags += f"--preflight {opts.preflight:g} "
+    if returns:
+        flags += f"--result {RESULT} "
     binding = shlex.join(opts.launcher_args)
-    return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {timeout}"
+    return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {flags}"
             f"--ranks {opts.num_ranks} -- $PARSL_MPI_PREFIX {binding} {py} -m {SHIM} {rank_cmd}")
 
 

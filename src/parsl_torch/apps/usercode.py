@@ -6,9 +6,11 @@ workflow script's folder, ``PYTHONPATH`` folders, the sources of editable
 installs (``pip install -e``). A stage can run the user modules its code
 imports, and those they import in turn: found by reading each file's
 ``import`` statements (all of them, also inside functions), resolved on the
-import path the ranks get (:func:`rank_import_path`). A module imported by a
-name computed at run time (``importlib.import_module(name)``) cannot be seen:
-name it in ``inputs=``.
+import path the ranks get (:func:`rank_import_path`); an import by a literal
+name (``importlib.import_module("helpers")``) too. A module imported by a name
+computed at run time cannot be seen: name it in ``inputs=``. The same reading
+finds the environment variables a module reads by a literal name
+(``os.environ["X"]``, ``.get("X")``, ``os.getenv("X")``, ``"X" in os.environ``).
 
 A module's digest is that of its syntax tree (``ast.dump`` without
 positions): comments, blank lines and code moving to other lines do not
@@ -29,14 +31,19 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any, Protocol
 
-#: the package itself is the runtime, not the user's code (its version is in every stage's identity)
-_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+#: the package itself is the runtime, not the user's code (its version and sources are in every
+#: stage's identity: ``identity.runtime_digest``)
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+#: how code reads a variable: ``os.getenv(NAME)``, ``os.environ[NAME]``, ``os.environ.get(NAME)``
+ENVIRON, GETENV, ENV_METHODS = "environ", "getenv", ("get", "setdefault", "pop")
+#: functions that import a module named by a string
+MODULE_IMPORTERS = ("import_module", "__import__")
 
 
 class ModuleCache(Protocol):
     """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``."""
 
-    def module(self, path: str) -> tuple[str, list[list[Any]]]: ...
+    def module(self, path: str) -> tuple[str, list[list[Any]], list[str]]: ...
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,12 +66,12 @@ def is_user_file(path: str | os.PathLike | None) -> bool:
         return False
     real = os.path.realpath(path)
     return (real.endswith(".py") and os.path.isfile(real) and not _under(real, _installation_roots())
-            and not _under(real, (_PACKAGE_DIR,)))
+            and not _under(real, (PACKAGE_DIR,)))
 
 
 def is_user_dir(path: str) -> bool:
     real = os.path.realpath(path)
-    return os.path.isdir(real) and not _under(real, _installation_roots()) and not _under(real, (_PACKAGE_DIR,))
+    return os.path.isdir(real) and not _under(real, _installation_roots()) and not _under(real, (PACKAGE_DIR,))
 
 
 def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -83,19 +90,53 @@ def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]]]:
-    """(digest of the syntax tree, its imports as ``[level, module or "", [names]]``)."""
+def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]], list[str]]:
+    """(digest of the syntax tree, its imports as ``[level, module or "", [names]]``, the environment
+    variables it reads by a literal name)."""
     try:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError):  # the ranks will say what is wrong; any byte change reruns it
-        return "bytes:" + hashlib.sha256(source).hexdigest(), []
+        return "bytes:" + hashlib.sha256(source).hexdigest(), [], []
     imports: list[list[Any]] = []
+    env: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imports += [[0, alias.name, []] for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             imports.append([node.level, node.module or "", [a.name for a in node.names if a.name != "*"]])
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports
+        elif isinstance(node, ast.Call) and _name_of(node.func) in MODULE_IMPORTERS and (name := _literal(node)):
+            level = len(name) - len(name.lstrip("."))
+            imports.append([level, name[level:], []])
+        if (name := _env_read(node)) is not None:
+            env.add(name)
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env)
+
+
+def _name_of(node: ast.AST) -> str | None:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+
+
+def _literal(call: ast.Call) -> str | None:
+    """The call's first argument when it is a string literal."""
+    first = call.args[0] if call.args else None
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
+def _env_read(node: ast.AST) -> str | None:
+    """The variable ``node`` reads by a literal name: ``getenv("X")``, ``environ["X"]``,
+    ``environ.get("X")`` (``setdefault``, ``pop``), ``"X" in environ``."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        if _name_of(func) == GETENV or (isinstance(func, ast.Attribute) and func.attr in ENV_METHODS
+                                        and _name_of(func.value) == ENVIRON):
+            return _literal(node)
+    elif isinstance(node, ast.Subscript) and _name_of(node.value) == ENVIRON:
+        key = node.slice
+        return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+    elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) \
+            and isinstance(node.ops[0], (ast.In, ast.NotIn)) and _name_of(node.comparators[0]) == ENVIRON:
+        return node.left.value
+    return None
 
 
 def _find(name: str, search: Sequence[str]) -> list[tuple[str, str, bool]]:
@@ -141,23 +182,27 @@ def _targets(imports: list[list[Any]], module: str, is_package: bool) -> list[st
     return names
 
 
-def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache: ModuleCache) -> dict[str, str]:
+def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str],
+                 cache: ModuleCache) -> tuple[dict[str, str], set[str]]:
     """Digest of each user module the ``roots`` ((file, module name) pairs) can import, themselves
-    included, following imports transitively on ``search`` (the ranks' ``sys.path``)."""
+    included, following imports transitively on ``search`` (the ranks' ``sys.path``); and the
+    environment variables they read by a literal name."""
     digests: dict[str, str] = {}
+    env: set[str] = set()
     todo = [(os.path.realpath(f), m, os.path.basename(f) == "__init__.py") for f, m in roots if os.path.isfile(f)]
     queued = {f for f, _, _ in todo}
     # a script's own folder comes first on its sys.path, for every module it imports
     search = [*(os.path.dirname(f) for f, m, _ in todo if m == "__main__"), *search]
     while todo:
         path, module, is_package = todo.pop()
-        digests[path], imports = cache.module(path)
+        digests[path], imports, reads = cache.module(path)
+        env.update(reads)
         for name in _targets(imports, module, is_package):
             for file, found_name, package in _find(name, search):
                 if file not in queued:
                     queued.add(file)
                     todo.append((file, found_name, package))
-    return dict(sorted(digests.items()))
+    return dict(sorted(digests.items())), env
 
 
 def module_origin(name: str, search: Sequence[str]) -> list[tuple[str, str]]:

@@ -33,6 +33,7 @@ from .placement import Placement, placements
 from .request import WorkflowRequest
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
+from .usercode import rank_import_path
 from .warm import WarmGroups, warm_groups
 
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
@@ -106,13 +107,22 @@ class Workflow:
             return name
 
     def place(self, item: Any, stage_dir: Path) -> Any:
-        """An output File (or path) with a relative name moved into the stage's directory."""
+        """An output File (or path) with a relative name moved into the stage's directory. An output
+        is the stage's own: a name that leaves its directory (``../x``), or an absolute path into
+        another part of the run directory, would overwrite another stage's files."""
         from parsl.data_provider.files import File
 
         file = item if isinstance(item, File) else File(os.fspath(item))
-        if file.scheme == "file" and not os.path.isabs(file.filepath):
-            return File(str(stage_dir / file.filepath))
-        return file
+        if file.scheme != "file":
+            return file
+        path = Path(os.path.normpath(stage_dir / file.filepath))  # (an absolute filepath stays itself)
+        inside = path.is_relative_to(stage_dir) and path != stage_dir
+        if not inside and (not os.path.isabs(file.filepath) or path.is_relative_to(self.run_dir)):
+            raise ConfigError(f"stage {stage_dir.name!r}: output {file.filepath!r} is not inside the stage's "
+                              f"directory {stage_dir}: name it by a path inside it ('model.pt', 'ckpt/model.pt'), "
+                              f"or by an absolute path outside the run directory (a stage's files never "
+                              f"overwrite another's)")
+        return File(str(path)) if not os.path.isabs(file.filepath) else file
 
     def running(self) -> list[Any]:
         """The stages that are running now (started since they were submitted, not done)."""
@@ -243,13 +253,15 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
 
 
 def _made_run_dir(run_dir: str) -> Path:
+    """The run directory, made, as its real path: reached through a link or ``..`` it is the same
+    directory, and its stages the same stages."""
     path = Path(run_dir).absolute()
     check_ours(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create run directory {path}: {exc.strerror}: pick another --run-dir") from None
-    return path
+    return path.resolve()
 
 
 @contextlib.contextmanager
@@ -262,7 +274,8 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
     parsl_dir = wf.run_dir / "parsl"
     memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
     config = sites.build.workflow_config([w.site.spec for w in wf.where.values()], str(parsl_dir),
-                                         request.gc_executor, warm=request.warm, memoizer=memoizer,
+                                         request.gc_executor, warm=request.warm, import_path=rank_import_path(),
+                                         memoizer=memoizer,
                                          retries=request.retries,
                                          retry_handler=wf.continuations, **request.config_settings)
     parsl_log: list = []

@@ -28,6 +28,7 @@ class Cause(str, enum.Enum):
     LAUNCHER_FAILED = "launcher_failed"  # the launcher exited non-zero and no rank said why
     TOO_FEW_NODES = "too_few_nodes"  # the block has fewer nodes left than the stage needs (lost ones quarantined)
     PREFLIGHT_FAILED = "preflight_failed"  # a node did not answer the pre-flight check (quarantined): not started
+    NO_RESULT = "no_result"  # every rank exited 0 but rank 0 left no return value (a function stage)
 
 
 @dataclass(frozen=True)

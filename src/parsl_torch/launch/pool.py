@@ -1,5 +1,7 @@
-"""``parsl-torch-pool [--spares N] QUARANTINE -- ARGS``: Parsl's worker pool (its
-``process_worker_pool.py ARGS``), except that a node the block lost is not handed out again.
+"""``parsl-torch-pool [--spares N] [--path DIR ...] QUARANTINE -- ARGS``: Parsl's worker pool (its
+``process_worker_pool.py ARGS``), except that a node the block lost is not handed out again,
+and its workers import from the workflow's own folders (``--path``: a stage's arguments may hold
+objects of the workflow's modules, which the worker unpickles).
 
 Parsl's MPI task scheduler puts a task's nodes back in the block's free pool when the task
 ends, without a health check (node failures inside a block are out of Parsl's scope: its
@@ -97,13 +99,18 @@ def _keep_lost_nodes_out(path: str, spares: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        sys.exit("usage: parsl-torch-pool [--spares N] QUARANTINE -- PROCESS_WORKER_POOL_ARGS (set by pt.workflow)")
+        sys.exit("usage: parsl-torch-pool [--spares N] [--path DIR ...] QUARANTINE -- PROCESS_WORKER_POOL_ARGS "
+                 "(set by pt.workflow)")
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="parsl-torch-pool")
     parser.add_argument("--spares", type=int, default=0, help="nodes per block held back for lost ones")
+    parser.add_argument("--path", action="append", default=[], help="a folder the workers import from")
     parser.add_argument("quarantine", help="the workflow's file of lost nodes")
     opts = parser.parse_args(argv[:split])
     os.environ[settings.QUARANTINE.name] = opts.quarantine  # the stages' supervisors record lost nodes there
+    if opts.path:  # for this process and the workers it starts (spawned: they read PYTHONPATH)
+        sys.path[:0] = opts.path
+        os.environ["PYTHONPATH"] = os.pathsep.join([*opts.path, *filter(None, [os.environ.get("PYTHONPATH")])])
     _keep_lost_nodes_out(opts.quarantine, opts.spares)
     sys.argv = ["process_worker_pool.py", *argv[split + 1:]]
     runpy.run_module("parsl.executors.high_throughput.process_worker_pool", run_name="__main__", alter_sys=True)

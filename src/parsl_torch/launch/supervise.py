@@ -63,6 +63,8 @@ ORPHANED_EXIT = 143
 OWNER_CHECK_S = 3.0
 #: seconds the other ranks have to end after one stopped for the block's end
 CONTINUE_WAIT_S = 30.0
+#: every rank exited 0 but a function stage's rank 0 left no return value
+NO_RESULT_EXIT = 1
 
 
 def _say(message: str) -> None:
@@ -124,13 +126,20 @@ def _node_loss_within(events: queue.Queue, wait: float) -> tuple[str, dict] | No
 
 
 def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S,
-              owner: LockWatch | None = None, stage_dir: str | None = None) -> int:
+              owner: LockWatch | None = None, stage_dir: str | None = None, result: str | None = None) -> int:
     """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost.
     ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped.
-    ``stage_dir``: where the launch's ``Outcome`` is recorded for the workflow."""
+    ``stage_dir``: where the launch's ``Outcome`` is recorded for the workflow. ``result``: the file
+    rank 0 writes when the stage's function returns: ranks that all exit 0 without it failed."""
     if stage_dir:
         forget_outcome(stage_dir)
     outcome = _supervise(plan, timeout, grace, owner)
+    if outcome.cause is Cause.OK and result and not os.path.exists(result):
+        outcome = Outcome(Cause.NO_RESULT, NO_RESULT_EXIT, (
+            f"every rank exited with code 0, but rank 0 never returned a value ({os.path.basename(result)} was not "
+            f"written): the stage's function ended its process before it returned (os._exit(0)? a library that "
+            f"exits?)"), rank=0)
+        _say(outcome.summary)
     if stage_dir:
         write_outcome(stage_dir, outcome)
     if outcome.cause is Cause.NODE_LOST and outcome.host and (path := settings.QUARANTINE.get()):
@@ -304,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=0, help="for messages only")
     parser.add_argument("--preflight", type=float, default=0, help="seconds each node has to answer first")
     parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
+    parser.add_argument("--result", help="the file rank 0 writes when the function returns: without it the launch failed")
     opts = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
@@ -338,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         return CONTINUE_EXIT
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
         return _refuse_nodes(silent, stage_dir)
-    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir)
+    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir,
+                     result=opts.result)
 
 
 if __name__ == "__main__":

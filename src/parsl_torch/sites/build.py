@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,9 +193,17 @@ def _site_executor_classes() -> tuple[type, type]:
             return super().submit(func, resource_specification, *args, **kwargs)
 
         def validate_resource_spec(self, resource_specification):
-            """Parsl's keys, and a stage's min_nodes, which parsl-torch-pool reads (``launch.pool``)."""
-            return super().validate_resource_spec({k: v for k, v in resource_specification.items()
-                                                   if k != MIN_NODES_KEY})
+            """Parsl's own check, on the specification itself: it completes it in place (``num_ranks``
+            from ``num_nodes`` x ``ranks_per_node``, which ``PARSL_NUM_RANKS`` and the launch prefixes
+            are made from); a stage's min_nodes, which parsl-torch-pool reads (``launch.pool``) and
+            Parsl does not know, is set aside meanwhile."""
+            min_nodes = resource_specification.pop(MIN_NODES_KEY, None)
+            try:
+                complete_mpi_spec(resource_specification)
+                return super().validate_resource_spec(resource_specification)
+            finally:
+                if min_nodes is not None:
+                    resource_specification[MIN_NODES_KEY] = min_nodes
 
     class SiteHighThroughputExecutor(HighThroughputExecutor):
         """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor
@@ -210,13 +219,35 @@ def _site_executor_classes() -> tuple[type, type]:
     return SiteMPIExecutor, SiteHighThroughputExecutor
 
 
-def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None = None) -> Any:
+def complete_mpi_spec(spec: dict[str, Any]) -> None:
+    """``num_ranks`` or ``ranks_per_node`` from the other two, in place and as integers (Parsl divides
+    ``num_ranks / num_nodes`` into ``2.0``, which becomes ``-ppn 2.0``); ranks that do not divide
+    evenly over the nodes are refused."""
+    from parsl.executors.errors import InvalidResourceSpecification
+
+    nodes, ppn, ranks = (spec.get(k) for k in ("num_nodes", "ranks_per_node", "num_ranks"))
+    try:
+        if nodes and ppn and not ranks:
+            spec["num_ranks"] = int(nodes) * int(ppn)
+        elif nodes and ranks and not ppn:
+            if int(ranks) % int(nodes):
+                raise InvalidResourceSpecification({"num_ranks"}, f"num_ranks={ranks} does not divide evenly over "
+                                                   f"num_nodes={nodes}: give ranks_per_node instead")
+            spec["ranks_per_node"] = int(ranks) // int(nodes)
+    except (TypeError, ValueError):
+        raise InvalidResourceSpecification({"num_nodes", "ranks_per_node", "num_ranks"},
+                                           f"num_nodes, ranks_per_node and num_ranks must be integers: {spec}") from None
+
+
+def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None = None,
+                 import_path: Sequence[str] = ()) -> Any:
     """The site's MPI executor; with ``quarantine`` (a workflow's file of lost nodes) its blocks run
-    parsl-torch's worker pool, which never hands a lost node to another stage (``launch.pool``)."""
+    parsl-torch's worker pool, which never hands a lost node to another stage (``launch.pool``)
+    and imports from ``import_path`` (the workflow's own folders)."""
     prov = mpi_provider(spec)
     max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
         else spec.mpi.max_workers_per_block
-    extra = {"launch_cmd": pool_command(quarantine, spec.mpi.spare_nodes)} if quarantine else {}
+    extra = {"launch_cmd": pool_command(quarantine, spec.mpi.spare_nodes, import_path)} if quarantine else {}
     return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
                                       drain_period=drain_period(spec), **_address(spec), **extra)
@@ -226,15 +257,24 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
 POOL_SCRIPT = "parsl-torch-pool"
 
 
-def pool_command(quarantine: str, spares: int = 0) -> str:
-    """Parsl's worker pool command, run through ``launch.pool`` (the same arguments, Parsl's template)."""
+def pool_command(quarantine: str, spares: int = 0, import_path: Sequence[str] = ()) -> str:
+    """Parsl's worker pool command, run through ``launch.pool`` (the same arguments, Parsl's template).
+    ``import_path``: folders its workers import from, so that a stage's arguments holding objects of
+    the workflow's own modules unpickle there as they do in the workflow."""
     from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 
     pool, _, args = DEFAULT_LAUNCH_CMD.partition(" ")
     if pool != "process_worker_pool.py":
         raise SiteError(f"this Parsl's worker pool command starts with {pool!r}, not process_worker_pool.py: "
                         f"parsl-torch cannot wrap it")
-    return f"{POOL_SCRIPT} --spares {spares} {shlex.quote(quarantine)} -- {args}"
+    paths = "".join(f"--path {_formatted_twice(shlex.quote(p))} " for p in import_path)
+    return f"{POOL_SCRIPT} --spares {spares} {paths}{_formatted_twice(shlex.quote(quarantine))} -- {args}"
+
+
+def _formatted_twice(text: str) -> str:
+    """``text`` as it must stand in a launch command that Parsl formats twice (``str.format``: at the
+    executor's start and per block) to come out as itself."""
+    return text.replace("{", "{{{{").replace("}", "}}}}")
 
 
 def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
@@ -248,10 +288,11 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
     return _site_executor_classes()[1](label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
 
 
-def site_executors(spec: SiteSpec, prefix: str = "", quarantine: str | None = None) -> list[Any]:
+def site_executors(spec: SiteSpec, prefix: str = "", quarantine: str | None = None,
+                   import_path: Sequence[str] = ()) -> list[Any]:
     """The site's executors, labelled ``prefix + "mpi"`` and ``prefix + "htex"`` (a prefix lets
     several sites' executors sit in one parsl.Config)."""
-    mpi = mpi_executor(spec, prefix + MPI_LABEL, quarantine)
+    mpi = mpi_executor(spec, prefix + MPI_LABEL, quarantine, import_path)
     htex = htex_executor(spec, prefix + HTEX_LABEL) if spec.htex.enabled else None
     mpi.single_process = htex
     if htex is not None:
@@ -282,10 +323,11 @@ def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = 
 
 
 def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_executor: Any = None,
-                    warm: bool = False, **config_kwargs: Any) -> Any:
+                    warm: bool = False, import_path: Sequence[str] = (), **config_kwargs: Any) -> Any:
     """One parsl.Config for a workflow's sites: one site's executors are labelled ``mpi``/``htex``,
     several sites' ``<site>.mpi``/``<site>.htex``. ``gc_executor`` serves the Globus Compute sites;
-    ``warm``: a thread executor for the apps that hand stages to warm ranks (``apps.warm``)."""
+    ``warm``: a thread executor for the apps that hand stages to warm ranks (``apps.warm``);
+    ``import_path``: the workflow's own folders, which its worker pools import from."""
     from parsl.config import Config
     from parsl.executors import ThreadPoolExecutor
 
@@ -297,7 +339,7 @@ def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_execut
         if get_scheduler(spec.scheduler).remote:
             executors.append(globus_executor(spec, gc_executor, prefix + MPI_LABEL))
         else:
-            executors += site_executors(spec, prefix, str(Path(run_dir) / QUARANTINE_FILE))
+            executors += site_executors(spec, prefix, str(Path(run_dir) / QUARANTINE_FILE), import_path)
     if warm:  # each thread waits for one stage's call in its warm ranks
         executors.append(ThreadPoolExecutor(label=WARM_LABEL, max_threads=WARM_THREADS))
     settings = {"usage_tracking": 0, "strategy_period": min(s.strategy_period for s in specs), **config_kwargs}
