@@ -98,6 +98,67 @@ def test_setup_wandb_as_ezpz_offline(tmp_path, monkeypatch, capfd):
     assert "continuing without wandb logging" in capfd.readouterr().err
 
 
+def test_a_live_wandb_run_survives_a_failure_after_init_and_an_init_failure_gives_none(tmp_path, monkeypatch):
+    """As ezpz's test_setup_wandb_reinit: metadata that cannot be written (here: torch cannot be imported,
+    or the host name raises) keeps the run; wandb.init itself failing gives None."""
+    import builtins
+
+    from parsl_torch.compat.ezpz import distributed as dmod
+
+    wandb = pytest.importorskip("wandb")
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_DIR", str(tmp_path))):
+        monkeypatch.setenv(name, value)
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named 'torch'")
+        return real_import(name, *args, **kwargs)
+
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(builtins, "__import__", no_torch)
+            run = ezpz.setup_wandb(project_name="p", dir=str(tmp_path), mode="offline")
+        assert run is not None
+        run.log({"loss": 0.25})
+        with monkeypatch.context() as m:
+            m.setattr(dmod, "get_hostname", lambda: (_ for _ in ()).throw(RuntimeError("post-init failure")))
+            assert ezpz.setup_wandb(project_name="p", dir=str(tmp_path), mode="offline") is run
+    finally:
+        wandb.finish()
+    monkeypatch.setattr(dmod, "verify_wandb", lambda: True)
+    monkeypatch.setattr(wandb, "init", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert ezpz.setup_wandb(project_name="p", dir=str(tmp_path), mode="offline") is None
+
+
+def test_verify_wandb_version_configs_lazy_and_query_environment(monkeypatch):
+    import logging.config
+    import re
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert ezpz.verify_wandb() is False
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert ezpz.verify_wandb() is True
+    assert re.match(r"\d+\.\d+\.\d+", ezpz.__version__) and ezpz.__version__.startswith("0.26.1+parsltorch.")
+    config = ezpz.configs.get_logging_config(rank=0)
+    assert "handlers" in config and "root" in config and "loggers" in config
+    logging.config.dictConfig({**config, "root": {**config["root"], "level": "WARNING"}})  # a valid dictConfig
+    assert ezpz.configs.get_logging_config(rank=1)["root"]["level"] == "CRITICAL"
+    assert ezpz.configs.get_scheduler() in ("LOCAL", "PBS", "SLURM", "UNKNOWN")
+    json_module = ezpz.lazy.lazy_import("json")
+    assert json_module.dumps([1]) == "[1]"
+    missing = ezpz.lazy.lazy_import("no_such_module_here")
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):
+        missing.anything  # noqa: B018
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert ezpz.distributed.query_environment() == {"world_size": 1, "rank": 0, "local_rank": 0}
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert ezpz.dist.query_environment() == {"world_size": 8, "rank": 5, "local_rank": 1}
+
+
 def test_submodules_import_by_ezpz_names_after_alias(monkeypatch):
     for name in [m for m in sys.modules if m == "ezpz" or m.startswith("ezpz.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -107,8 +168,13 @@ def test_submodules_import_by_ezpz_names_after_alias(monkeypatch):
     from ezpz.history import History
     from ezpz.log import get_logger
     from ezpz.tracker import setup_tracker
+    from ezpz.__about__ import __version__
+    from ezpz.configs import get_logging_config
+    from ezpz.lazy import lazy_import
     from ezpz.utils import get_timestamp
 
+    assert __version__ == aliased.__version__ and get_logging_config is ezpz.configs.get_logging_config
+    assert lazy_import is ezpz.lazy.lazy_import
     assert aliased is ezpz and History is ezpz.History and get_rank is ezpz.get_rank
     assert callable(get_logger) and callable(setup_tracker) and callable(get_timestamp)
     for name in [m for m in sys.modules if m == "ezpz" or m.startswith("ezpz.")]:

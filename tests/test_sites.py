@@ -209,6 +209,12 @@ def run_on_site(site_name, tmp_path):
         return ('$PARSL_MPI_PREFIX python -c "import os, sys; sys.stdout.write(\'rank %s\\n\' % '
                 'os.environ.get(\'PMI_RANK\', os.environ.get(\'SLURM_PROCID\')))"')
 
+    @python_app
+    def parsl_variables(parsl_resource_specification=None):  # noqa: ARG001 - Parsl reads it
+        import os
+
+        return {k: v for k, v in os.environ.items() if k.startswith("PARSL_") and not k.startswith("PARSL_TORCH")}
+
     config = sites.load(site_name).parsl_config(run_dir=str(tmp_path / "runinfo"))
     spec = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
     out = tmp_path / "mpi.out"
@@ -216,6 +222,14 @@ def run_on_site(site_name, tmp_path):
         host = hostname().result(timeout=120) if "htex" in executors(config) else None
         assert two_ranks(parsl_resource_specification=spec, stdout=str(out),
                          stderr=str(tmp_path / "mpi.err")).result(timeout=240) == 0
+        # Parsl's MPI variables for each way Parsl's guide writes a specification (no executors=: Parsl
+        # routes the app to either executor), num_ranks filled in by Parsl where it is left out
+        for given in ({"num_nodes": 1, "ranks_per_node": 2}, {"num_ranks": 2, "num_nodes": 1}, dict(spec)):
+            seen = parsl_variables(parsl_resource_specification=given).result(timeout=240)
+            assert (seen["PARSL_NUM_RANKS"], seen["PARSL_RANKS_PER_NODE"], seen["PARSL_NUM_NODES"]) == \
+                ("2", "2", "1"), (given, seen)
+            assert "-n 2 " in seen["PARSL_MPIEXEC_PREFIX"] and "--ntasks 2 " in seen["PARSL_SRUN_PREFIX"] and \
+                "-n 2 " in seen["PARSL_APRUN_PREFIX"] and "None" not in repr(seen), (given, seen)
     return host, sorted(re.findall(r"rank \d", out.read_text()))
 
 

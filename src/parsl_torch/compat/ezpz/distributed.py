@@ -31,8 +31,8 @@ from .utils import not_covered
 
 __all__ = ["barrier", "cleanup", "get_dist_info", "get_hostname", "get_local_rank", "get_machine",
            "get_node_index", "get_num_nodes", "get_rank", "get_torch_backend", "get_torch_device",
-           "get_torch_device_type", "get_world_size", "seed_everything", "setup_torch", "setup_wandb",
-           "synchronize", "timeitlogit", "wrap_model", "wrap_model_for_ddp"]
+           "get_torch_device_type", "get_world_size", "query_environment", "seed_everything", "setup_torch",
+           "setup_wandb", "synchronize", "timeitlogit", "verify_wandb", "wrap_model", "wrap_model_for_ddp"]
 
 #: ezpz's device types (an explicit other one is a ValueError, as in ezpz)
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -161,7 +161,7 @@ def get_dist_info(verbose: bool | None = None, hostfile: str | os.PathLike | Non
         "HOSTFILE": str(hostfile or os.environ.get("PBS_NODEFILE", "")), "HOSTNAME": topo.hostname,
         "LOCAL_RANK": topo.local_rank, "MACHINE": get_machine(), "NUM_NODES": get_num_nodes(hostfile),
         "NGPUS": topo.world_size, "NGPUS_AVAILABLE": topo.num_nodes * per_node or topo.world_size,
-        "NODE_ID": get_node_index(), "RANK": topo.rank, "SCHEDULER": _scheduler(),
+        "NODE_ID": get_node_index(), "RANK": topo.rank, "SCHEDULER": scheduler_name(),
         "WORLD_SIZE_TOTAL": get_world_size(total=True), "WORLD_SIZE_IN_USE": topo.world_size,
         "world_size": topo.world_size,
     }
@@ -245,26 +245,62 @@ def timeitlogit(rank: int | None = None, record: bool = True, verbose: bool = Fa
     return _timeitlogit(rank=0)
 
 
+def query_environment() -> dict[str, int]:
+    """ezpz.query_environment: ``world_size``, ``rank`` and ``local_rank``, from the torchrun variables when all
+    three are set, else as this process's rank functions find them."""
+    given = [os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
+    if None not in given:
+        return dict(zip(("world_size", "rank", "local_rank"), map(int, given)))  # type: ignore[arg-type]
+    return {"world_size": get_world_size(), "rank": get_rank(), "local_rank": get_local_rank()}
+
+
+def verify_wandb() -> bool:
+    """ezpz.verify_wandb: whether a wandb run can start: wandb installed, not disabled (``WANDB_DISABLED``,
+    ``WANDB_MODE=disabled``), and offline or with an API key (``WANDB_API_KEY``, wandb's login in ~/.netrc)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        return False
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if os.environ.get("WANDB_DISABLED") or mode == "disabled":
+        return False
+    if mode in ("offline", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return "api.wandb.ai" in (Path.home() / ".netrc").read_text()
+    except OSError:
+        return False
+
+
 def setup_wandb(project_name: str | None = None, entity: str | None = None, config: Mapping | None = None,
                 outdir: str | os.PathLike | None = None, project: str | None = None, **init_kwargs: Any) -> Any:
     """ezpz.setup_wandb: a wandb run on rank 0 (None elsewhere; WANDB_MODE=offline works), its config
     ezpz's run metadata (``tstamp``, ``hostname``, ``world_size``, ...) with yours under ``"config"``
     (secrets redacted); a second call gives wandb's current run with that call's values; None, with
-    a warning, when wandb is missing or ``wandb.init`` fails (training goes on)."""
+    a warning, when wandb cannot start (``verify_wandb``) or ``wandb.init`` fails (training goes on). A
+    run that started is returned even when writing its metadata fails (its metrics still go there)."""
     if get_rank() != 0:
+        return None
+    log = get_logger("ezpz")
+    if not verify_wandb():
+        log.warning("wandb is not installed, disabled, or has no API key (set WANDB_MODE=offline to log "
+                    "locally): continuing without wandb logging")
         return None
     extra = {k: v for k, v in {"entity": entity, "dir": outdir, **init_kwargs}.items() if v is not None}
     try:
         run = _sinks.setup_wandb(project=project or project_name, **extra)
-        if run is None:
-            return None
+    except Exception as exc:  # noqa: BLE001 - as ezpz: wandb must not stop training
+        log.warning("wandb could not start (%s: %s): continuing without wandb logging", type(exc).__name__, exc)
+        return None
+    if run is None:
+        return None
+    try:
         now = datetime.datetime.now()
         run.config.update({**_run_metadata(now), "config": _sinks.redact(dict(config or {}))},
                           allow_val_change=True)
-    except Exception as exc:  # noqa: BLE001 - as ezpz: wandb must not stop training
-        get_logger("ezpz").warning("wandb could not start (%s: %s): continuing without wandb logging",
-                                   type(exc).__name__, exc)
-        return None
+    except Exception as exc:  # noqa: BLE001 - the run is live: metrics still reach it
+        log.warning("wandb run %s started, but its metadata could not be written (%s: %s): keeping the run",
+                    getattr(run, "name", "?"), type(exc).__name__, exc)
     return run
 
 
@@ -272,10 +308,10 @@ def _run_metadata(now: datetime.datetime) -> dict[str, Any]:
     import torch
 
     topo = env_topology()
-    return {"hostname": topo.hostname, "pytorch_backend": get_backend(), "torch_version": torch.__version__,
+    return {"hostname": get_hostname(), "pytorch_backend": get_backend(), "torch_version": torch.__version__,
             "world_size": topo.world_size, "machine": get_machine(), "working_directory": os.getcwd(),
             "year": now.year, "month": now.month, "day": now.day, "tstamp": now.isoformat(),
-            "scheduler": _scheduler(), "num_nodes": topo.num_nodes, "ranks_per_node": topo.local_world_size,
+            "scheduler": scheduler_name(), "num_nodes": topo.num_nodes, "ranks_per_node": topo.local_world_size,
             "device_type": _device_type(), "python_version": platform.python_version()}
 
 
@@ -288,7 +324,8 @@ def _accelerators_per_node() -> int:
     return 0
 
 
-def _scheduler() -> str:
+def scheduler_name() -> str:
+    """ezpz's name of the scheduler: ``"PBS"``, ``"SLURM"``, ``"LOCAL"`` (``"UNKNOWN"`` when it cannot be told)."""
     try:
         return detect_scheduler().scheduler.upper()
     except ConfigError:  # a summary never fails a script
