@@ -116,6 +116,19 @@ def launch(launcher: str, n: int, args: list[str], timeout: float = 180, **kw) -
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run where torch sees a CUDA GPU (the accelerator machine), else are skipped."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: run on the accelerator machine (docs/testing.md)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
 @pytest.fixture
 def slurm() -> None:
     """A running Slurm cluster (CI starts one with ../shared/scripts/start-slurm.sh)."""

@@ -272,6 +272,11 @@ def test_doctor_passes_here_and_names_a_broken_setting():
     assert bad.returncode == 1
     assert "[ERROR] device/backend" in bad.stdout and "TORCH_BACKEND='bogus'" in bad.stdout
     assert "-> fix or unset TORCH_DEVICE / TORCH_BACKEND" in bad.stdout
+    # the live test fails in the ranks: the doctor shows why, not the teardown's warnings
+    broken = parsl_torch("doctor", env=clean_env(MASTER_PORT="not-a-port"), timeout=300)
+    assert broken.returncode == 1
+    line = next(x for x in broken.stdout.splitlines() if "[ERROR] 2-rank all_reduce" in x)
+    assert "MASTER_PORT" in line and "not-a-port" in line, broken.stdout
 
 
 def test_local_falls_back_to_torchrun_without_mpiexec(monkeypatch):

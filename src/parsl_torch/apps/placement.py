@@ -20,7 +20,6 @@ from typing import Any
 from .. import sites
 from ..common import settings
 from ..errors import ConfigError
-from ..launch.machines import get_machine
 from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import Scheduler, get_scheduler
 
@@ -55,9 +54,7 @@ class Placement:
 
     @property
     def ranks_per_node(self) -> int:
-        spec = self.site.spec
-        machine = get_machine(spec.machine)
-        return spec.launch.ranks_per_node or (machine.accelerators_per_node if machine else 1)
+        return self.site.ranks_per_node
 
     def stage_dir(self, run_dir: Path, stage: str) -> Path:
         """Where a stage's files go: in the run directory, or on a Globus Compute site in the endpoint's

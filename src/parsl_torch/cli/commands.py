@@ -174,7 +174,7 @@ def _sites_show(args: argparse.Namespace) -> int:
     for key, value in (machine.rank_env() if machine else {}).items():
         print(f"#   {key}={value}  (machine {machine.name})")
     if machine and spec.launch.extra_args is None:
-        ppn = spec.launch.ranks_per_node or machine.accelerators_per_node
+        ppn = site.ranks_per_node
         print(f"# launch flags for {ppn} ranks per node (machine {machine.name}): "
               f"{shlex.join(machine.binding_args(ppn))}")
     return 0

@@ -24,6 +24,7 @@ from ..common.environ import find_local_tool, path_with_python_bin
 from ..core.device import get_backend, get_torch_device_type
 from ..core.dist import collective_timeout
 from ..errors import ParslTorchError
+from ..launch.accelerators import visible_accelerators
 from ..launch.schedulers import get_scheduler
 
 SMOKE_TIMEOUT_S = 90
@@ -182,21 +183,35 @@ def check_nodes(nodes: tuple[str, ...]) -> Check:
 
 
 def check_smoke() -> Check:
-    """2 local ranks, one all_reduce, through parsl-torch launch."""
+    """The ranks a local stage runs (one per accelerator this host sees, else 2), one all_reduce,
+    through parsl-torch launch."""
     env = {**os.environ, settings.SCHEDULER.name: "local", settings.TIMEOUT.name: "30"}
     env["PATH"] = path_with_python_bin(env)
-    cmd = [sys.executable, "-m", CLI, "launch", "-n", "2", "--timeout", str(SMOKE_TIMEOUT_S),
+    n = visible_accelerators(env) or 2
+    name = f"{n}-rank all_reduce"
+    cmd = [sys.executable, "-m", CLI, "launch", "-n", str(n), "--timeout", str(SMOKE_TIMEOUT_S),
            "--", sys.executable, "-c", _SMOKE]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S + 30)
     except subprocess.TimeoutExpired:
-        return Check("2-rank all_reduce", "error", "hung past its timeout", "run parsl-torch launch -n 2 by hand")
+        return Check(name, "error", "hung past its timeout", f"run parsl-torch launch -n {n} by hand")
     sums = sorted(_SMOKE_LINE.findall(out.stdout))
-    if out.returncode == 0 and sums == [("0", "2"), ("1", "2")]:
-        return Check("2-rank all_reduce", "ok", "2 ranks agreed (sum 2)")
-    tail = " | ".join((out.stdout.strip().splitlines() + out.stderr.strip().splitlines())[-4:])
-    return Check("2-rank all_reduce", "error", f"exit {out.returncode}: {tail}",
-                 "fix the errors above, then parsl-torch launch -n 2 -- python -c 'import parsl_torch'")
+    if out.returncode == 0 and sums == [(str(r), str(n)) for r in range(n)]:
+        return Check(name, "ok", f"{n} ranks agreed (sum {n})")
+    return Check(name, "error", f"exit {out.returncode}: {_cause(out.stdout + out.stderr)}",
+                 f"fix the cause above, then parsl-torch launch -n {n} -- python -c 'import parsl_torch'")
+
+
+#: a line that states an error: a Python exception's last line, or the supervisor's verdict on a rank
+_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception): |parsl-torch: rank \d+ )")
+
+
+def _cause(output: str) -> str:
+    """The lines that say what failed (the first exception, the supervisor's verdict), else the last lines:
+    shown to the person, never used to decide anything."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    stated = [line for line in lines if _ERROR_LINE.match(line)]
+    return " | ".join(dict.fromkeys(stated[:1] + stated[-1:]) if stated else lines[-4:])
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
@@ -217,7 +232,7 @@ def run_checks(smoke: bool = True) -> list[Check]:
     if smoke:
         nodes = _job_nodes()
         if blocked:
-            results.append(Check("2-rank all_reduce", "skip", "torch or device is broken"))
+            results.append(Check("live all_reduce", "skip", "torch or device is broken"))
         else:
             results.append(check_nodes(nodes) if len(nodes) > 1 else check_smoke())
     return results

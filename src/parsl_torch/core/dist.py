@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from ..common import settings
 from ..errors import ConfigError
+from .claim import SHARING_BACKENDS, claim_device, device_key
 from .device import check_backend, get_backend, get_torch_device, get_torch_device_type
 from .log import get_logger
 from .ranks import get_rank, process_group, rank_state
@@ -72,15 +73,20 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
     if accelerator:  # before init: an unbound device deadlocks XPU collectives
         getattr(torch, device_type).set_device(device)
     topo = get_topology()
-    addr = f"[{topo.master_addr}]" if ":" in (topo.master_addr or "") else topo.master_addr
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{addr}:{topo.master_port}",
-        rank=topo.rank,
-        world_size=topo.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if accelerator else None,
-    )
+    timeout_td = datetime.timedelta(seconds=timeout_s)
+    if accelerator and backend not in SHARING_BACKENDS:  # one rank per device, checked before nccl sees it
+        store = dist.TCPStore(topo.master_addr, topo.master_port, topo.world_size, is_master=topo.rank == 0,
+                              timeout=timeout_td, multi_tenant=True)
+        claim_device(store, topo.hostname, device_key(device), topo.world_size, timeout_s,
+                     ranks_on_node=topo.local_world_size, visible=getattr(torch, device_type).device_count(),
+                     backend=backend)
+        dist.init_process_group(backend=backend, store=store, rank=topo.rank, world_size=topo.world_size,
+                                timeout=timeout_td, device_id=device)
+    else:
+        addr = f"[{topo.master_addr}]" if ":" in (topo.master_addr or "") else topo.master_addr
+        dist.init_process_group(backend=backend, init_method=f"tcp://{addr}:{topo.master_port}", rank=topo.rank,
+                                world_size=topo.world_size, timeout=timeout_td,
+                                device_id=device if accelerator else None)
     state = rank_state()
     if not state.exit_handover:  # registered after the user's earlier handlers: it runs after later ones
         atexit.register(_hand_over_gil_at_exit)

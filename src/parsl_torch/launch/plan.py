@@ -102,7 +102,8 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
     nodes = scheduler.job_nodes(env)
     # what the job asked for (--ntasks-per-node, mpiprocs) beats the machine's accelerators per node
     asked = scheduler.job_ranks_per_node(env)
-    default_ppn = asked if asked and asked > 1 else (machine.accelerators_per_node if machine else 1)
+    default_ppn = asked if asked and asked > 1 else \
+        (machine.accelerators_per_node if machine else scheduler.node_accelerators(env) or 1)
     num_nodes, ppn, n = resolve_shape(request, len(nodes), default_ppn)
     nodes = nodes[:num_nodes]
     start = scheduler.rank_launch(request.launcher, num_nodes, ppn, n, nodes, machine, env)

@@ -87,7 +87,8 @@ class HTEXSpec:
 class LaunchSpec:
     """Launch defaults for multi-rank stages (see parsl_torch.launch)."""
 
-    ranks_per_node: int | None = None  # default: the machine's accelerators per node
+    ranks_per_node: int | None = None  # default: the accelerators a node has (machine record, or seen locally)
+    cpu_ranks_per_node: int = 1  # where nodes have no accelerator (the local site: 2, distributed even on a laptop)
     extra_args: tuple[str, ...] | None = None  # launcher flags; default: the machine's CPU binding
 
 
@@ -198,6 +199,8 @@ def _check(spec: SiteSpec) -> None:
             raise SiteError(f"{path}: must be 0 or more, got {value}")
     if spec.launch.ranks_per_node is not None and spec.launch.ranks_per_node < 1:
         raise SiteError(f"launch.ranks_per_node: must be at least 1, got {spec.launch.ranks_per_node}")
+    if spec.launch.cpu_ranks_per_node < 1:
+        raise SiteError(f"launch.cpu_ranks_per_node: must be at least 1, got {spec.launch.cpu_ranks_per_node}")
     if not 0 < spec.poll_period_ms <= 60_000:
         raise SiteError(f"poll_period_ms: must be > 0 and at most 60000 milliseconds, got {spec.poll_period_ms}")
     if not 0 < spec.strategy_period <= 3600:  # inf or nan would kill Parsl's strategy thread: a hang

@@ -1,0 +1,46 @@
+"""How many accelerators this machine lets its processes see, without importing torch (the
+workflow and ``parsl-torch launch`` decide ranks per node before any rank starts).
+
+A visibility variable that is set decides (``CUDA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES``,
+``HIP_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``: its entries); else the devices the drivers made:
+NVIDIA's ``/dev/nvidia<N>``, and AMD's GPU nodes of the kernel's KFD topology. An Intel GPU shows
+as a render node that an integrated laptop GPU has too: it is counted only through
+``ZE_AFFINITY_MASK``, or a site's machine record (Aurora's 12 tiles).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..core.claim import VISIBILITY
+
+_NVIDIA = re.compile(r"nvidia\d+")
+
+
+def visible_accelerators(env: Mapping[str, str] | None = None, dev: str = "/dev",
+                         kfd: str = "/sys/class/kfd/kfd/topology/nodes") -> int:
+    """The accelerators this process sees (0: none)."""
+    env = os.environ if env is None else env
+    for name in VISIBILITY:
+        value = env.get(name)
+        if value is not None:
+            return len([v for v in value.split(",") if v.strip() and v.strip() not in ("-1", "NoDevFiles")])
+    try:
+        nvidia = sum(1 for entry in os.listdir(dev) if _NVIDIA.fullmatch(entry))
+    except OSError:
+        nvidia = 0
+    return nvidia or _amd_gpus(Path(kfd))
+
+
+def _amd_gpus(nodes: Path) -> int:
+    """KFD's topology nodes with a GPU id (CPU nodes have 0)."""
+    count = 0
+    for node in nodes.glob("*/gpu_id") if nodes.is_dir() else ():
+        try:
+            count += node.read_text().strip() not in ("", "0")
+        except OSError:
+            continue
+    return count
