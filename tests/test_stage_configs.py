@@ -19,7 +19,8 @@ from parsl_torch.stages.train import TrainConfig
     ({"lr": math.nan}, "lr: must be a finite number > 0, got nan"),
     ({"lr": math.inf}, "lr: must be a finite number > 0, got inf"),
     ({"lr": 0}, "lr: must be a finite number > 0"),
-    ({"dtype": "int8", "strategy": "fsdp"}, "dtype: 'int8' is not one of bf16, fp16"),
+    ({"dtype": "int8", "strategy": "fsdp"}, "dtype='int8' is not a precision: use one of fp32, bf16, fp16"),
+    ({"precision": "bf16", "dtype": "fp16"}, "precision: 'bf16' and dtype: 'fp16' disagree"),
     ({"tp_size": 0, "strategy": "fsdp+tp"}, "tp_size: must be at least 2"),
     ({"tp_size": -2, "strategy": "fsdp+tp"}, "tp_size: must be at least 2"),
     ({"seed": -1}, "seed: must be between 0 and 4294967295"),
@@ -60,7 +61,7 @@ numbers = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_
 
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(["steps", "lr", "tp_size", "checkpoint_every", "log_every", "seed",
-                                        "dtype", "strategy"]), numbers, max_size=4),
+                                        "dtype", "precision", "tf32", "strategy"]), numbers, max_size=4),
        st.dictionaries(st.sampled_from(["dim", "n_heads", "n_layers", "seq_len", "vocab_size"]), numbers,
                        max_size=3),
        st.dictionaries(st.sampled_from(["batch_size", "seed"]), numbers, max_size=2))

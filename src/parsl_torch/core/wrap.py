@@ -4,6 +4,10 @@ Each strategy is a small function. Everything that can be wrong (strategy
 name, dtype, TP size, plan) is checked first, identically on every rank, so a
 mistake fails all ranks before any collective starts.
 
+``precision`` (fp32 | bf16 | fp16; ``dtype`` is its older name) is honoured at every world size
+and strategy (``core.precision``): autocast around the forward for none/ddp and on one rank,
+FSDP2's MixedPrecisionPolicy (fp32 reduction) for fsdp and fsdp+tp; never dropped.
+
 * ``ddp``: DistributedDataParallel.
 * ``fsdp``: FSDP2 ``fully_shard`` on every repeated block (each element of the
   model's ``nn.ModuleList``\\ s), then on the root.
@@ -22,38 +26,43 @@ from torch import nn
 
 from ..errors import ConfigError
 from .device import get_torch_device, get_torch_device_type
+from .precision import autocast_forward, check_precision, dtype_of, normalize_precision
 from .ranks import get_rank, get_world_size
 from .strategy import normalize_strategy
 
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 _STYLES = ("colwise", "rowwise")
 
 
 def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool | None = None,
-               dtype: str | torch.dtype | None = None, tp_size: int | None = None,
-               tp_plan: Mapping[str, Any] | None = None) -> nn.Module:
+               precision: str | torch.dtype | None = None, dtype: str | torch.dtype | None = None,
+               tp_size: int | None = None, tp_plan: Mapping[str, Any] | None = None) -> nn.Module:
     """Wrap ``model`` (already on this rank's device) for data/tensor parallelism.
 
     ``strategy``: none | ddp | fsdp | fsdp+tp (default ddp). ``use_fsdp``: the
-    ezpz spelling (True: fsdp, False: ddp). ``dtype``: FSDP parameter dtype for
-    compute (bf16/fp16, gradients reduced in fp32). ``tp_size``/``tp_plan``:
-    for fsdp+tp; the plan maps module names inside a block to "colwise" or
-    "rowwise" (or a torch ParallelStyle) and defaults to ``model.tp_plan``.
-    With one rank the model is returned unchanged.
+    ezpz spelling (True: fsdp, False: ddp). ``precision``: fp32 | bf16 | fp16
+    (``dtype``: its older name; None: the model as it is), at every world size and
+    strategy: autocast for none/ddp (fp16 also needs ``core.precision.grad_scaler``),
+    FSDP2 mixed precision with fp32 gradient reduction for fsdp/fsdp+tp.
+    ``tp_size``/``tp_plan``: for fsdp+tp; the plan maps module names inside a
+    block to "colwise" or "rowwise" (or a torch ParallelStyle) and defaults to
+    ``model.tp_plan``. With one rank nothing is sharded (the precision still applies).
     """
 
     strategy = _resolve_strategy(strategy, use_fsdp)
-    param_dtype = _resolve_dtype(dtype, strategy)
+    precision = _resolve_precision(precision, dtype)
     world = get_world_size()
     if strategy == "fsdp+tp":
         plan = _check_tp(model, world, tp_size, tp_plan)
     elif tp_size not in (None, 1) or tp_plan is not None:
         raise ConfigError(f"tp_size/tp_plan apply to strategy 'fsdp+tp', not {strategy!r}")
+    device_type = get_torch_device_type()
+    if precision is not None:
+        check_precision(precision, device_type)
     if world == 1 or strategy == "none":
-        return model
+        return autocast_forward(model, precision, device_type) if precision else model
     if strategy == "ddp":
-        return _ddp(model)
+        return autocast_forward(_ddp(model), precision, device_type) if precision else _ddp(model)
+    param_dtype = dtype_of(precision) if precision not in (None, "fp32") else None
     if strategy == "fsdp":
         return _fsdp(model, mesh=None, param_dtype=param_dtype)
     return _fsdp_tp(model, world, tp_size, plan, param_dtype)  # type: ignore[arg-type]
@@ -68,18 +77,13 @@ def _resolve_strategy(strategy: str | None, use_fsdp: bool | None) -> str:
     return name
 
 
-def _resolve_dtype(dtype: str | torch.dtype | None, strategy: str) -> torch.dtype | None:
-    if dtype is None:
-        return None
-    resolved = _DTYPES.get(dtype.lower()) if isinstance(dtype, str) else dtype
-    if resolved not in _DTYPES.values():
-        raise ConfigError(f"dtype={dtype!r} is unknown: use one of {', '.join(_DTYPES)}")
-    if not strategy.startswith("fsdp"):
-        raise ConfigError(
-            f"dtype={dtype!r} sets FSDP mixed precision; strategy {strategy!r} keeps the "
-            f"model's own dtype (use torch.autocast, or strategy='fsdp')"
-        )
-    return resolved
+def _resolve_precision(precision: Any, dtype: Any) -> str | None:
+    """``precision``, or ``dtype`` (its older name); both given must agree."""
+    given = normalize_precision(precision)
+    old = normalize_precision(dtype, "dtype")
+    if given is not None and old is not None and given != old:
+        raise ConfigError(f"precision={precision!r} and dtype={dtype!r} disagree: pass precision alone")
+    return given or old
 
 
 def find_blocks(model: nn.Module) -> list[nn.Module]:

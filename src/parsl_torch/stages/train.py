@@ -30,6 +30,7 @@ from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.log import get_logger
+from ..core.precision import check_precision, default_precision, grad_scaler, normalize_precision, use_tf32
 from ..core.ranks import get_rank, get_world_size
 from ..errors import ConfigError
 from .config import (
@@ -47,8 +48,6 @@ from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
 STAGE = "train"
-#: FSDP compute dtypes (mixed precision)
-DTYPES = ("bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,9 @@ class TrainConfig:
     lr: float = 3e-3
     strategy: str = "ddp"  # none | ddp | fsdp | fsdp+tp
     tp_size: int | None = None
-    dtype: str | None = None  # FSDP compute dtype: bf16 | fp16
+    precision: str | None = None  # fp32 | bf16 | fp16; None: bf16 on GPUs that run it, fp32 elsewhere
+    dtype: str | None = None  # precision's older name (FSDP's compute dtype)
+    tf32: bool = True  # fp32 on CUDA: TF32 matmuls
     checkpoint_every: int = 50
     log_every: int = 20
     seed: int = 0
@@ -71,8 +72,9 @@ class TrainConfig:
         at_least(self, 1, "steps", "checkpoint_every", "log_every")
         if not 0 < self.lr < math.inf:
             raise ConfigError(f"lr: must be a finite number > 0, got {self.lr!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)} (or leave it out: fp32)")
+        precision, dtype = normalize_precision(self.precision), normalize_precision(self.dtype, "dtype")
+        if precision is not None and dtype is not None and precision != dtype:
+            raise ConfigError(f"precision: {self.precision!r} and dtype: {self.dtype!r} disagree: keep precision alone")
         if self.tp_size is not None and self.tp_size < 2:
             raise ConfigError(f"tp_size: must be at least 2 (ranks per tensor-parallel group), got {self.tp_size}")
         check_seed(self, "seed")
@@ -122,11 +124,17 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     torch.manual_seed(cfg.seed)
     device = get_torch_device()
     tp = cfg.tp_size or 1  # the config check allows tp_size with fsdp+tp only
+    precision = normalize_precision(cfg.precision or cfg.dtype) or default_precision(device.type)
+    check_precision(precision, device.type)
+    if precision == "fp32":
+        use_tf32(device.type, cfg.tf32)
     model = wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy, tp_size=cfg.tp_size,
-                          dtype=cfg.dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    history = History(stage, path=history_path, config=as_dict(cfg), units={"dt": "s", "lr": "1"},
-                         descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
+                       precision=precision)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
+    scaler = grad_scaler(precision, device.type)
+    history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
+                      units={"dt": "s", "lr": "1"},
+                      descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
     start = 0
     call = settings.CALL_ID.raw()
     state = ckpt.read(checkpoint_path) if Path(checkpoint_path).exists() else None
@@ -154,8 +162,13 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, cfg.model.vocab_size).float(), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:  # fp16: scaled gradients, a step skipped where they overflowed
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         line = history.update({"loss": loss.item(), "lr": cfg.lr, "dt": time.perf_counter() - t0}, step=step)
         if step % cfg.log_every == 0:
             logger.info("[%s] %s", stage, line)
@@ -177,7 +190,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     path = history.finalize(history_path)
     return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
-            "world_size": get_world_size(), "segments": history.segments}
+            "world_size": get_world_size(), "segments": history.segments, "precision": precision}
 
 
 def _mean(loss: Any, device: Any) -> float:
