@@ -40,6 +40,7 @@ from typing import Any
 
 from ..common import settings, stagedir
 from ..common.files import write_atomic
+from ..core.claim import VISIBILITY
 from ..core.log import get_logger
 from . import usercode
 from .fingerprint import Fingerprinter
@@ -50,8 +51,7 @@ DIGESTS = "input-digests.json"
 ENV_NAMES = "reads environment"
 #: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
 LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HYDRA_", "SLURM_", "PBS_", "PARSL_",
-                   "TORCHELASTIC_", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                   "ZE_AFFINITY_MASK")
+                   "TORCHELASTIC_", *VISIBILITY)
 LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                           "MASTER_ADDR", "MASTER_PORT"})
 
