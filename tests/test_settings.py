@@ -9,7 +9,7 @@ from parsl_torch.common import settings
 from parsl_torch.errors import ConfigError
 
 BAD = {settings.seconds: ("soon", "0", "-3", "inf"), settings.epoch: ("tomorrow", "-1", "nan"),
-       settings.gpu_order: ("3,two,1",), settings.INPUT_HASH.parse: ("md5",)}
+       settings.gpu_order: ("3,two,1",), settings.INPUT_HASH.parse: ("md5",), settings.tflops: ("fast", "0", "inf")}
 
 
 @pytest.mark.parametrize("setting", [s for s in settings.REGISTRY.values() if s.parse in BAD], ids=lambda s: s.name)

@@ -15,7 +15,7 @@ def summaries(futures: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _result(summary: dict[str, Any]) -> str:
-    keys = ("final_loss", "eval_loss", "eval_acc", "steps", "resumed_from")
+    keys = ("final_loss", "eval_loss", "eval_acc", "steps", "precision", "resumed_from")
     return ", ".join(f"{k}={summary[k]:.4g}" if isinstance(summary[k], float) else f"{k}={summary[k]}"
                      for k in keys if k in summary and (k != "resumed_from" or summary[k]))
 

@@ -71,6 +71,8 @@ def _progress(stage_dir: Path, started: float | None, first_step: int = 0) -> st
     text = f"step {step + 1}/{total}" if total else f"step {step + 1}"
     if p.metric is not None and p.value is not None:
         text += f" {p.metric}={p.value:.4g}"
+    if p.mfu is not None:
+        text += f" MFU {p.mfu:.1%}"
     if total and started and first_step <= step and step + 1 < total:
         rate = (p.time - started) / (step + 1 - first_step)
         text += f" ETA {int(rate * (total - step - 1)) // 60}:{int(rate * (total - step - 1)) % 60:02d}"

@@ -37,6 +37,13 @@ def seconds(value: str) -> float:
     return number
 
 
+def tflops(value: str) -> float:
+    number = _number(value)
+    if not 0 < number < math.inf:
+        raise ValueError("give the accelerator's dense bf16 peak in TFLOP/s, a number > 0 (H100 SXM: 989)")
+    return number
+
+
 def epoch(value: str) -> float:
     """Epoch seconds (or, for a grace period, seconds >= 0)."""
     number = _number(value)
@@ -115,6 +122,9 @@ GPU_ORDER = _add(Setting("PARSL_TORCH_GPU_ORDER", "accelerator per local rank, e
 INPUT_HASH = _add(Setting("PARSL_TORCH_INPUT_HASH", "`content` (default: SHA-256 of each input File when its "
                           "size/mtime change) or `stat` (size, mtime, inode only: for huge inputs)", "content",
                           one_of("content", "stat")))
+PEAK_TFLOPS = _add(Setting("PARSL_TORCH_PEAK_TFLOPS", "an accelerator's dense bf16 peak in TFLOP/s, for the MFU "
+                           "a train stage records (default: from a table of the facilities' GPUs, see GPUs)", None,
+                           tflops))
 LOG_LEVEL = _add(Setting("PARSL_TORCH_LOG_LEVEL", "level of `get_logger` loggers (default INFO)", "INFO",
                          lambda v: v.strip().upper()))
 SCHEDULER = _add(Setting("PARSL_TORCH_SCHEDULER", "the scheduler `launch` uses: `pbs`, `slurm` or `local` "

@@ -83,6 +83,7 @@ class ProgressRecord:
     metric: str | None
     value: float | None
     time: float
+    mfu: float | None = None  # a train stage's model FLOPs utilisation (where the device's peak is known)
 
 
 R = TypeVar("R")

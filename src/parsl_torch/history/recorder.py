@@ -191,8 +191,10 @@ class History:
         values = block.stats.get("mean", block.values) if block.stats else block.values
         row = block.keys.index(metric) if metric else 0
         total = self.config.get("steps")  # the built-in stages record their config
+        mfu = float(values[block.keys.index("mfu"), -1]) if "mfu" in block.keys else None
         progress = stagedir.ProgressRecord(int(block.steps[-1]), total if isinstance(total, int) else None, metric,
-                                           float(values[row, -1]) if metric else None, now)
+                                           float(values[row, -1]) if metric else None, now,
+                                           mfu if mfu is not None and math.isfinite(mfu) else None)
         with contextlib.suppress(OSError):
             stagedir.write(str(self._target(None)) + stagedir.PROGRESS_SUFFIX, progress)
 

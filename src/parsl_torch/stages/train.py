@@ -29,6 +29,7 @@ from ..common import settings
 from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
+from ..core.flops import flops_per_token, peak_flops, throughput
 from ..core.log import get_logger
 from ..core.precision import check_precision, default_precision, grad_scaler, normalize_precision, use_tf32
 from ..core.ranks import get_rank, get_world_size
@@ -48,6 +49,12 @@ from .entry import run_stage
 from .model import build_model, check_checkpoint_model
 
 STAGE = "train"
+#: the history's units and descriptions of the metrics the stage records
+UNITS = {"dt": "s", "lr": "1", "tokens_per_s": "1/s", "tflops": "TFLOP/s", "mfu": "1"}
+DESCRIPTIONS = {"loss": "next-token cross-entropy", "dt": "seconds per step (the first one compiles, with compile)",
+                "tokens_per_s": "tokens per second over all ranks",
+                "tflops": "achieved TFLOP/s per device (6N + 12 L d T per token)",
+                "mfu": "model FLOPs utilisation: tflops over the device's dense bf16 peak"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class TrainConfig:
     precision: str | None = None  # fp32 | bf16 | fp16; None: bf16 on GPUs that run it, fp32 elsewhere
     dtype: str | None = None  # precision's older name (FSDP's compute dtype)
     tf32: bool = True  # fp32 on CUDA: TF32 matmuls
+    compile: bool = False  # torch.compile the wrapped model (its compile time is the result's compile_s)
     checkpoint_every: int = 50
     log_every: int = 20
     seed: int = 0
@@ -128,13 +136,16 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     check_precision(precision, device.type)
     if precision == "fp32":
         use_tf32(device.type, cfg.tf32)
-    model = wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy, tp_size=cfg.tp_size,
-                       precision=precision)
+    built = build_model(cfg.model).to(device)
+    per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
+                                         if cfg.model.kind == "transformer" else ()))
+    peak = peak_flops(device)
+    model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
     scaler = grad_scaler(precision, device.type)
+    forward = torch.compile(model) if cfg.compile else model  # (checkpoints hold the module's own names)
     history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
-                      units={"dt": "s", "lr": "1"},
-                      descriptions={"loss": "next-token cross-entropy", "dt": "seconds per step"})
+                      units=UNITS, descriptions=DESCRIPTIONS)
     start = 0
     call = settings.CALL_ID.raw()
     state = ckpt.read(checkpoint_path) if Path(checkpoint_path).exists() else None
@@ -155,11 +166,12 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
         logger.info("[%s] resumed from the checkpoint of step %d (%s)", stage, start, checkpoint_path)
     dp_rank, dp_size = data_parallel_coords(tp)
     loss = torch.tensor(float("nan"))
+    compile_s = None
     for step in range(start, cfg.steps):
         _maybe_fault(rank, step)
         t0 = time.perf_counter()
         tokens = batch(cfg.data, cfg.model, step, dp_rank, dp_size).to(device)
-        logits = model(tokens[:, :-1])
+        logits = forward(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, cfg.model.vocab_size).float(), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         if scaler is None:
@@ -169,7 +181,13 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-        line = history.update({"loss": loss.item(), "lr": cfg.lr, "dt": time.perf_counter() - t0}, step=step)
+        value = loss.item()  # (the step's one device sync: dt is the step's time, not its queueing)
+        dt = time.perf_counter() - t0
+        if cfg.compile and compile_s is None:
+            compile_s = dt  # the first step compiles: its time is kept apart, in the result
+        line = history.update({"loss": value, "lr": cfg.lr, "dt": dt,
+                               **throughput(tokens[:, :-1].numel() // tp, dt, per_token, peak, get_world_size())},
+                              step=step)
         if step % cfg.log_every == 0:
             logger.info("[%s] %s", stage, line)
         # collective, on every rank at every step but the last: its answer is the same on all ranks
@@ -190,7 +208,8 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     path = history.finalize(history_path)
     return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
-            "world_size": get_world_size(), "segments": history.segments, "precision": precision}
+            "world_size": get_world_size(), "segments": history.segments, "precision": precision,
+            "compile_s": compile_s}
 
 
 def _mean(loss: Any, device: Any) -> float:

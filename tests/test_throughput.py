@@ -1,0 +1,58 @@
+"""Throughput in the train stage's history without any extra device sync: FLOPs per token as
+torchtitan counts them (6N + 12 L d T), TFLOP/s per device, tokens/s over the ranks, and MFU
+against the device's dense bf16 peak (a table of the facilities' GPUs, or PARSL_TORCH_PEAK_TFLOPS);
+torch.compile as a train option, its compile time kept apart. Arithmetic and the CPU path here;
+the GPU figures come from the accelerator machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import parsl_torch as pt
+from parsl_torch.core.flops import flops_per_token, peak_flops, throughput
+from parsl_torch.core.models import Transformer
+
+
+def test_flops_per_token_is_6n_without_embeddings_plus_the_attention_term():
+    model = Transformer(vocab_size=64, dim=32, n_heads=2, n_layers=2, max_seq_len=16)
+    params = sum(p.numel() for p in model.parameters())
+    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    assert 0 < embeddings < params
+    assert flops_per_token(model, 2, 32, 16) == 6 * (params - embeddings) + 12 * 2 * 32 * 16
+    assert flops_per_token(torch.nn.Linear(10, 10)) == 6 * 110
+
+
+def test_mfu_is_achieved_flops_over_the_peak_and_the_peak_comes_from_the_table_or_the_setting(monkeypatch):
+    out = throughput(tokens=1000, seconds=0.5, flops_per_token_=1e9, peak=4e12, devices=8)
+    assert out == {"tokens_per_s": 16000.0, "tflops": 2.0, "mfu": 0.5}
+    assert "mfu" not in throughput(1000, 0.5, 1e9, None) and throughput(1000, 0.0, 1e9, 1e12) == {}
+    monkeypatch.delenv("PARSL_TORCH_PEAK_TFLOPS", raising=False)
+    assert peak_flops(torch.device("cpu")) is None  # no MFU on a CPU
+    monkeypatch.setenv("PARSL_TORCH_PEAK_TFLOPS", "989")
+    assert peak_flops(torch.device("cpu")) == 989e12
+    monkeypatch.setenv("PARSL_TORCH_PEAK_TFLOPS", "fast")
+    with pytest.raises(pt.ConfigError, match="PARSL_TORCH_PEAK_TFLOPS='fast': give the accelerator's dense bf16"):
+        peak_flops(torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_the_train_stage_records_throughput_and_mfu_and_compiles_when_asked(tmp_path, monkeypatch):
+    from parsl_torch.apps.status import read, plain
+    from parsl_torch.history.h5file import read_history
+    from parsl_torch.stages.train import train
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARSL_TORCH_PEAK_TFLOPS", "0.5")  # a made-up peak, so a CPU has an MFU
+    cfg = {"steps": 6, "log_every": 2, "checkpoint_every": 6, "compile": True,
+           "model": {"kind": "transformer", "vocab_size": 16, "dim": 16, "n_heads": 2, "n_layers": 1, "seq_len": 8},
+           "data": {"batch_size": 4}}
+    with pt.workflow(site="local", run_dir="runs"):
+        result = train(cfg, ranks_per_node=1).result(timeout=600)
+    history = read_history(result["history"])
+    assert {"tokens_per_s", "tflops", "mfu"} <= set(history.metrics)
+    assert result["compile_s"] > 0
+    rows = history.metrics
+    assert all(v > 0 for v in rows["tokens_per_s"]) and all(0 < v < 1e6 for v in rows["mfu"])
+    data, stages = read(tmp_path / "runs")
+    assert "MFU " in plain(data, stages)  # parsl-torch status shows it
