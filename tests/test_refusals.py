@@ -223,3 +223,47 @@ def test_a_walltime_too_short_for_a_block_to_take_a_stage_fails_at_once(tmp_path
                            "a stage: a block takes new stages only in its first 1 s"), line
     assert re.search(r"a worker pool needs [\d.]+ s to start here \(measured\)", line), line
     assert not (tmp_path / "runs" / "one").exists()  # nothing was submitted
+
+
+def test_a_run_directory_parsl_cannot_use_is_refused_before_anything_is_made(tmp_path):
+    """Parsl's providers run scripts under the run directory unquoted (a space hung the workflow forever)
+    and format commands holding its path (a brace broke them)."""
+    import parsl_torch as pt
+
+    for name in ("my runs", "runs$x", "runs{1}", "a;b"):
+        with pytest.raises(ConfigError, match=r"its path has .* which Parsl's providers pass to a shell unquoted"):
+            with pt.workflow(site="local", run_dir=tmp_path / name):
+                pass
+        assert not (tmp_path / name).exists()
+
+
+def test_an_empty_or_damaged_lock_is_a_crashs_and_is_taken_over(tmp_path):
+    """A crash between creating a lock and writing it (or a full disk) left an empty one, which blocked
+    the directory for 300 s as "host ?, PID ?": a lock is now written whole, so a damaged one is taken over."""
+    import os
+    import time
+
+    from parsl_torch.common.runlock import LOCK, RunLock
+
+    for content in ("", "{not json", "[1, 2]"):
+        lock = tmp_path / LOCK
+        lock.write_text(content)
+        os.utime(lock, (time.time() - 60, time.time() - 60))
+        with RunLock(tmp_path):
+            assert '"token"' in lock.read_text()
+        assert not lock.exists()
+    lock.write_text("")  # just made: taken over once it is older than a write can take
+    t0 = time.monotonic()
+    with RunLock(tmp_path):
+        assert time.monotonic() - t0 < 5
+    assert not list(tmp_path.glob(LOCK + ".*"))  # the file the lock was linked from is gone
+
+
+def test_a_damaged_status_file_is_one_clear_error(tmp_path):
+    from .conftest import BIN, clean_env
+
+    (tmp_path / "status.json").write_text('{"stages": {"train": ')
+    out = subprocess.run([str(BIN / "parsl-torch"), "status", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, env=clean_env())
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{tmp_path / 'status.json'} is damaged (JSONDecodeError" in out.stderr

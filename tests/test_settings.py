@@ -9,7 +9,10 @@ from parsl_torch.common import settings
 from parsl_torch.errors import ConfigError
 
 BAD = {settings.seconds: ("soon", "0", "-3", "inf"), settings.epoch: ("tomorrow", "-1", "nan"),
-       settings.gpu_order: ("3,two,1",), settings.INPUT_HASH.parse: ("md5",), settings.tflops: ("fast", "0", "inf")}
+       settings.gpu_order: ("3,two,1",), settings.INPUT_HASH.parse: ("md5",), settings.tflops: ("fast", "0", "inf"),
+       settings.TIMEOUT.parse: ("soon", "0", "1e-9", "1e308", "nan"),  # 1e308 killed every rank (OverflowError)
+       settings.NODE_TIMEOUT.parse: ("1.5", "5", "soon"),  # under 3 heartbeats: healthy nodes called lost
+       settings.LOG_LEVEL.parse: ("garbage", "verbose")}
 
 
 @pytest.mark.parametrize("setting", [s for s in settings.REGISTRY.values() if s.parse in BAD], ids=lambda s: s.name)
@@ -32,5 +35,5 @@ def test_a_bad_timeout_stops_setup_before_any_process_group(monkeypatch):
     from parsl_torch.core.dist import collective_timeout
 
     monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "soon")
-    with pytest.raises(ConfigError, match="PARSL_TORCH_TIMEOUT='soon': give a number of seconds > 0"):
+    with pytest.raises(ConfigError, match="PARSL_TORCH_TIMEOUT=.soon.: give a number of seconds from 1 to"):
         collective_timeout()

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..common import stagedir
 from ..common.files import write_atomic
+from ..errors import ConfigError
 from ..launch import quarantine
 
 STATUS = "status.json"
@@ -96,6 +97,12 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{run_dir} has no {STATUS}: not a parsl-torch run directory, or no workflow "
                                 f"has started there") from None
+    except (OSError, ValueError) as exc:  # cut short (a full disk, a kill mid-write by an older version), garbage
+        raise ConfigError(f"{run_dir / STATUS} is damaged ({type(exc).__name__}: {exc}): the next workflow on "
+                          f"this run directory writes it anew; the stages' own files are in their folders") from None
+    if not isinstance(data, dict) or not isinstance(data.get("stages", {}), dict):
+        raise ConfigError(f"{run_dir / STATUS} is damaged (not a run's status record): the next workflow on this "
+                          f"run directory writes it anew")
     rows = []
     for name, s in data.get("stages", {}).items():
         stage_dir = run_dir / name

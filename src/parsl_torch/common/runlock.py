@@ -1,8 +1,11 @@
 """One workflow per run directory at a time, on any shared file system.
 
-``<run_dir>/.lock`` is created with O_EXCL (atomic on local disks, Lustre,
-GPFS and NFSv3+, unlike ``flock`` across nodes) and holds the holder's host,
-PID, process start time and start date. The holder touches it every
+``<run_dir>/.lock`` is created with its content in one step (a hard link to a
+file already written: atomic, and failing when the lock exists, on local disks,
+Lustre, GPFS and NFSv3+, unlike ``flock`` across nodes; O_EXCL then a write where
+a file system has no hard links) and holds the holder's host, PID, process
+start time and start date. A lock that is empty or unreadable is a crash's (or
+a full disk's): taken over at once. The holder touches it every
 HEARTBEAT_S seconds. A lock is stale, and taken over without anyone's help,
 when its holder is gone: on the same host, its process no longer exists (or
 is another process with the same PID); from another host, the lock has not
@@ -14,6 +17,7 @@ workflows that find the same stale lock exactly one gets the directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -32,6 +36,8 @@ TAKEOVER = ".lock.takeover"
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
 TAKEOVER_STALE_S = 30.0
+#: a lock being written without hard links is empty for microseconds: an empty one older than this is a crash's
+DAMAGED_STALE_S = 2.0
 
 
 def _start_time(pid: int) -> str | None:
@@ -94,27 +100,51 @@ class RunLock:
     def __enter__(self) -> RunLock:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid()),
               "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": self.token}
-        for _ in range(50):  # a takeover by another workflow in progress: its guard is gone in ms
+        for _ in range(80):  # a takeover in progress (its guard is gone in ms), a damaged lock aging (2 s)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+                made = self._create(me)
+            except OSError as exc:  # read-only, no permission, no space: the user's to fix
+                raise ConfigError(f"cannot write run directory {self.path.parent} ({exc.strerror}): make it "
+                                  f"writable or pick another --run-dir (nothing there was touched)") from None
+            if not made:
                 holder, age = self._holder()
+                if holder is not None and holder.get("damaged") and not self._stale(holder, age):
+                    time.sleep(DAMAGED_STALE_S / 20)  # being written (no hard links), or soon a crash's
+                    continue
                 if holder is not None and not self._stale(holder, age):
                     raise ConfigError(
                         f"run directory {self.path.parent} is in use by another workflow: host "
                         f"{holder.get('host')}, PID {holder.get('pid')}, since {holder.get('since')}. Wait for it "
                         f"to finish or use another run directory (a crashed holder's lock is taken over "
                         f"automatically: at once on its host, after {STALE_S:.0f} s elsewhere)") from None
-                self._take_over()  # stale (or unreadable and old)
+                self._take_over()  # stale (or damaged)
                 continue
-            except OSError as exc:  # read-only, no permission, no space: the user's to fix
-                raise ConfigError(f"cannot write run directory {self.path.parent} ({exc.strerror}): make it "
-                                  f"writable or pick another --run-dir (nothing there was touched)") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
             threading.Thread(target=self._beat, daemon=True).start()
             return self
         raise ConfigError(f"run directory {self.path.parent}: could not take its lock {self.path}")
+
+    def _create(self, me: dict) -> bool:
+        """The lock, made whole in one step; False when one exists."""
+        written = self.path.with_name(f"{LOCK}.{self.token}")
+        try:
+            written.write_text(json.dumps(me))
+            try:
+                os.link(written, self.path)
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                try:  # no hard links here: O_EXCL, then the content
+                    fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                written.unlink()
 
     def _holder(self) -> tuple[dict | None, float]:
         try:
@@ -122,12 +152,14 @@ class RunLock:
             holder = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None, 0.0
-        except (OSError, ValueError):  # being written right now, or garbage: stale once old
-            return {"host": "?", "pid": "?", "since": "just now"}, age if "age" in locals() else 0.0
-        return (holder if isinstance(holder, dict) else {}), age
+        except (OSError, ValueError):  # empty or garbage: a crash's (a lock is written whole)
+            return {"damaged": True}, age if "age" in locals() else 0.0
+        return (holder if isinstance(holder, dict) else {"damaged": True}), age
 
     @staticmethod
     def _stale(holder: dict, age: float) -> bool:
+        if holder.get("damaged"):
+            return age > DAMAGED_STALE_S
         if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
             return not _alive(holder["pid"], holder.get("started"))
         return age > STALE_S

@@ -37,6 +37,33 @@ def seconds(value: str) -> float:
     return number
 
 
+#: the longest wait a timeout may ask for (torch's timedelta overflows far above it; a week is no wait)
+MAX_WAIT_S = 7 * 24 * 3600.0
+#: a launch's ranks report every 2 s (``launch.shim``): a node timeout under 3 periods calls healthy nodes lost
+MIN_NODE_TIMEOUT_S = 6.0
+
+
+def bounded_seconds(low: float, why: str) -> Callable[[str], float]:
+    """Seconds from ``low`` to MAX_WAIT_S (``why``: what a value below ``low`` would do)."""
+    def parse(value: str) -> float:
+        number = _number(value)
+        if not low <= number <= MAX_WAIT_S:
+            raise ValueError(f"give a number of seconds from {low:g} to {MAX_WAIT_S:g} (7 days){why}")
+        return number
+
+    return parse
+
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level(value: str) -> str:
+    name = value.strip().upper()
+    if name not in LEVELS:
+        raise ValueError(f"use one of {', '.join(LEVELS)}")
+    return name
+
+
 def tflops(value: str) -> float:
     number = _number(value)
     if not 0 < number < math.inf:
@@ -114,9 +141,13 @@ def _add(setting: Setting) -> Setting:
 DEVICE = _add(Setting("TORCH_DEVICE", "force `cuda`, `xpu`, `mps` or `cpu`"))
 BACKEND = _add(Setting("TORCH_BACKEND", "force `nccl`, `xccl`, `gloo`, `mpi` or `ccl` (checked against the device)"))
 TIMEOUT = _add(Setting("PARSL_TORCH_TIMEOUT", "seconds a collective may wait (default 300: a hung rank fails the "
-                       "job in minutes, not torch's default 10-30 min)", 300.0, seconds))
+                       "job in minutes, not torch's default 10-30 min)", 300.0,
+                       bounded_seconds(1.0, ": below 1 s every collective of a real job times out")))
 NODE_TIMEOUT = _add(Setting("PARSL_TORCH_NODE_TIMEOUT", "seconds of silence after which a node of a launch counts "
-                            "as lost (default 30; see \"When a node is lost\")", 30.0, seconds))
+                            "as lost (default 30, at least 6: 3 of the ranks' 2 s heartbeats; see \"When a node "
+                            "is lost\")", 30.0,
+                            bounded_seconds(MIN_NODE_TIMEOUT_S, ": below 3 heartbeat periods (2 s each) healthy "
+                                                                "nodes are called lost")))
 GPU_ORDER = _add(Setting("PARSL_TORCH_GPU_ORDER", "accelerator per local rank, e.g. `3,2,1,0` (set by launches on "
                          "Polaris: its NUMA layout); rank r uses the r-th entry", None, gpu_order))
 INPUT_HASH = _add(Setting("PARSL_TORCH_INPUT_HASH", "`content` (default: SHA-256 of each input File when its "
@@ -125,8 +156,8 @@ INPUT_HASH = _add(Setting("PARSL_TORCH_INPUT_HASH", "`content` (default: SHA-256
 PEAK_TFLOPS = _add(Setting("PARSL_TORCH_PEAK_TFLOPS", "an accelerator's dense bf16 peak in TFLOP/s, for the MFU "
                            "a train stage records (default: from a table of the facilities' GPUs, see GPUs)", None,
                            tflops))
-LOG_LEVEL = _add(Setting("PARSL_TORCH_LOG_LEVEL", "level of `get_logger` loggers (default INFO)", "INFO",
-                         lambda v: v.strip().upper()))
+LOG_LEVEL = _add(Setting("PARSL_TORCH_LOG_LEVEL", "level of `get_logger` loggers: DEBUG, INFO (default), WARNING, "
+                         "ERROR or CRITICAL", "INFO", level))
 SCHEDULER = _add(Setting("PARSL_TORCH_SCHEDULER", "the scheduler `launch` uses: `pbs`, `slurm` or `local` "
                          "(default: detected from the job's variables)", None, lambda v: v.strip().lower()))
 MACHINE = _add(Setting("PARSL_TORCH_MACHINE", "the machine (aurora, sunspot, polaris, frontier, ...; default: from "
