@@ -22,6 +22,7 @@ from parsl_torch.apps.continuation import Continuations, is_continuation
 from parsl_torch.apps.status import StatusFile
 from parsl_torch.apps.status import read as read_status
 from parsl_torch.common import settings, stagedir
+from parsl_torch.common.outcome import Cause, Outcome, write_outcome
 from parsl_torch.common.blocks import (
     CONTINUE_EXIT,
     deadline_from_env,
@@ -102,6 +103,7 @@ def test_continuations_cost_nothing_until_a_stage_stops_making_progress(tmp_path
     def block_ends_at(step, block):
         stagedir.write(stage_dir / CONTINUATION_FILE, stagedir.ContinuationRecord("c", time.time(), step, 9, 3))
         stagedir.write(stage_dir / BLOCK_FILE, stagedir.BlockRecord(block, None, None, time.time()))
+        write_outcome(stage_dir, Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end"))
         return handler(ended, _record())
 
     assert block_ends_at(40, "0") == 0 and block_ends_at(80, "1") == 0  # progress: free
@@ -116,6 +118,11 @@ def test_continuations_cost_nothing_until_a_stage_stops_making_progress(tmp_path
     crash = BashExitFailure("stage_command", 1)
     assert handler(crash, _record()) == 7.0 and handler(ended, _record(2)) == 7.0 and len(failures) == 2
     assert Continuations(status)(crash, _record()) == 1.0  # Parsl's default cost
+    # exit 99 that its supervisor did not call a block's end (no block ends: a script's own 99) is a failure
+    write_outcome(stage_dir, Outcome(Cause.RANK_FAILED, CONTINUE_EXIT, "rank 0 on vm exited with code 99", 0, "vm"))
+    own = Continuations(status, then=lambda e, r: 5.0)
+    own.watch(1, "train", stage_dir)
+    assert own(ended, _record()) == 5.0
 
 
 def test_a_lost_block_is_a_continuation_only_after_the_stage_deadline(tmp_path):

@@ -267,3 +267,19 @@ def test_a_damaged_status_file_is_one_clear_error(tmp_path):
                          timeout=60, env=clean_env())
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{tmp_path / 'status.json'} is damaged (JSONDecodeError" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_script_that_exits_99_with_no_block_end_fails_once(tmp_path, monkeypatch):
+    """99 is "continue in the next block" only where a block ends: without a block deadline it is the
+    script's own exit code, a failure (the stage ran four times before)."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "bye.py"
+    script.write_text("import sys\nopen('ran.txt', 'a').write('x')\nsys.exit(99)\n")
+    with pt.workflow(site="local", run_dir="runs"):
+        future = pt.script_app(script, ranks_per_node=1)()
+        with pytest.raises(pt.StageError, match=r"rank 0 on \S+ exited with code 99 \(exit code 99 continues a stage in "
+                                                r"its next block only at its block's end or through "
+                                                r"pt.to_be_continued\(\): neither happened\)"):
+            future.result(timeout=120)
+    assert (tmp_path / "runs" / "bye" / "ran.txt").read_text() == "x"

@@ -120,9 +120,11 @@ def _failed_preflight(stage_dir: Path) -> bool:
 
 
 def is_continuation(exc: BaseException, stage_dir: Path) -> bool:
-    """The stage stopped for its block's end (exit 99), or lost its block after its deadline."""
+    """The stage stopped for its block's end (exit 99, and its supervisor's outcome says so: a script
+    that exits 99 on its own, with no block end, failed), or lost its block after its deadline."""
     if getattr(exc, "exitcode", None) == CONTINUE_EXIT:
-        return True
+        outcome = read_outcome(stage_dir)
+        return outcome is not None and outcome.cause is Cause.CONTINUED
     if type(exc).__name__ in ("ManagerLost", "WorkerLost"):  # Parsl's: the block ended under the stage
         block = stagedir.read_or_none(stage_dir / stagedir.BLOCK, stagedir.BlockRecord)
         return block is not None and block.deadline is not None and time.time() >= block.deadline

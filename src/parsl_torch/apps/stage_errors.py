@@ -36,7 +36,8 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
                           f"stderr.txt there)")
     tail = redact_text(stderr_tail(stderr)) if stderr else ""
     outcome = read_outcome(stderr.parent) if stderr else None  # the supervisor's record of the launch
-    if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT:
+    if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT and outcome is not None \
+            and outcome.cause is Cause.CONTINUED:
         head = (f"stage {stage!r} stopped for its block's end (exit code {CONTINUE_EXIT}, its checkpoint saved) "
                 f"but nothing submitted it again: inside pt.workflow without a parsl.load of your own, it "
                 f"continues in the next block")

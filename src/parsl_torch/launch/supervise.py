@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..common import settings, stagedir
@@ -133,7 +133,8 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     rank 0 writes when the stage's function returns: ranks that all exit 0 without it failed."""
     if stage_dir:
         forget_outcome(stage_dir)
-    outcome = _supervise(plan, timeout, grace, owner)
+    started = time.time()
+    outcome = _supervise(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started))
     if outcome.cause is Cause.OK and result and not os.path.exists(result):
         outcome = Outcome(Cause.NO_RESULT, NO_RESULT_EXIT, (
             f"every rank exited with code 0, but rank 0 never returned a value ({os.path.basename(result)} was not "
@@ -148,7 +149,9 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     return outcome.exit_code
 
 
-def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None) -> Outcome:
+def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None,
+               continues: Callable[[], bool] = lambda: True) -> Outcome:
+    """``continues``: whether an exit 99 is the stage's continuation (else it is a rank's failure)."""
     events: queue.Queue[tuple[str, object]] = queue.Queue()
     listener = RankListener(events, settings.NODE_TIMEOUT.get({**os.environ, **plan.env}), plan.nodes)
     env = {**os.environ, **plan.env, settings.LAUNCH_NOTIFY.name: listener.address}
@@ -178,7 +181,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                 kind, value = "", None
             if kind in ("lost", "vanished"):
                 return node_lost(kind, value)
-            if kind == "report" and value["code"] == CONTINUE_EXIT:
+            if kind == "report" and value["code"] == CONTINUE_EXIT and continues():
                 _say(f"rank {value['rank']} on {value['host']} stopped for the block's end; the stage continues "
                      f"in the next block")
                 try:
@@ -202,7 +205,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                 return _rank_outcome(value)
             if kind == "exit":
                 code = _exit_code(value)
-                if code == CONTINUE_EXIT:
+                if code == CONTINUE_EXIT and continues():
                     _say("the ranks stopped for the block's end; the stage continues in the next block")
                     return Outcome(Cause.CONTINUED, code, "stopped for the block's end")
                 if not code:
@@ -247,8 +250,21 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
             signal.signal(sig, old)
 
 
+def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:
+    """Exit 99 is a continuation where the block has an end, or where the stage said so itself
+    (``pt.to_be_continued()`` recorded its step during this launch)."""
+    if deadline_from_env({**os.environ, **plan.env}) is not None:
+        return True
+    record = stagedir.read_or_none(Path(stage_dir, stagedir.CONTINUATION), stagedir.ContinuationRecord) \
+        if stage_dir else None
+    return record is not None and record.time >= since
+
+
 def _rank_outcome(report: dict, code: int | None = None) -> Outcome:
     summary = f"rank {report['rank']} on {report['host']} {describe_exit(report['code'])}"
+    if report["code"] == CONTINUE_EXIT:  # (one that continues the stage never gets here)
+        summary += (f" (exit code {CONTINUE_EXIT} continues a stage in its next block only at its block's end or "
+                    f"through pt.to_be_continued(): neither happened)")
     return Outcome(Cause.RANK_FAILED, _exit_code(report["code"]) if code is None else code, summary,
                    report["rank"], report["host"])
 
