@@ -151,3 +151,56 @@ def test_a_workflow_killed_with_warm_ranks_up_leaves_no_process(tmp_path):
     with pt.workflow(site="local", run_dir=run_dir, warm=True):  # the next run cleans the killed one's groups up
         assert probe(0, stage="next").result(timeout=120)["sum"] == 2
     assert not list((run_dir / ".warm").iterdir())
+
+
+@pt.distributed_app(ranks_per_node=2)
+def leaks(step: int):
+    """What the call sees of the state a cold process starts with; then it changes all of it."""
+    import socket
+    import threading
+    import warnings
+
+    import torch
+
+    pt.setup_torch()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    seen = {"pid": os.getpid(), "grad": torch.is_grad_enabled(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(), "umask": umask,
+            "timeout": socket.getdefaulttimeout(), "tf32": torch.backends.cuda.matmul.allow_tf32,
+            "warns_raise": any(f[0] == "error" for f in warnings.filters)}
+    torch.set_grad_enabled(False)
+    torch.use_deterministic_algorithms(True)
+    warnings.simplefilter("error")
+    os.umask(0o077)
+    socket.setdefaulttimeout(3.0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    if step == 1:  # a thread nothing can stop: this group must not take another call
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    return seen
+
+
+@pt.distributed_app(ranks_per_node=2)
+def unpicklable():
+    pt.setup_torch()
+    return (i for i in range(3))  # a generator: no pickler takes it
+
+
+def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pt.workflow(site="local", run_dir="runs", warm=True) as wf:
+        seen = [leaks(i, stage=f"l{i}").result(timeout=300) for i in range(3)]
+        with pytest.raises(pt.StageError, match="rank 0's return value .* cannot be pickled"):
+            unpicklable().result(timeout=300)
+    clean = {"grad": True, "deterministic": False, "umask": seen[0]["umask"], "timeout": None, "tf32": False,
+             "warns_raise": False}
+    for s in seen:
+        assert {k: s[k] for k in clean} == clean, s
+    assert seen[0]["pid"] == seen[1]["pid"] != seen[2]["pid"]  # the thread left by call 1 ended its group
+    with pt.workflow(site="local", run_dir="cold") as cold:  # and cold alike
+        with pytest.raises(pt.StageError, match="rank 0's return value .* cannot be pickled"):
+            unpicklable().result(timeout=300)
+    for run_dir in (wf.run_dir, cold.run_dir):
+        stderr = (run_dir / "unpicklable" / "stderr.txt").read_text()
+        assert "Traceback" in stderr and "generator" in stderr
+        assert not list(run_dir.rglob("*.tmp"))

@@ -9,6 +9,7 @@ ranks that are already gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -35,12 +36,29 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(1)
     if rank == 0:
-        tmp = f"{result}.tmp"
+        write_result(value, result)
+    cleanup()
+    return 0
+
+
+def write_result(value: object, result: str) -> None:
+    """Rank 0's return value, whole or not at all; one it cannot pickle ends the rank with the traceback
+    and what to return instead (no ``.tmp`` is left behind)."""
+    import dill
+
+    tmp = f"{result}.tmp"
+    try:
         with open(tmp, "wb") as f:
             dill.dump(value, f)
         os.replace(tmp, result)
-    cleanup()
-    return 0
+    except BaseException:  # noqa: BLE001 - as the function's own failures: reported, then the rank ends
+        traceback.print_exc()
+        print(f"parsl-torch: rank 0's return value ({type(value).__module__}.{type(value).__qualname__}) cannot be "
+              f"pickled: return plain data (numbers, strings, lists, dicts, arrays), or write it to a file in "
+              f"outputs= and return its path", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        os._exit(1)
 
 
 if __name__ == "__main__":

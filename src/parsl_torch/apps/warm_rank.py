@@ -6,10 +6,13 @@ Rank 0 waits for the next job file in the group's directory and broadcasts it; e
 the call exactly as ``stage_main`` would (the same payload, environment and result files, in
 the stage's directory, its output in the stage's stdout/stderr), then the ranks meet and rank
 0 writes the job's done file. Between calls each rank is put back as it started: working
-directory, environment, ``sys.path``, root logging, RNG seeds, default dtype and device, the
-process groups the call made, the accelerator's cached memory. Module state the call changed
-is its own. A call that raises ends its rank (as in ``stage_main``): the supervisor ends the
-group, and the workflow starts fresh ranks for the next call.
+directory, environment, ``sys.path``, root logging, warnings filters, umask, the default socket
+timeout, RNG seeds, default dtype and device, grad mode, deterministic algorithms and the
+backends' TF32/cuDNN flags, the process groups the call made, the accelerator's cached memory.
+Module state the call changed is its own. A call that leaves a thread running (it cannot be
+undone) is answered, then its group stops: the next call gets fresh ranks. A call that raises
+ends its rank (as in ``stage_main``): the supervisor ends the group, and the workflow starts
+fresh ranks for the next call.
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ import json
 import logging
 import os
 import random
+import socket
 import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ..common import settings
 from ..common.files import write_atomic
+from .stage_main import write_result
 
 #: how often rank 0 looks for the next job
 POLL_S = 0.002
@@ -52,7 +58,16 @@ class _Baseline:
         self.cwd, self.environ, self.path = os.getcwd(), dict(os.environ), list(sys.path)
         root = logging.getLogger()
         self.handlers, self.level = list(root.handlers), root.level
+        self.warnings = list(warnings.filters)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+        self.socket_timeout = socket.getdefaulttimeout()
         self.dtype = torch.get_default_dtype()
+        self.grad = torch.is_grad_enabled()
+        self.deterministic = (torch.are_deterministic_algorithms_enabled(),
+                              torch.is_deterministic_algorithms_warn_only_enabled())
+        self.flags = _backend_flags()
+        self.threads = set(threading.enumerate())
 
     def restore(self) -> None:
         import numpy as np
@@ -65,6 +80,12 @@ class _Baseline:
         root = logging.getLogger()
         root.handlers[:] = self.handlers
         root.setLevel(self.level)
+        warnings.filters[:] = self.warnings
+        os.umask(self.umask)
+        socket.setdefaulttimeout(self.socket_timeout)
+        torch.set_grad_enabled(self.grad)
+        torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        _set_backend_flags(self.flags)
         torch.seed()  # fresh entropy, as a new process's torch, random and numpy have
         random.seed()
         np.random.seed()
@@ -74,6 +95,37 @@ class _Baseline:
             backend = getattr(torch, kind, None)
             if backend is not None and backend.is_available():
                 backend.empty_cache()
+
+
+    def threads_left(self) -> list[str]:
+        """Threads the calls started that still run (nothing can stop them from outside)."""
+        return [t.name for t in threading.enumerate() if t not in self.threads and t.is_alive()]
+
+
+#: torch.backends flags a call may change: (module path, attribute)
+_FLAGS = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"), ("cudnn", "benchmark"), ("cudnn", "deterministic"))
+
+
+def _backend_flags() -> dict[tuple[str, str], bool]:
+    import torch
+
+    found = {}
+    for where, name in _FLAGS:
+        module = torch.backends
+        for part in where.split("."):
+            module = getattr(module, part)
+        found[(where, name)] = getattr(module, name)
+    return found
+
+
+def _set_backend_flags(flags: dict[tuple[str, str], bool]) -> None:
+    import torch
+
+    for (where, name), value in flags.items():
+        module = torch.backends
+        for part in where.split("."):
+            module = getattr(module, part)
+        setattr(module, name, value)
 
 
 def _process_groups() -> set:
@@ -122,7 +174,7 @@ def _output_to(stdout: str, stderr: str):
             os.close(old)
 
 
-def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> None:
+def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> bool:
     """One call, as ``stage_main`` runs it; a failure ends this rank (exit 1, or 124 past its walltime)."""
     import dill
 
@@ -148,10 +200,7 @@ def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> None:
         if timer is not None:
             timer.cancel()
         if rank == 0:
-            tmp = f"{job['result']}.tmp"
-            with open(tmp, "wb") as f:
-                dill.dump(value, f)
-            os.replace(tmp, job["result"])
+            write_result(value, job["result"])
     import torch.distributed as dist
 
     for group in _process_groups() - groups:
@@ -160,6 +209,11 @@ def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> None:
     del value
     baseline.restore()
     gc.collect()
+    left = baseline.threads_left()
+    if left:
+        print(f"parsl-torch: the call left thread(s) running ({', '.join(left)}): its warm ranks stop after it, and "
+              f"the next call starts fresh ones", file=sys.stderr, flush=True)
+    return not left
 
 
 def _next_job(group_dir: str, n: int) -> dict[str, Any] | str | None:
@@ -194,8 +248,13 @@ def serve(group_dir: str) -> str:
             continue
         if job == "stop":
             return "stopped"
-        _run(job, baseline, rank)
-        dist.barrier()  # every rank finished the call: only then is it done
+        clean = _run(job, baseline, rank)
+        import torch
+
+        dirty = torch.tensor([0 if clean else 1])
+        dist.all_reduce(dirty)  # every rank finished the call (only then is it done), and says if it left threads
         if rank == 0:
             write_atomic(job_path(group_dir, n, "done"), "")
+        if dirty.item():
+            return "stopped"  # a thread of a call still runs: later calls get fresh ranks
         n += 1
