@@ -212,7 +212,7 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
 
     # the same project under other hash seeds, a comment and blank lines moving every function down,
     # a comment in a module, another walltime: nothing can change, nothing runs
-    for seed in ("1", "2") if warm else ("1", "2", "3", "4", "5"):
+    for seed in ("1", "2") if warm else ("1", "2", "3"):
         again, states = run(project, seed=seed, **mode)
         assert set(states.values()) == {"skipped"} and again == first, (seed, states)
     edit(project, "wf.py", "import importlib, json", "# a comment\n\n\nimport importlib, json")
