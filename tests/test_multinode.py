@@ -120,6 +120,28 @@ def test_train_on_two_nodes_equals_one_node(cluster, sites_here, site):
     assert "master n1:" in log
 
 
+def test_parsls_mpi_variables_are_whole_for_every_spelling_on_the_clusters_slurm(cluster, sites_here, monkeypatch):
+    """Parsl's own MPI apps on the test cluster's Slurm site: num_ranks filled in (it was None: srun --ntasks
+    None), ranks per node an integer (Parsl's division gave 2.0)."""
+    import parsl
+    from parsl import python_app
+
+    @python_app
+    def parsl_variables(parsl_resource_specification=None):  # noqa: ARG001 - Parsl reads it
+        import os
+
+        return {k: v for k, v in os.environ.items() if k.startswith("PARSL_") and not k.startswith("PARSL_TORCH")}
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    with parsl.load(pt.sites.load("nsslurm").parsl_config(run_dir="runinfo")):
+        for given in ({"num_nodes": 2, "ranks_per_node": 2}, {"num_ranks": 4, "num_nodes": 2},
+                      {"num_nodes": 2, "ranks_per_node": 2, "num_ranks": 4}):
+            seen = parsl_variables(parsl_resource_specification=given).result(timeout=240)
+            assert (seen["PARSL_NUM_RANKS"], seen["PARSL_RANKS_PER_NODE"], seen["PARSL_NUM_NODES"]) == \
+                ("4", "2", "2"), (given, seen)
+            assert "--ntasks 4 --ntasks-per-node 2 " in seen["PARSL_SRUN_PREFIX"] and "None" not in repr(seen)
+
+
 def test_one_node_stages_share_a_two_node_block(cluster, sites_here):
     @pt.distributed_app(num_nodes=1, ranks_per_node=2)
     def where(seconds):

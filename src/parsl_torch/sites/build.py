@@ -222,7 +222,8 @@ def _site_executor_classes() -> tuple[type, type]:
 def complete_mpi_spec(spec: dict[str, Any]) -> None:
     """``num_ranks`` or ``ranks_per_node`` from the other two, in place and as integers (Parsl divides
     ``num_ranks / num_nodes`` into ``2.0``, which becomes ``-ppn 2.0``); ranks that do not divide
-    evenly over the nodes are refused."""
+    evenly over the nodes get the ranks per node rounded up (4 over 3 nodes: 2, 2 and 0, as
+    ``parsl-torch launch`` places them)."""
     from parsl.executors.errors import InvalidResourceSpecification
 
     nodes, ppn, ranks = (spec.get(k) for k in ("num_nodes", "ranks_per_node", "num_ranks"))
@@ -230,10 +231,7 @@ def complete_mpi_spec(spec: dict[str, Any]) -> None:
         if nodes and ppn and not ranks:
             spec["num_ranks"] = int(nodes) * int(ppn)
         elif nodes and ranks and not ppn:
-            if int(ranks) % int(nodes):
-                raise InvalidResourceSpecification({"num_ranks"}, f"num_ranks={ranks} does not divide evenly over "
-                                                   f"num_nodes={nodes}: give ranks_per_node instead")
-            spec["ranks_per_node"] = int(ranks) // int(nodes)
+            spec["ranks_per_node"] = -(-int(ranks) // int(nodes))
     except (TypeError, ValueError):
         raise InvalidResourceSpecification({"num_nodes", "ranks_per_node", "num_ranks"},
                                            f"num_nodes, ranks_per_node and num_ranks must be integers: {spec}") from None
