@@ -106,26 +106,23 @@ class _Baseline:
 _FLAGS = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"), ("cudnn", "benchmark"), ("cudnn", "deterministic"))
 
 
-def _backend_flags() -> dict[tuple[str, str], bool]:
+def _flag_owner(where: str) -> Any:
+    """The torch.backends module that holds a flag (``"cuda.matmul"``: torch.backends.cuda.matmul)."""
     import torch
 
-    found = {}
-    for where, name in _FLAGS:
-        module = torch.backends
-        for part in where.split("."):
-            module = getattr(module, part)
-        found[(where, name)] = getattr(module, name)
-    return found
+    module = torch.backends
+    for part in where.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _backend_flags() -> dict[tuple[str, str], bool]:
+    return {(where, name): getattr(_flag_owner(where), name) for where, name in _FLAGS}
 
 
 def _set_backend_flags(flags: dict[tuple[str, str], bool]) -> None:
-    import torch
-
     for (where, name), value in flags.items():
-        module = torch.backends
-        for part in where.split("."):
-            module = getattr(module, part)
-        setattr(module, name, value)
+        setattr(_flag_owner(where), name, value)
 
 
 def _process_groups() -> set:
@@ -249,12 +246,12 @@ def serve(group_dir: str) -> str:
         if job == "stop":
             return "stopped"
         clean = _run(job, baseline, rank)
-        import torch
-
-        dirty = torch.tensor([0 if clean else 1])
-        dist.all_reduce(dirty)  # every rank finished the call (only then is it done), and says if it left threads
+        everyone = [None] * dist.get_world_size()
+        # every rank finished the call (only then is it done) and says if it left threads; an object
+        # collective, as the barrier before it: on any backend (nccl takes no CPU tensor)
+        dist.all_gather_object(everyone, clean)
         if rank == 0:
             write_atomic(job_path(group_dir, n, "done"), "")
-        if dirty.item():
+        if not all(everyone):
             return "stopped"  # a thread of a call still runs: later calls get fresh ranks
         n += 1
