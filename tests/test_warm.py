@@ -57,6 +57,15 @@ def fails_on_rank_one():
     dist.barrier()
 
 
+@pt.distributed_app(ranks_per_node=2)
+def stray_collective():
+    import torch
+    import torch.distributed as dist
+
+    if pt.setup_torch() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never calls it: cold, rank 1's exit ends the wait
+
+
 @pt.distributed_app(ranks_per_node=2, walltime=3)
 def sleeps():
     time.sleep(60)
@@ -106,6 +115,11 @@ def test_a_failed_call_fails_its_stage_as_a_cold_one_and_the_next_call_gets_fres
                                              r"code 1.*ValueError: rank one gives up"):
             fails_on_rank_one().result(timeout=300)
         after = probe(1, stage="after").result(timeout=300)
+        # not a wait for the collective timeout (120 s here: the meeting after the call must not pair with it)
+        monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "120")
+        with pytest.raises(StageError, match=r"(?s)rank 1 on \S+ exited with code 1.*the group's 2 ranks issued 1 in "
+                                             r"all: a rank called a collective that the others never did"):
+            stray_collective().result(timeout=300)
         with pytest.raises(StageError, match="stage 'sleeps' failed: timed out after 3 s"):
             sleeps().result(timeout=300)
     assert after["pid"] != before["pid"] and after["sum"] == 2

@@ -4,8 +4,8 @@ call after another without starting again.
 
 Rank 0 waits for the next job file in the group's directory and broadcasts it; every rank runs
 the call exactly as ``stage_main`` would (the same payload, environment and result files, in
-the stage's directory, its output in the stage's stdout/stderr), then the ranks meet and rank
-0 writes the job's done file. Between calls each rank is put back as it started: working
+the stage's directory, its output in the stage's stdout/stderr), then the ranks meet (through the
+group's store, see ``_Meeting``) and rank 0 writes the job's done file. Between calls each rank is put back as it started: working
 directory, environment, ``sys.path``, root logging, warnings filters, umask, the default socket
 timeout, RNG seeds, default dtype and device, grad mode, deterministic algorithms and the
 backends' TF32/cuDNN flags, the process groups the call made, the accelerator's cached memory.
@@ -43,6 +43,12 @@ TICK_S = 5.0
 #: the job files in a group's directory: jobs/<n>.json, written by the workflow; started and done markers
 JOBS = "jobs"
 STOP = "stop"
+
+
+#: the warm group's keys in its process group's store
+STORE_PREFIX = "parsl_torch/warm/"
+#: the longest pause between a finished rank's looks at the meeting's keys
+MEET_POLL_S = 0.05
 
 
 def job_path(group_dir: str | os.PathLike, n: int, kind: str = "json") -> Path:
@@ -104,6 +110,84 @@ class _Baseline:
 
 #: torch.backends flags a call may change: (module path, attribute)
 _FLAGS = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"), ("cudnn", "benchmark"), ("cudnn", "deterministic"))
+
+
+class _Meeting:
+    """The end of a call, met through the process group's store, not a collective: a collective the call
+    left unmatched (``if rank == 0: dist.all_reduce(t)``) would pair with a meeting collective and hang the
+    group until the collective timeout, where a cold stage fails in seconds (the other ranks' exits break
+    the blocked one's connections). So each rank adds the collectives it issues on the default group in
+    the call to a store counter as they happen (a thread: a rank blocked in a collective cannot say it
+    itself); a rank that finished after ``c`` of them and sees more than ``world * c`` in all knows that a
+    rank issued one it never will: it ends, and the blocked rank fails as it would cold."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        from torch.distributed import distributed_c10d
+
+        self.store, self.group = distributed_c10d._get_default_store(), distributed_c10d._get_default_group()
+        self.rank, self.world = rank, world
+        self._lock = threading.Lock()
+        self._call: list[int] | None = None  # [call, sequence number at its start, collectives counted]
+        threading.Thread(target=self._count_while_called, name="parsl-torch-warm-meeting", daemon=True).start()
+
+    def _key(self, n: int, what: str) -> str:
+        return f"{STORE_PREFIX}{n}/{what}"
+
+    def _sequence(self) -> int:
+        try:
+            return int(self.group._get_sequence_number_for_group())
+        except (AttributeError, RuntimeError):  # a backend without sequence numbers: nothing is told
+            return 0
+
+    def begin(self, n: int) -> None:
+        if self.rank == 0 and n:  # every rank is past call n-1's meeting (they took call n's broadcast)
+            for what in ("issued", "done", "unclean"):
+                with contextlib.suppress(Exception):
+                    self.store.delete_key(self._key(n - 1, what))
+        with self._lock:
+            self._call = [n, self._sequence(), 0]
+
+    def _count(self) -> int:
+        with self._lock:
+            if self._call is None:
+                return 0
+            n, start, counted = self._call
+            issued = self._sequence() - start
+            if issued > counted:
+                self.store.add(self._key(n, "issued"), issued - counted)
+                self._call[2] = issued
+            return issued
+
+    def _count_while_called(self) -> None:
+        while True:
+            time.sleep(0.2)
+            with contextlib.suppress(Exception):  # a store gone with its group: the rank is ending
+                self._count()
+
+    def end(self, n: int, clean: bool) -> bool:
+        """Wait for every rank to finish call ``n``; whether none of them left a thread running. A rank
+        that can never finish (it waits in a collective this rank did not call) ends this rank."""
+        issued = self._count()
+        with self._lock:
+            self._call = None
+        if not clean:
+            self.store.add(self._key(n, "unclean"), 1)
+        self.store.add(self._key(n, "done"), 1)
+        pause = 0.001
+        while True:
+            done = self.store.add(self._key(n, "done"), 0)
+            total = self.store.add(self._key(n, "issued"), 0)  # (read after done: final once all are done)
+            if total > self.world * issued or (done == self.world and total != self.world * issued):
+                print(f"parsl-torch: rank {self.rank} finished the call after {issued} collective(s) on the default "
+                      f"process group, but the group's {self.world} ranks issued {total} in all: a rank called a "
+                      f"collective that the others never did (a collective under `if rank == 0:`?). It would wait "
+                      f"for it until the collective timeout: this rank ends, and the waiting rank's traceback names "
+                      f"the collective.", file=sys.stderr, flush=True)
+                os._exit(1)
+            if done == self.world:
+                return self.store.add(self._key(n, "unclean"), 0) == 0
+            time.sleep(pause)
+            pause = min(2 * pause, MEET_POLL_S)
 
 
 def _flag_owner(where: str) -> Any:
@@ -234,6 +318,7 @@ def serve(group_dir: str) -> str:
     import torch.distributed as dist
 
     rank = dist.get_rank()
+    meeting = _Meeting(rank, dist.get_world_size())  # (its thread is part of the baseline)
     baseline = _Baseline()
     _keep_the_default_group()
     n = 0
@@ -245,13 +330,10 @@ def serve(group_dir: str) -> str:
             continue
         if job == "stop":
             return "stopped"
-        clean = _run(job, baseline, rank)
-        everyone = [None] * dist.get_world_size()
-        # every rank finished the call (only then is it done) and says if it left threads; an object
-        # collective, as the barrier before it: on any backend (nccl takes no CPU tensor)
-        dist.all_gather_object(everyone, clean)
+        meeting.begin(n)
+        clean = meeting.end(n, _run(job, baseline, rank))  # every rank finished: only then is the call done
         if rank == 0:
             write_atomic(job_path(group_dir, n, "done"), "")
-        if not all(everyone):
+        if not clean:
             return "stopped"  # a thread of a call still runs: later calls get fresh ranks
         n += 1
