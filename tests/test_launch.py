@@ -221,6 +221,19 @@ def test_failing_rank_stops_the_launch_with_its_code(tmp_path, launcher):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["killpg", "killparent"])
+def test_ranks_that_kill_their_own_processes_fail_the_launch_without_losing_their_node(mode):
+    """A rank that kills its process group or its parent ends its node's processes without a report, as
+    a lost node's end; this node answers (it runs the supervisor): an application failure, no quarantine."""
+    marker = f"{mode}-{os.getpid()}"
+    out = parsl_torch("launch", "-n", "2", "--", sys.executable, str(RANKS_DIR / "misbehave.py"), mode, marker)
+    assert out.returncode == 137, out.stderr  # (a lost node's launch exits 75)
+    assert "was not lost (it runs this launch's supervisor): they were killed" in out.stderr, out.stderr
+    time.sleep(0.5)
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
 def test_timeout_stops_hanging_ranks():
     marker = f"hang-{os.getpid()}"
     t0 = time.monotonic()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from parsl_torch import sites
 from parsl_torch.cli import main as cli
-from parsl_torch.errors import SiteError
+from parsl_torch.errors import ConfigError, SiteError
 from parsl_torch.sites.schema import parse_site
 
 HERE = Path(__file__).parent
@@ -131,6 +131,9 @@ def test_cli_site_errors_are_one_line_exit_2(args, needle, capsys):
     ("name: mine\nscheduler: pbs\nprovider: {account: 'lab; touch PWNED #'}\n", "provider.account: 'lab; touch PWNED #' is not a valid name here"),
     ("name: mine\nscheduler: slurm\nprovider: {queue: \"debug\\n#SBATCH --x\"}\n", "provider.queue: 'debug\\n#SBATCH --x' is not a valid name here"),
     ("name: mine\nscheduler: pbs\nhostnames: ['x[']\n", "hostnames[0]: 'x[' is not a regular expression"),
+    ("name: mine\nscheduler: slurm\nprovider: {nodes_per_block: 3}\nmpi: {spare_nodes: 1}\n",
+     "mpi.spare_nodes: a spare takes over from a lost node in the same job, but slurm ends a job that loses a node: "
+     "add provider.survive_node_loss: true"),
     ("name: other\nscheduler: pbs\n", "name: 'other' differs from the file name; use name: mine"),
     ("name: mine\nscheduler: pbs\n  bad: indent\n", "is not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of settings at the top, got list"),
@@ -147,6 +150,29 @@ def test_bad_site_files_name_file_and_field(tmp_path, monkeypatch, text, needle)
         sites.load("mine", account="X")
     assert str(err.value).startswith(str(tmp_path / "mine.yaml"))
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("scheduler, line", [("slurm", "#SBATCH --no-kill"),
+                                             ("pbs", "#PBS -W tolerate_node_failures=all")])
+def test_a_site_whose_jobs_survive_a_lost_node_says_so_to_its_scheduler_and_min_nodes_needs_it(
+        tmp_path, monkeypatch, scheduler, line):
+    from parsl_torch.apps.placement import Placement
+
+    base = f"name: mine\nscheduler: {scheduler}\nprovider: {{account: A, nodes_per_block: 3"
+    (tmp_path / "mine.yaml").write_text(base + ", scheduler_options: '# mine'}\n")
+    monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
+    plain = sites.load("mine")
+    assert line not in plain.render() and "# mine" in plain.render()
+    with pytest.raises(ConfigError, match=rf"stage 'train': min_nodes=2 goes on with the nodes its block has left, "
+                                          rf"but {scheduler} ends a block's job when a node dies: set "
+                                          rf"provider.survive_node_loss: true in site 'mine'"):
+        Placement(plain, "mpi", pool=True).check_min_nodes("train", 2, 3)
+    Placement(plain, "mpi", pool=True).check_min_nodes("train", 3, 3)  # (all its nodes: nothing to go on with)
+    (tmp_path / "mine.yaml").write_text(base + ", scheduler_options: '# mine', survive_node_loss: true}\n"
+                                        "mpi: {spare_nodes: 1}\n")
+    surviving = sites.load("mine")
+    assert line in surviving.render() and "# mine" in surviving.render()
+    Placement(surviving, "mpi", pool=True).check_min_nodes("train", 2, 3)
 
 
 def test_user_site_directory_adds_and_overrides(tmp_path, monkeypatch):

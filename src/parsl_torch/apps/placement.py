@@ -93,6 +93,12 @@ class Placement:
                 "is in a Parsl config of your own (its blocks do not run parsl-torch-pool)"
             raise ConfigError(f"stage {stage!r}: min_nodes={min_nodes} needs blocks that pt.workflow starts, and "
                               f"site {self.site.name!r} {how}: leave min_nodes out")
+        if min_nodes < num_nodes and self.scheduler.survive_node_loss_line \
+                and not self.site.spec.provider.survive_node_loss:
+            raise ConfigError(f"stage {stage!r}: min_nodes={min_nodes} goes on with the nodes its block has left, "
+                              f"but {self.scheduler.name} ends a block's job when a node dies: set "
+                              f"provider.survive_node_loss: true in site {self.site.name!r}'s file (or leave "
+                              f"min_nodes out)")
 
     def check_inputs(self, stage: str, inputs: list[Any], made_on: dict[int, tuple[Any, str, Placement]]) -> None:
         """Each input reaches this site: a file given here must exist and this site must see the files

@@ -20,7 +20,8 @@ class Cause(str, enum.Enum):
 
     OK = "ok"
     RANK_FAILED = "rank_failed"  # a rank exited non-zero or was killed: ``rank``, ``host`` name it
-    NODE_LOST = "node_lost"  # a node went silent or its processes vanished: ``host``, ``ranks``
+    NODE_LOST = "node_lost"  # a node went silent or its processes vanished, and it did not answer a check
+    RANKS_VANISHED = "ranks_vanished"  # a node's ranks ended (or fell silent) without a report, but it answers
     TIMED_OUT = "timed_out"  # the stage's walltime
     SIGNALLED = "signalled"  # the supervisor was told to stop (SIGTERM, SIGINT, SIGHUP)
     ORPHANED = "orphaned"  # the workflow that started the stage is gone

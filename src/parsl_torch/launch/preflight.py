@@ -7,6 +7,10 @@ node to the block's first). A node none of whose processes answers within SECOND
 and quarantined (``launch.quarantine``), and the stage is handed back to the block's pool, which
 places it on other nodes (or on the nodes left, with ``min_nodes``). When no node answers,
 nothing is blamed on a node: the launch itself then shows what is wrong.
+
+The same check confirms a node loss before the node is quarantined (``supervise``): a node whose
+ranks' processes ended without a word but that answers was not lost (the program killed its own
+processes, an out-of-memory killer ended them); it stays in service.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ def check_argv(argv: Sequence[str]) -> list[str]:
     raise ValueError(f"no '-m {SHIM}' in the launch command: {' '.join(argv)}")
 
 
-def silent_nodes(plan: LaunchPlan, seconds: float) -> dict[str, str]:
-    """Host -> why, for each of ``plan.nodes`` whose check did not answer within ``seconds``; empty
-    when every node answered, or when none did (then no node is to blame)."""
+def answering(plan: LaunchPlan, seconds: float) -> tuple[set[str], str]:
+    """The short names of ``plan.nodes`` whose check answered within ``seconds``, and the last line the
+    launcher printed."""
     events: queue.Queue = queue.Queue()
     listener = RankListener(events, seconds, plan.nodes)
     expected = {n.split(".")[0] for n in plan.nodes}
@@ -72,11 +76,19 @@ def silent_nodes(plan: LaunchPlan, seconds: float) -> dict[str, str]:
                 answered.add(str(message.get("host", "")).split(".")[0])
         said.seek(0)
         last = said.read().strip().splitlines()[-1:]
+    return answered, last[0][:200] if last else ""
+
+
+def silent_nodes(plan: LaunchPlan, seconds: float) -> dict[str, str]:
+    """Host -> why, for each of ``plan.nodes`` whose check did not answer within ``seconds``; empty
+    when every node answered, or when none did (then no node is to blame)."""
+    answered, last = answering(plan, seconds)
     if not answered:
         return {}
     why = (f"did not answer the pre-flight check within {seconds:g} s (the launcher could not start Python "
            f"there, its Python environment did not load, or it cannot reach {socket.gethostname()})")
-    return {host: why + (f"; the launcher said: {last[0][:200]}" if last else "") for host in sorted(expected - answered)}
+    expected = {n.split(".")[0] for n in plan.nodes}
+    return {host: why + (f"; the launcher said: {last}" if last else "") for host in sorted(expected - answered)}
 
 
 def main() -> int:

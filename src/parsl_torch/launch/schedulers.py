@@ -66,6 +66,17 @@ class Scheduler:
     remote: ClassVar[bool] = False
     #: set inside a job to the epoch seconds it ends (None: the job's start + walltime tells)
     end_time_var: ClassVar[str | None] = None
+    #: the batch script's line that keeps a job running when one of its nodes dies (the scheduler's
+    #: default ends it); None: its jobs are not ended so, or it has none
+    survive_node_loss_line: ClassVar[str | None] = None
+
+    def scheduler_options(self, provider: Any) -> str:
+        """The site's extra batch-script lines, with the one that keeps its jobs through a lost node
+        where the site asks for it (``provider.survive_node_loss``)."""
+        lines = [provider.scheduler_options] if provider.scheduler_options else []
+        if provider.survive_node_loss and self.survive_node_loss_line:
+            lines.append(self.survive_node_loss_line)
+        return "\n".join(lines)
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         """The job's nodes in order, deduplicated; a ConfigError if there is no job."""
@@ -117,6 +128,8 @@ class PBS(Scheduler):
     launchers = ("mpiexec",)
     parsl_provider = "PBSProProvider"
     endpoint_provider = "PBSProProvider"
+    # PBS Pro's job attribute (default "none": a failed sister node ends the job)
+    survive_node_loss_line = "#PBS -W tolerate_node_failures=all"
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         nodefile = env.get("PBS_NODEFILE")
@@ -152,7 +165,7 @@ class PBS(Scheduler):
         p = provider
         return {"account": p.account, "queue": p.queue, "walltime": p.walltime, "min_blocks": p.min_blocks,
                 "cpus_per_node": p.cpus_per_node or 1, "select_options": p.select_options,
-                "scheduler_options": p.scheduler_options}
+                "scheduler_options": self.scheduler_options(p)}
 
     def htex_launcher(self, overrides: str) -> Any:
         from parsl.launchers import MpiExecLauncher
@@ -169,6 +182,7 @@ class Slurm(Scheduler):
     parsl_provider = "SlurmProvider"
     endpoint_provider = "SlurmProvider"
     end_time_var = "SLURM_JOB_END_TIME"  # Slurm 23.02 and later
+    survive_node_loss_line = "#SBATCH --no-kill"  # (default: a node that fails ends the job)
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         hostlist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -192,7 +206,7 @@ class Slurm(Scheduler):
         p = provider
         return {"account": p.account, "partition": p.queue, "qos": p.qos, "constraint": p.constraint,
                 "walltime": p.walltime, "min_blocks": p.min_blocks, "exclusive": p.exclusive,
-                "scheduler_options": p.scheduler_options}
+                "scheduler_options": self.scheduler_options(p)}
 
     def htex_launcher(self, overrides: str) -> Any:
         from parsl.launchers import SrunLauncher

@@ -6,9 +6,12 @@
 * Each node's first shim keeps a heartbeat connection open: a node whose
   processes vanish, or that goes silent for settings.NODE_TIMEOUT seconds
   (default 30; a powered-off node sends nothing, not even a reset), is named
-  with its ranks, everything is stopped, and the exit code is 75. Without
-  this the other nodes' ranks fail only at the collective timeout, naming
-  themselves.
+  with its ranks and everything is stopped. Without this the other nodes'
+  ranks fail only at the collective timeout, naming themselves. Then the node
+  is checked (``preflight``; this host needs none): one that answers was not
+  lost, its ranks' processes were ended (by the program itself, an
+  out-of-memory killer), an application failure (exit 137); one that does
+  not is lost (exit 75) and quarantined in the block's job.
 * ``timeout`` stops everything and exits 124; SIGINT/SIGTERM stop everything
   and exit 128+signal.
 * A block that ends: the ranks get settings.DEADLINE (the block's end less
@@ -25,15 +28,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..common import settings, stagedir
@@ -44,15 +49,19 @@ from ..common.procs import reap, stop
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from . import quarantine
-from .listener import RankListener
+from .listener import LOCAL_NAMES, RankListener
 from .plan import LaunchPlan
-from .preflight import silent_nodes
+from .preflight import answering, silent_nodes
 from .shim import describe_exit
 
 GRACE_S = 10.0
 TIMEOUT_EXIT = 124
 #: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
 NODE_LOST_EXIT = 75
+#: a node's ranks' processes ended without a report, and the node answers (as a SIGKILL)
+VANISHED_EXIT = 137
+#: seconds a node named lost has to answer a check before it is (without the site's mpi.preflight)
+LOSS_CHECK_S = 10.0
 LOST_NODE_GRACE_S = 3.0
 #: seconds a vanished node waits for the other nodes' hellos before one that never said it is blamed
 GREET_WAIT_S = 2.0
@@ -77,13 +86,15 @@ def _ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if ranks else "its ranks"
 
 
-def describe_node_loss(kind: str, node: dict) -> str:
-    """The line that names a lost node and its ranks (stage errors quote it)."""
-    what = f"node {node['host']} lost ({_ranks_text(node['ranks'])})"
+def describe_node_loss(kind: str, node: dict, lost: bool = True) -> str:
+    """The line that names a lost node and its ranks (stage errors quote it); ``lost=False``: before
+    the node was checked."""
+    verdict = " lost" if lost else ""
+    what = f"node {node['host']}{verdict} ({_ranks_text(node['ranks'])})"
     if kind == "lost":
         return f"{what}: no heartbeat for {node['silent_s']:.0f} s (node down or its network cut)"
     if kind == "silent":
-        return (f"node {node['host']} lost: its ranks never reached the launch, and the launcher ended the ranks "
+        return (f"node {node['host']}{verdict}: its ranks never reached the launch, and the launcher ended the ranks "
                 f"on {node['victim']} (node down or its network cut)")
     return f"{what}: its ranks' processes ended without a report (node down or killed)"
 
@@ -126,11 +137,13 @@ def _node_loss_within(events: queue.Queue, wait: float) -> tuple[str, dict] | No
 
 
 def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S,
-              owner: LockWatch | None = None, stage_dir: str | None = None, result: str | None = None) -> int:
+              owner: LockWatch | None = None, stage_dir: str | None = None, result: str | None = None,
+              check_s: float = LOSS_CHECK_S) -> int:
     """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost.
     ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped.
     ``stage_dir``: where the launch's ``Outcome`` is recorded for the workflow. ``result``: the file
-    rank 0 writes when the stage's function returns: ranks that all exit 0 without it failed."""
+    rank 0 writes when the stage's function returns: ranks that all exit 0 without it failed.
+    ``check_s``: seconds a node named lost has to answer a check (then it was not lost)."""
     if stage_dir:
         forget_outcome(stage_dir)
     started = time.time()
@@ -141,6 +154,8 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
             f"written): the stage's function ended its process before it returned (os._exit(0)? a library that "
             f"exits?)"), rank=0)
         _say(outcome.summary)
+    if outcome.cause is Cause.NODE_LOST and outcome.host:
+        outcome = _checked(plan, outcome, check_s)
     if stage_dir:
         write_outcome(stage_dir, outcome)
     if outcome.cause is Cause.NODE_LOST and outcome.host and (path := settings.QUARANTINE.get()):
@@ -169,7 +184,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
 
     def node_lost(kind: str, node: dict) -> Outcome:
         kind, node = blame(kind, node, plan.nodes, _greeted(listener, plan.nodes, kind))
-        _say(f"{describe_node_loss(kind, node)}; stopping {others}")
+        _say(f"{describe_node_loss(kind, node, lost=False)}; stopping {others}, then checking the node")
         stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
         return _node_outcome(kind, node)
 
@@ -214,7 +229,7 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
                     kind, value = events.get(timeout=1.0)
                     if kind in ("lost", "vanished"):
                         kind, value = blame(kind, value, plan.nodes, _greeted(listener, plan.nodes, kind))
-                        _say(describe_node_loss(kind, value))
+                        _say(describe_node_loss(kind, value, lost=False))
                         return _node_outcome(kind, value)
                     if kind == "report":
                         _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
@@ -248,6 +263,44 @@ def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: Loc
         listener.close()
         for sig, old in handlers.items():
             signal.signal(sig, old)
+
+
+def _is_here(host: str) -> bool:
+    here = socket.gethostname()
+    return host in (*LOCAL_NAMES, here) or host.split(".")[0] == here.split(".")[0]
+
+
+def _checked(plan: LaunchPlan, outcome: Outcome, seconds: float) -> Outcome:
+    """``outcome`` (a node loss) if its node does not answer a check within ``seconds``; else the
+    application failure it was: a program that kills its own process group or its parent, Slurm's or
+    the kernel's out-of-memory killer, end a node's processes as a lost node's end."""
+    host = str(outcome.host)
+    if _is_here(host):
+        answers = "it runs this launch's supervisor"
+    else:
+        try:  # (the stopped step may still hold the nodes: the check's step overlaps it)
+            answered, _ = answering(dataclasses.replace(plan, argv=overlapping(plan.argv)), seconds)
+        except ValueError:  # not a parsl-torch launch (no shim to swap for the check): take it as lost
+            return outcome
+        if host.split(".")[0] not in answered:
+            _say(f"node {host} did not answer a check within {seconds:g} s: it is lost")
+            return outcome
+        answers = "it answered a check"
+    summary = (f"the processes of {_ranks_text(list(outcome.ranks))} on {host} ended (or stopped answering) without a "
+               f"report, but node {host} was not lost ({answers}): they were killed (by the program itself, e.g. os.killpg or a kill "
+               f"of its parent, or by an out-of-memory killer: see the node's dmesg or the job's Slurm log); the node "
+               f"stays in service")
+    _say(summary)
+    return Outcome(Cause.RANKS_VANISHED, VANISHED_EXIT, summary, host=host, ranks=outcome.ranks)
+
+
+def overlapping(argv: Sequence[str]) -> tuple[str, ...]:
+    """``argv`` with srun's ``--overlap``: after a node dies its step holds the step's other nodes until
+    Slurm marks the node down (SlurmdTimeout, minutes), and a new step there waits "Requested nodes
+    are busy" until then; an overlapping step starts at once. Other launchers: as it is."""
+    if argv and os.path.basename(argv[0]) == "srun" and "--overlap" not in argv:
+        return (argv[0], "--overlap", *argv[1:])
+    return tuple(argv)
 
 
 def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:
@@ -336,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command after --")
     if node_python := settings.NODE_PYTHON.get():  # the block put this Python on its nodes' own storage
         command = [node_python if arg == sys.executable else arg for arg in command]
+    if (path := settings.QUARANTINE.get()) and quarantine.lost_nodes(path, quarantine.job_of()):
+        command = list(overlapping(command))  # the lost node's step may still hold the nodes left
     # the rendezvous belongs to this task: values inherited from the workflow's
     # shell would make concurrent stages on one node share a port
     hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
@@ -365,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
         return _refuse_nodes(silent, stage_dir)
     return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir,
-                     result=opts.result)
+                     result=opts.result, check_s=opts.preflight or LOSS_CHECK_S)
 
 
 if __name__ == "__main__":

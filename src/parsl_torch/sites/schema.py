@@ -55,6 +55,9 @@ class ProviderSpec:
     qos: str | None = None  # Slurm
     constraint: str | None = None  # Slurm
     exclusive: bool = True  # Slurm: MPI executors need whole nodes
+    #: the block's job goes on when one of its nodes dies (Slurm's --no-kill, PBS's
+    #: tolerate_node_failures=all; both schedulers end it by default): spares and min_nodes need it
+    survive_node_loss: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,10 @@ def _check(spec: SiteSpec) -> None:
     if not 0 <= spec.mpi.spare_nodes < spec.provider.nodes_per_block:
         raise SiteError(f"mpi.spare_nodes: must be 0 or more and fewer than provider.nodes_per_block "
                         f"({spec.provider.nodes_per_block}): stages run on the others; got {spec.mpi.spare_nodes}")
+    if spec.mpi.spare_nodes and not spec.provider.survive_node_loss \
+            and SCHEDULERS[spec.scheduler].survive_node_loss_line:
+        raise SiteError(f"mpi.spare_nodes: a spare takes over from a lost node in the same job, but {spec.scheduler} "
+                        f"ends a job that loses a node: add provider.survive_node_loss: true")
     if spec.node_local_python is not None and not os.path.isabs(spec.node_local_python):
         raise SiteError(f"node_local_python: give the absolute path of a directory on each node's own storage "
                         f"(e.g. /tmp or /local/scratch), got {spec.node_local_python!r}")
