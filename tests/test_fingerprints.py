@@ -79,6 +79,15 @@ def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
     assert fp.token(np.arange(3.0), "a") != fp.token(np.arange(3), "a")
     assert fp.files == {str(data)}  # a Path names an input
     import threading
+    import tracemalloc
+
+    big = b"\0" * (100 << 20)  # large values by digest: repr() would copy 100 MB several times
+    tracemalloc.start()
+    tokens = [fp.digest(big, "a"), fp.digest(bytearray(big), "a"), fp.digest("x" * (100 << 20), "a")]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 350 << 20, f"{peak >> 20} MiB for 100 MB values"  # (the bytearray and str themselves: 200)
+    assert len(set(tokens)) == 3 and fp.digest(big[:-1] + b"\1", "a") != tokens[0]
 
     with pytest.raises(Unidentifiable, match=r"argument 'cfg'\['lock'\] is a _thread.lock"):
         fp.token({"lock": threading.Lock()}, "argument 'cfg'")

@@ -60,6 +60,8 @@ class Unidentifiable(TypeError):
 
 
 _MAIN = "__main__"
+#: strings longer than this are compared by digest
+LONG_STR = 4096
 
 
 def _sha(data: bytes) -> str:
@@ -90,9 +92,11 @@ class Fingerprinter:
         if kind is str:
             if (path := self._paths.named(value)) is not None:
                 self.files.add(path)
-            return ("str", value)
-        if kind is bytes:  # by digest: repr() of a large value would copy it several times
-            return ("bytes", len(value), _sha(value))
+            # a long one by digest: repr() of a large value would copy it several times
+            return ("str", value) if len(value) <= LONG_STR else \
+                ("str", len(value), _sha(value.encode(errors="surrogatepass")))
+        if kind in (bytes, bytearray):
+            return (kind.__name__, len(value), _sha(value))
         if value is None or kind in (bool, int, float, complex):
             return (kind.__name__, repr(value))
         if isinstance(value, (list, tuple)):  # namedtuples too (their type is part of the value)
