@@ -537,3 +537,31 @@ def test_warm_stages_run_in_ranks_across_two_nodes_and_a_killed_rank_ends_them(c
     assert [h for h, _ in chain[0]] == ["n1", "n2"] and chain[0] == chain[1] == chain[2]
     assert [h for h, _ in after] == ["n1", "n2"] and after != chain[0]
     assert not wait_gone(cluster, "stage_main"), "warm ranks left behind"
+
+
+@pt.distributed_app(ranks_per_node=1)
+def _trial(i: int):
+    import socket
+    import time as clock
+
+    start = clock.time()
+    clock.sleep(2.0)
+    return {"i": i, "host": socket.gethostname(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "start": start, "end": clock.time()}
+
+
+def test_one_accelerator_trials_share_the_nodes_of_a_block_each_on_its_own(cluster, sites_here, tmp_path,
+                                                                           monkeypatch):
+    """A 2-node Slurm block whose nodes declare 4 accelerators each: 16 one-accelerator trials run up to 8
+    at once (concurrent srun steps, --exact), each holding an accelerator no other running trial holds."""
+    site_variant(tmp_path, monkeypatch, "nsslurm", "nsfour", launch={"accelerators": ["0", "1", "2", "3"]})
+    with pt.workflow(site="nsfour", run_dir="runs/sweep"):
+        seen = [f.result(timeout=300) for f in [_trial(i, stage=f"t{i}") for i in range(16)]]
+    places = [(s["host"], s["visible"]) for s in seen]
+    assert {h for h, _ in places} == {"n1", "n2"} and {v for _, v in places} == {"0", "1", "2", "3"}
+    for a in seen:
+        for b in seen:
+            if a is not b and (a["host"], a["visible"]) == (b["host"], b["visible"]):
+                assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    together = max(sum(a["start"] < b["end"] and b["start"] < a["end"] for b in seen) for a in seen)
+    assert together >= 3, f"at most {together} trial(s) ran at once"

@@ -41,7 +41,8 @@ EXAMPLES = {
     # two sites need a Globus Compute endpoint: here both are the local site (test_remote runs the
     # same flow across a local site and an endpoint's engine)
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),
-    "def trial(lr: float)": ("python", "[20.0, 10.0, 4.0]", ()),
+    "def trial(lr: float) -> float": ("python", "[20.0, 10.0, 4.0]", ()),
+    'run_dir="runs/packed"': ("python", "'lr=0.1 on GPU ", ()),
     # one node here (local site)
     "num_nodes=64, min_nodes=48": ("python", "[[0, 2]]", (('site="aurora", run_dir="runs/big", nodes=64',
                                                            'site="local", run_dir="runs/big"'),

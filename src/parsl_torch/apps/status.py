@@ -89,6 +89,15 @@ def _continued(stage_dir: Path, s: dict[str, Any], state: str) -> str:
     return f"to continue in the next block from step {s.get('continued_at_step')} ({ends})"
 
 
+def _held(stage_dir: Path, s: dict[str, Any]) -> str:
+    """"on accelerators 2,3": what a running stage that shares its node holds there."""
+    block = stagedir.read_or_none(stage_dir / stagedir.BLOCK, stagedir.BlockRecord)
+    if block is None or not block.accelerators or block.started < s.get("submitted_at", 0):
+        return ""
+    variable, _, ids = block.accelerators.partition("=")
+    return f"on accelerator(s) {ids} ({variable})"
+
+
 def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
     """The run's header (site, host, pid, started, finished) and a row per stage."""
     run_dir = Path(run_dir)
@@ -115,6 +124,8 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
         progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done") else ""
         if s.get("continuations"):
             progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
+        if state == "running":
+            progress = "; ".join(filter(None, (_held(stage_dir, s), progress)))
         rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir)))
     data["quarantined"] = quarantine.read(run_dir / "parsl" / quarantine.FILE)
     return data, rows

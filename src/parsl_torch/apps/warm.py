@@ -35,7 +35,7 @@ from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..common.stagedir import ENV as ENV_FILE
 from ..common.stagedir import PAYLOAD
 from ..core.log import get_logger
-from ..sites.build import WARM_LABEL
+from ..sites.build import WARM_LABEL, stages_at_once
 from .payload import ShippedFunction, StageOptions
 from .placement import Placement
 from .stagecmd import bash_app_for, prepare_call
@@ -83,8 +83,7 @@ class WarmGroups:
         shutil.rmtree(groups_dir, ignore_errors=True)
         groups_dir.mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="run-", dir=groups_dir))
-        self.slots = {p.mpi_label: p.site.spec.local_slots if p.scheduler.max_nodes_per_block == 1
-                      else p.site.spec.mpi.max_workers_per_block for p in where.values()}
+        self.slots = {p.mpi_label: stages_at_once(p.site.spec) for p in where.values()}
         self._groups: list[_Group] = []  # those that take calls
         self._started: list[_Group] = []  # every one, for the end
         self._made = itertools.count()

@@ -192,6 +192,9 @@ QUARANTINE = _add(Setting("PARSL_TORCH_QUARANTINE", "the file where a block's lo
 NODES_SHORT = _add(Setting("PARSL_TORCH_NODES_SHORT", "why a stage's block cannot give it the nodes it asks for "
                            "(its lost nodes quarantined): set by parsl-torch's worker pool, reported by the "
                            "supervisor as the stage's error", None, text, INTERNAL))
+ACCELERATORS = _add(Setting("PARSL_TORCH_ACCELERATORS", "the accelerators of its node that a stage sharing the "
+                            "node holds, as VARIABLE=ids (CUDA_VISIBLE_DEVICES=2,3): set by parsl-torch's worker "
+                            "pool, put in the ranks' environment by the supervisor", None, text, INTERNAL))
 GRACE = _add(Setting("PARSL_TORCH_GRACE", "seconds before the block's end at which stages checkpoint and stop",
                      0.0, epoch, INTERNAL))
 DEADLINE = _add(Setting("PARSL_TORCH_DEADLINE", "epoch seconds from which ranks checkpoint and stop (block end - "

@@ -72,6 +72,7 @@ class BlockRecord:
     deadline: float | None
     started: float
     skipped: bool = False
+    accelerators: str | None = None  # a stage that shares its node: what it holds ("CUDA_VISIBLE_DEVICES=2,3")
 
 
 @dataclass(frozen=True)

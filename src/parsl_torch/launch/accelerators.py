@@ -23,16 +23,25 @@ _NVIDIA = re.compile(r"nvidia\d+")
 def visible_accelerators(env: Mapping[str, str] | None = None, dev: str = "/dev",
                          kfd: str = "/sys/class/kfd/kfd/topology/nodes") -> int:
     """The accelerators this process sees (0: none)."""
+    return len(visible_ids(env, dev, kfd)[0])
+
+
+def visible_ids(env: Mapping[str, str] | None = None, dev: str = "/dev",
+                kfd: str = "/sys/class/kfd/kfd/topology/nodes") -> tuple[tuple[str, ...], str]:
+    """The ids of the accelerators this process sees (in the numbering of the variable that narrows
+    them), and that variable."""
     env = os.environ if env is None else env
     for name in VISIBILITY:
         value = env.get(name)
         if value is not None:
-            return len([v for v in value.split(",") if v.strip() and v.strip() not in ("-1", "NoDevFiles")])
+            return tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() not in ("-1", "NoDevFiles")), name
     try:
         nvidia = sum(1 for entry in os.listdir(dev) if _NVIDIA.fullmatch(entry))
     except OSError:
         nvidia = 0
-    return nvidia or _amd_gpus(Path(kfd))
+    if nvidia:
+        return tuple(map(str, range(nvidia))), "CUDA_VISIBLE_DEVICES"
+    return tuple(map(str, range(_amd_gpus(Path(kfd))))), "ROCR_VISIBLE_DEVICES"
 
 
 def _amd_gpus(nodes: Path) -> int:

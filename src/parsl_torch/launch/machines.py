@@ -68,6 +68,8 @@ class Machine:
     #: accelerator of local rank r: gpu_order[r % len] (empty: r % count), for NUMA layouts where
     #: the cores ``binding`` gives rank r are closest to another GPU than r
     gpu_order: tuple[int, ...] = ()
+    #: the variable that narrows the accelerators a process sees (a stage that shares a node)
+    visibility: str = "CUDA_VISIBLE_DEVICES"
 
     def rank_env(self) -> dict[str, str]:
         """What every rank on this machine needs in its environment from the launch."""
@@ -79,13 +81,14 @@ class Machine:
 
 
 MACHINES: dict[str, Machine] = {m.name: m for m in (
-    Machine("aurora", 12, "xpu", _aurora),
-    Machine("sunspot", 12, "xpu", _aurora),  # Aurora's test system, the same node
+    Machine("aurora", 12, "xpu", _aurora, visibility="ZE_AFFINITY_MASK"),
+    Machine("sunspot", 12, "xpu", _aurora, visibility="ZE_AFFINITY_MASK"),  # Aurora's test system, the same node
     # ALCF's set_affinity_gpu_polaris.sh: gpu=$((num_gpus - 1 - PMI_LOCAL_RANK % num_gpus)), "need to
     # assign GPUs in reverse order due to topology": with --cpu-bind depth local rank 0 has cores 0-7,
     # closest to GPU 3 (the same page's list: GPU 3 <-> cores 0-7, ..., GPU 0 <-> cores 24-31)
     Machine("polaris", 4, "cuda", _polaris, gpu_order=(3, 2, 1, 0)),
-    Machine("frontier", 8, "cuda", _frontier),  # torch's ROCm build calls its devices cuda
+    # torch's ROCm build calls its devices cuda; CUDA_VISIBLE_DEVICES would index ROCR's narrowed list
+    Machine("frontier", 8, "cuda", _frontier, visibility="ROCR_VISIBLE_DEVICES"),
     Machine("perlmutter", 4, "cuda"),
 )}
 

@@ -328,11 +328,13 @@ def _node_outcome(kind: str, node: dict) -> Outcome:
 
 
 def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) -> None:
-    """Which block this attempt runs in, when that block ends, and whether the attempt was
-    skipped there (the block was past its deadline): ``parsl-torch status`` and the workflow read it."""
+    """Which block this attempt runs in, when that block ends, whether the attempt was skipped there
+    (the block was past its deadline), and the accelerators it holds on a node it shares:
+    ``parsl-torch status`` and the workflow read it."""
     with contextlib.suppress(OSError):
         stagedir.write(Path(stage_dir, stagedir.BLOCK), stagedir.BlockRecord(
-            env.get("PARSL_WORKER_BLOCK_ID"), settings.BLOCK_END.get(env), deadline_from_env(env), time.time(), skipped))
+            env.get("PARSL_WORKER_BLOCK_ID"), settings.BLOCK_END.get(env), deadline_from_env(env), time.time(), skipped,
+            settings.ACCELERATORS.get(env) or None))
 
 
 def _refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
@@ -398,6 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     if opts.env_file:
         with open(opts.env_file) as f:
             env = {**json.load(f), **env}
+    if shared := settings.ACCELERATORS.get():  # the stage shares its node: its ranks see only its own
+        variable, _, ids = shared.partition("=")
+        env[variable] = ids
+        _say(f"this stage shares node {hosts[0]}: its ranks see accelerator(s) {ids} ({variable})")
+        if os.path.basename(command[0]) == "srun" and "--exact" not in command:
+            # a step takes every CPU of its nodes by default: steps beside it would wait for them
+            command = [command[0], "--exact", *command[1:]]
     ranks = _ranks_given(opts.ranks)
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, ranks,
                       tuple(h for h in hosts if h), env)

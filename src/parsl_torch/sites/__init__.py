@@ -25,7 +25,7 @@ from typing import Any
 from ..common import settings
 from ..errors import SiteError
 from ..launch.machines import binding_args, get_machine
-from ..launch.schedulers import Detection, detect_scheduler, get_scheduler
+from ..launch.schedulers import Detection, detect_scheduler
 from . import build
 from .schema import SiteSpec, parse_site
 
@@ -153,10 +153,8 @@ class Site:
         """A stage's default ranks per node: ``launch.ranks_per_node``, else one per accelerator of a node
         (the machine record's count, or those this host sees on the local site), else
         ``launch.cpu_ranks_per_node``."""
-        launch, machine = self.spec.launch, get_machine(self.spec.machine)
-        accelerators = machine.accelerators_per_node if machine else \
-            get_scheduler(self.spec.scheduler).node_accelerators(os.environ)
-        return launch.ranks_per_node or accelerators or launch.cpu_ranks_per_node
+        launch = self.spec.launch
+        return launch.ranks_per_node or len(build.node_accelerators(self.spec)[0]) or launch.cpu_ranks_per_node
 
     def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
         """Flags after ``$PARSL_MPI_PREFIX``: ``launch.extra_args``, else the machine's binding."""

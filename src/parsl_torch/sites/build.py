@@ -16,13 +16,15 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..common import settings
 from ..common.entrypoints import NODE_PYTHON
 from ..errors import SiteError
+from ..launch.accelerators import visible_ids
+from ..launch.machines import get_machine
 from ..launch.pool import MIN_NODES_KEY
 from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
@@ -243,9 +245,8 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
     parsl-torch's worker pool, which never hands a lost node to another stage (``launch.pool``)
     and imports from ``import_path`` (the workflow's own folders)."""
     prov = mpi_provider(spec)
-    max_workers = spec.local_slots if get_scheduler(spec.scheduler).max_nodes_per_block == 1 \
-        else spec.mpi.max_workers_per_block
-    extra = {"launch_cmd": pool_command(quarantine, spec.mpi.spare_nodes, import_path)} if quarantine else {}
+    extra = {"launch_cmd": pool_command(quarantine, spec, import_path)} if quarantine else {}
+    max_workers = stages_at_once(spec) if quarantine else stages_at_once(spec, shared=False)
     return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
                                       drain_period=drain_period(spec), **_address(spec), **extra)
@@ -255,10 +256,37 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
 POOL_SCRIPT = "parsl-torch-pool"
 
 
-def pool_command(quarantine: str, spares: int = 0, import_path: Sequence[str] = ()) -> str:
-    """Parsl's worker pool command, run through ``launch.pool`` (the same arguments, Parsl's template).
-    ``import_path``: folders its workers import from, so that a stage's arguments holding objects of
-    the workflow's own modules unpickle there as they do in the workflow."""
+def node_accelerators(spec: SiteSpec, env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
+    """Each node's accelerator ids and the variable that narrows them: ``launch.accelerators``, else the
+    machine record's count, else, where the site's node is this host (local), the ones it sees."""
+    machine = get_machine(spec.machine)
+    variable = machine.visibility if machine else "CUDA_VISIBLE_DEVICES"
+    if spec.launch.accelerators:
+        return spec.launch.accelerators, variable
+    if machine:
+        return tuple(map(str, range(machine.accelerators_per_node))), variable
+    if get_scheduler(spec.scheduler).max_nodes_per_block == 1:
+        return visible_ids(env)
+    return (), variable
+
+
+def stages_at_once(spec: SiteSpec, shared: bool = True) -> int:
+    """The MPI stages a block may run at once (its workers): the site's setting (``local_slots`` on the
+    local site), or as many as its nodes have accelerators where stages share nodes (``shared``:
+    the block runs parsl-torch's pool, which places them)."""
+    local = get_scheduler(spec.scheduler).max_nodes_per_block == 1
+    configured = spec.local_slots if local else spec.mpi.max_workers_per_block
+    ids, _ = node_accelerators(spec)
+    if not shared or not ids:
+        return configured
+    return max(configured, len(ids) * (1 if local else spec.provider.nodes_per_block))
+
+
+def pool_command(quarantine: str, spec: SiteSpec, import_path: Sequence[str] = ()) -> str:
+    """Parsl's worker pool command, run through ``launch.pool`` (the same arguments, Parsl's template):
+    the site's spare nodes and nodes' accelerators. ``import_path``: folders its workers import from,
+    so that a stage's arguments holding objects of the workflow's own modules unpickle there as they
+    do in the workflow."""
     from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 
     pool, _, args = DEFAULT_LAUNCH_CMD.partition(" ")
@@ -266,7 +294,10 @@ def pool_command(quarantine: str, spares: int = 0, import_path: Sequence[str] = 
         raise SiteError(f"this Parsl's worker pool command starts with {pool!r}, not process_worker_pool.py: "
                         f"parsl-torch cannot wrap it")
     paths = "".join(f"--path {_formatted_twice(shlex.quote(p))} " for p in import_path)
-    return f"{POOL_SCRIPT} --spares {spares} {paths}{_formatted_twice(shlex.quote(quarantine))} -- {args}"
+    ids, variable = node_accelerators(spec)
+    shared = f"--accelerators {_formatted_twice(shlex.quote(','.join(ids)))} --visibility {variable} " if ids else ""
+    return (f"{POOL_SCRIPT} --spares {spec.mpi.spare_nodes} {shared}{paths}"
+            f"{_formatted_twice(shlex.quote(quarantine))} -- {args}")
 
 
 def _formatted_twice(text: str) -> str:

@@ -26,6 +26,8 @@ MPI_LAUNCHERS = ("mpiexec", "srun", "aprun")
 _WALLTIME = re.compile(r"^\d+:[0-5]\d:[0-5]\d$")
 #: accounts, queues, partitions, QOS: they reach qsub/sbatch through a shell (Parsl runs them so)
 _SCHEDULER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
+#: an accelerator's id in a visibility variable (an index, a UUID, Aurora's tile "0.1")
+_ACCELERATOR_ID = re.compile(r"^[A-Za-z0-9.:_-]+$")
 #: a Slurm constraint expression (features with & | [ ] * , : and counts)
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|\[\]*:,()!-]+$")
 
@@ -93,6 +95,9 @@ class LaunchSpec:
     ranks_per_node: int | None = None  # default: the accelerators a node has (machine record, or seen locally)
     cpu_ranks_per_node: int = 1  # where nodes have no accelerator (the local site: 2, distributed even on a laptop)
     extra_args: tuple[str, ...] | None = None  # launcher flags; default: the machine's CPU binding
+    #: each node's accelerators, as the visibility variable numbers them (default: the machine record's
+    #: count, or what the local site sees): stages with fewer ranks share a node, each on its own
+    accelerators: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,6 +209,10 @@ def _check(spec: SiteSpec) -> None:
                         ("provider.min_blocks", spec.provider.min_blocks)):
         if value < 0:
             raise SiteError(f"{path}: must be 0 or more, got {value}")
+    ids = spec.launch.accelerators
+    if len(set(ids)) != len(ids) or not all(_ACCELERATOR_ID.match(i) for i in ids):
+        raise SiteError(f"launch.accelerators: each node's accelerator ids, each once, as its visibility variable "
+                        f"numbers them (letters, digits, . : _ -), e.g. ['0', '1', '2', '3']; got {list(ids)}")
     if spec.launch.ranks_per_node is not None and spec.launch.ranks_per_node < 1:
         raise SiteError(f"launch.ranks_per_node: must be at least 1, got {spec.launch.ranks_per_node}")
     if spec.launch.cpu_ranks_per_node < 1:
