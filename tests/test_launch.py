@@ -316,7 +316,7 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
     import queue
 
     from parsl_torch.launch.listener import RankListener
-    from parsl_torch.launch.supervise import describe_node_loss
+    from parsl_torch.launch.nodeloss import describe_node_loss
 
     events = queue.Queue()
     listener = RankListener(events, node_timeout=0.6)
@@ -343,7 +343,7 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
 def test_when_a_node_never_said_hello_it_is_named_not_the_node_whose_ranks_the_launcher_ended():
     """A node whose link is down at launch never greets; the launcher (its daemon there lost) ends the
     ranks elsewhere, which vanish: the silent node is the lost one (the quarantine must not take n1)."""
-    from parsl_torch.launch.supervise import blame, describe_node_loss
+    from parsl_torch.launch.nodeloss import blame, describe_node_loss
 
     vanished = {"host": "n1.cluster", "ranks": [0, 1]}
     kind, node = blame("vanished", vanished, ("n1.cluster", "n2.cluster"), {"n1"})
@@ -371,12 +371,12 @@ def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tm
     from parsl_torch.apps.stage_errors import stage_error
     from parsl_torch.common.outcome import write_outcome
     from parsl_torch.common.stagedir import OUTCOME as OUTCOME_FILE
-    from parsl_torch.launch.supervise import _node_outcome
+    from parsl_torch.launch.nodeloss import node_outcome
 
     # what the ranks and the launcher printed does not decide the error (any wording): the record does
     stderr = tmp_path / "stderr.txt"
     stderr.write_text("rank 0 on n1: whatever a launcher prints\nBAD TERMINATION OF ONE OF YOUR PROCESSES\n")
-    write_outcome(tmp_path, _node_outcome("lost", {"host": "n2", "ranks": [2, 3], "silent_s": 30.0}))
+    write_outcome(tmp_path, node_outcome("lost", {"host": "n2", "ranks": [2, 3], "silent_s": 30.0}))
     err = stage_error("train", BashExitFailure("train", 75), stderr)
     assert str(err).startswith("stage 'train' failed: node n2 lost (ranks 2, 3): no heartbeat for 30 s "
                                "(node down or its network cut) (exit code 75)")

@@ -31,11 +31,11 @@ from typing import Any
 from ..common import settings
 from ..common.files import write_atomic
 from ..common.outcome import Cause, Outcome, read_outcome, write_outcome
-from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..common.stagedir import ENV as ENV_FILE
-from ..common.stagedir import PAYLOAD
+from ..common.stagedir import PAYLOAD, RESULT, STDERR, STDOUT
 from ..core.log import get_logger
-from ..sites.build import WARM_LABEL, stages_at_once
+from ..sites.build import WARM_LABEL
+from ..sites.capacity import stages_at_once
 from .payload import ShippedFunction, StageOptions
 from .placement import Placement
 from .stagecmd import bash_app_for, prepare_call

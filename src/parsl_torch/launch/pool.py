@@ -48,7 +48,10 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
     """Parsl's MPITaskScheduler with the block's nodes placed by ``packing.Slots``."""
     import pickle
 
-    from parsl.executors.high_throughput.mpi_resource_management import MPITaskScheduler, get_nodes_in_batchjob
+    from parsl.executors.high_throughput.mpi_resource_management import (
+        MPITaskScheduler,
+        get_nodes_in_batchjob,
+    )
 
     log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
 
@@ -68,7 +71,9 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
 
         @staticmethod
         def scheduler_kind():  # noqa: ANN205
-            from parsl.executors.high_throughput.mpi_resource_management import identify_scheduler
+            from parsl.executors.high_throughput.mpi_resource_management import (
+                identify_scheduler,
+            )
 
             return identify_scheduler()
 

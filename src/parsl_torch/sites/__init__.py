@@ -27,6 +27,7 @@ from ..errors import SiteError
 from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import Detection, detect_scheduler
 from . import build
+from .capacity import node_accelerators
 from .schema import SiteSpec, parse_site
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "site_configs"
@@ -154,7 +155,7 @@ class Site:
         (the machine record's count, or those this host sees on the local site), else
         ``launch.cpu_ranks_per_node``."""
         launch = self.spec.launch
-        return launch.ranks_per_node or len(build.node_accelerators(self.spec)[0]) or launch.cpu_ranks_per_node
+        return launch.ranks_per_node or len(node_accelerators(self.spec)[0]) or launch.cpu_ranks_per_node
 
     def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
         """Flags after ``$PARSL_MPI_PREFIX``: ``launch.extra_args``, else the machine's binding."""

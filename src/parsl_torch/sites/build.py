@@ -16,18 +16,17 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..common import settings
 from ..common.entrypoints import NODE_PYTHON
 from ..errors import SiteError
-from ..launch.accelerators import visible_ids
-from ..launch.machines import get_machine
 from ..launch.pool import MIN_NODES_KEY
 from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
+from .capacity import node_accelerators, stages_at_once
 from .globus import make_executor
 from .schema import SiteSpec, block_seconds
 
@@ -254,32 +253,6 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
 
 #: parsl-torch's worker pool (``launch.pool``), installed beside Parsl's process_worker_pool.py
 POOL_SCRIPT = "parsl-torch-pool"
-
-
-def node_accelerators(spec: SiteSpec, env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
-    """Each node's accelerator ids and the variable that narrows them: ``launch.accelerators``, else the
-    machine record's count, else, where the site's node is this host (local), the ones it sees."""
-    machine = get_machine(spec.machine)
-    variable = machine.visibility if machine else "CUDA_VISIBLE_DEVICES"
-    if spec.launch.accelerators:
-        return spec.launch.accelerators, variable
-    if machine:
-        return tuple(map(str, range(machine.accelerators_per_node))), variable
-    if get_scheduler(spec.scheduler).max_nodes_per_block == 1:
-        return visible_ids(env)
-    return (), variable
-
-
-def stages_at_once(spec: SiteSpec, shared: bool = True) -> int:
-    """The MPI stages a block may run at once (its workers): the site's setting (``local_slots`` on the
-    local site), or as many as its nodes have accelerators where stages share nodes (``shared``:
-    the block runs parsl-torch's pool, which places them)."""
-    local = get_scheduler(spec.scheduler).max_nodes_per_block == 1
-    configured = spec.local_slots if local else spec.mpi.max_workers_per_block
-    ids, _ = node_accelerators(spec)
-    if not shared or not ids:
-        return configured
-    return max(configured, len(ids) * (1 if local else spec.provider.nodes_per_block))
 
 
 def pool_command(quarantine: str, spec: SiteSpec, import_path: Sequence[str] = ()) -> str:

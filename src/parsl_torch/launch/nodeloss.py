@@ -1,0 +1,111 @@
+"""A node a launch names lost: how it is named, which node is to blame, and the check that it is lost
+before it is quarantined (``supervise`` acts on it; ``preflight`` is the check)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+from ..common.outcome import Cause, Outcome
+from .listener import LOCAL_NAMES, RankListener
+from .plan import LaunchPlan
+from .preflight import answering
+
+#: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
+NODE_LOST_EXIT = 75
+#: a node's ranks' processes ended without a report, and the node answers (as a SIGKILL)
+VANISHED_EXIT = 137
+#: seconds a node named lost has to answer a check before it is (without the site's mpi.preflight)
+LOSS_CHECK_S = 10.0
+#: seconds a vanished node waits for the other nodes' hellos before one that never said it is blamed
+GREET_WAIT_S = 2.0
+
+
+def say(message: str) -> None:
+    print(f"parsl-torch: {message}", file=sys.stderr, flush=True)
+
+
+def ranks_text(ranks: list[int]) -> str:
+    if len(ranks) == 2 and ranks[1] > ranks[0]:
+        return f"ranks {ranks[0]}-{ranks[1]}" if ranks[1] > ranks[0] + 1 else f"ranks {ranks[0]}, {ranks[1]}"
+    return f"rank {ranks[0]}" if ranks else "its ranks"
+
+
+def describe_node_loss(kind: str, node: dict, lost: bool = True) -> str:
+    """The line that names a lost node and its ranks (stage errors quote it); ``lost=False``: before
+    the node was checked."""
+    verdict = " lost" if lost else ""
+    what = f"node {node['host']}{verdict} ({ranks_text(node['ranks'])})"
+    if kind == "lost":
+        return f"{what}: no heartbeat for {node['silent_s']:.0f} s (node down or its network cut)"
+    if kind == "silent":
+        return (f"node {node['host']}{verdict}: its ranks never reached the launch, and the launcher ended the ranks "
+                f"on {node['victim']} (node down or its network cut)")
+    return f"{what}: its ranks' processes ended without a report (node down or killed)"
+
+
+def blame(kind: str, node: dict, nodes: tuple[str, ...], greeted: set[str]) -> tuple[str, dict]:
+    """The node to name for a node-loss event. A node whose ranks never said hello is the one lost when
+    another node's processes vanish: a launcher that loses one node's daemon (its link is down) ends
+    the ranks on the others, which vanish without a word."""
+    short = [n.split(".")[0] for n in nodes]
+    silent = [n for n in short if n not in greeted]
+    if kind == "vanished" and silent and str(node["host"]).split(".")[0] in short:
+        return "silent", {"host": silent[0], "ranks": [], "victim": node["host"]}
+    return kind, node
+
+
+def greeted(listener: RankListener, nodes: tuple[str, ...], kind: str) -> set[str]:
+    """The nodes whose ranks said hello; for a vanished node, after up to GREET_WAIT_S more for the
+    others (a node whose launcher was merely slow greets by then; one whose link is down never does)."""
+    deadline = time.monotonic() + (GREET_WAIT_S if kind == "vanished" else 0)
+    while time.monotonic() < deadline and not {n.split(".")[0] for n in nodes} <= listener.greeted:
+        time.sleep(0.1)
+    return set(listener.greeted)
+
+
+def node_outcome(kind: str, node: dict) -> Outcome:
+    return Outcome(Cause.NODE_LOST, NODE_LOST_EXIT, describe_node_loss(kind, node), host=node["host"],
+                   ranks=tuple(node["ranks"]))
+
+
+def _is_here(host: str) -> bool:
+    here = socket.gethostname()
+    return host in (*LOCAL_NAMES, here) or host.split(".")[0] == here.split(".")[0]
+
+
+def checked(plan: LaunchPlan, outcome: Outcome, seconds: float) -> Outcome:
+    """``outcome`` (a node loss) if its node does not answer a check within ``seconds``; else the
+    application failure it was: a program that kills its own process group or its parent, Slurm's or
+    the kernel's out-of-memory killer, end a node's processes as a lost node's end."""
+    host = str(outcome.host)
+    if _is_here(host):
+        answers = "it runs this launch's supervisor"
+    else:
+        try:  # (the stopped step may still hold the nodes: the check's step overlaps it)
+            answered, _ = answering(dataclasses.replace(plan, argv=overlapping(plan.argv)), seconds)
+        except ValueError:  # not a parsl-torch launch (no shim to swap for the check): take it as lost
+            return outcome
+        if host.split(".")[0] not in answered:
+            say(f"node {host} did not answer a check within {seconds:g} s: it is lost")
+            return outcome
+        answers = "it answered a check"
+    summary = (f"the processes of {ranks_text(list(outcome.ranks))} on {host} ended (or stopped answering) without a "
+               f"report, but node {host} was not lost ({answers}): they were killed (by the program itself, e.g. os.killpg or a kill "
+               f"of its parent, or by an out-of-memory killer: see the node's dmesg or the job's Slurm log); the node "
+               f"stays in service")
+    say(summary)
+    return Outcome(Cause.RANKS_VANISHED, VANISHED_EXIT, summary, host=host, ranks=outcome.ranks)
+
+
+def overlapping(argv: Sequence[str]) -> tuple[str, ...]:
+    """``argv`` with srun's ``--overlap``: after a node dies its step holds the step's other nodes until
+    Slurm marks the node down (SlurmdTimeout, minutes), and a new step there waits "Requested nodes
+    are busy" until then; an overlapping step starts at once. Other launchers: as it is."""
+    if argv and os.path.basename(argv[0]) == "srun" and "--overlap" not in argv:
+        return (argv[0], "--overlap", *argv[1:])
+    return tuple(argv)
