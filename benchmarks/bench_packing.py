@@ -4,7 +4,7 @@ time (the same site without accelerators and ``local_slots: 1``: how a whole-nod
 them), measured in the same run. The trials sleep (``--hold`` seconds), so the 2 cores are not
 the limit: the figure is the placement's. Goal: about 4x.
 
-usage: python benchmarks/bench_packing.py [--trials 8] [--hold 4]
+usage: python benchmarks/bench_packing.py [--trials 8] [--hold 10]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def one(tmp: Path, site: str, trials: int, hold: float) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--hold", type=float, default=4.0)
+    p.add_argument("--hold", type=float, default=10.0)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -46,7 +46,7 @@ def site_variant(tmp_path: Path, monkeypatch, base: str, name: str, **changes) -
 
     site = yaml.safe_load((TEST_SITES / f"{base}.yaml").read_text())
     for key, value in changes.items():
-        site[key] = {**site[key], **value} if isinstance(value, dict) else value
+        site[key] = {**site.get(key, {}), **value} if isinstance(value, dict) else value
     site["name"] = name
     (tmp_path / "sites").mkdir(exist_ok=True)
     (tmp_path / "sites" / f"{name}.yaml").write_text(yaml.safe_dump(site))
