@@ -188,8 +188,10 @@ EDITS = [
 ]
 
 
-#: in warm ranks (function stages only: scripts run cold), the rows of function stages, under fewer seeds
-WARM_ROWS = (0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+#: in warm ranks (function stages only: scripts run cold), under one other seed, the rows where what a warm
+#: process has seen could differ from a fresh one's: code it imported, env, modules, the files left (input
+#: files are digested in the workflow, the same warm or cold: their rows run cold only, for CI's time)
+WARM_ROWS = (0, 1, 9, 12, 13, 14, 15)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
@@ -212,7 +214,7 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
 
     # the same project under other hash seeds, a comment and blank lines moving every function down,
     # a comment in a module, another walltime: nothing can change, nothing runs
-    for seed in ("1", "2") if warm else ("1", "2", "3"):
+    for seed in ("1",) if warm else ("1", "2"):
         again, states = run(project, seed=seed, **mode)
         assert set(states.values()) == {"skipped"} and again == first, (seed, states)
     edit(project, "wf.py", "import importlib, json", "# a comment\n\n\nimport importlib, json")
