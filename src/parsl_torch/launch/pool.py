@@ -51,6 +51,7 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
     from parsl.executors.high_throughput.mpi_resource_management import (
         MPITaskScheduler,
         get_nodes_in_batchjob,
+        identify_scheduler,
     )
 
     log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
@@ -58,7 +59,7 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
     class PoolScheduler(MPITaskScheduler):
         def __init__(self, pending_task_q, pending_result_q) -> None:  # noqa: ANN001 - Parsl's signature
             self.pending_task_q, self.pending_result_q = pending_task_q, pending_result_q
-            self.available_nodes = get_nodes_in_batchjob(self.scheduler_kind())
+            self.available_nodes = get_nodes_in_batchjob(identify_scheduler())
             self.slots = Slots(self.available_nodes, accelerators)
             held = min(spares, max(len(self.slots.entries) - 1, 0))
             self.spare_nodes = self.slots.entries[len(self.slots.entries) - held:]
@@ -68,14 +69,6 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
             log.info("parsl-torch: %d node(s)%s; spare node(s) held back: %s", len(self.slots.entries),
                      f", accelerators {','.join(accelerators)} on each, shared by stages smaller than a node"
                      if self.slots.accelerators else "", [Slots.name(e) for e in self.spare_nodes])
-
-        @staticmethod
-        def scheduler_kind():  # noqa: ANN205
-            from parsl.executors.high_throughput.mpi_resource_management import (
-                identify_scheduler,
-            )
-
-            return identify_scheduler()
 
         def _usable(self, lost: set[str]) -> set[str]:
             return {e for e in self.slots.entries
