@@ -94,10 +94,10 @@ def checked(plan: LaunchPlan, outcome: Outcome, seconds: float) -> Outcome:
             say(f"node {host} did not answer a check within {seconds:g} s: it is lost")
             return outcome
         answers = "it answered a check"
-    summary = (f"the processes of {ranks_text(list(outcome.ranks))} on {host} ended (or stopped answering) without a "
-               f"report, but node {host} was not lost ({answers}): they were killed (by the program itself, e.g. os.killpg or a kill "
-               f"of its parent, or by an out-of-memory killer: see the node's dmesg or the job's Slurm log); the node "
-               f"stays in service")
+    summary = (f"the processes of {ranks_text(list(outcome.ranks))} on {host} ended (or stopped answering) without "
+               f"a report, but node {host} was not lost ({answers}): they were killed (by the program itself, e.g. "
+               f"os.killpg or a kill of its parent, or by an out-of-memory killer: see the node's dmesg or the job's "
+               f"Slurm log); the node stays in service")
     say(summary)
     return Outcome(Cause.RANKS_VANISHED, VANISHED_EXIT, summary, host=host, ranks=outcome.ranks)
 
