@@ -5,10 +5,11 @@ call after another without starting again.
 Rank 0 waits for the next job file in the group's directory and broadcasts it; every rank runs
 the call exactly as ``stage_main`` would (the same payload, environment and result files, in
 the stage's directory, its output in the stage's stdout/stderr), then the ranks meet (through the
-group's store, see ``_Meeting``) and rank 0 writes the job's done file. Between calls each rank is put back as it started: working
-directory, environment, ``sys.path``, root logging, warnings filters, umask, the default socket
-timeout, RNG seeds, default dtype and device, grad mode, deterministic algorithms and the
-backends' TF32/cuDNN flags, the process groups the call made, the accelerator's cached memory.
+group's store, see ``_Meeting``) and rank 0 writes the job's done file. Between calls each rank is
+put back as it started: working directory, environment, ``sys.path``, root logging, warnings
+filters, umask, the default socket timeout, RNG seeds, default dtype and device, grad mode,
+deterministic algorithms and the backends' TF32/cuDNN flags, the process groups the call made,
+the accelerator's cached memory.
 Module state the call changed is its own. A call that leaves a thread running (it cannot be
 undone) is answered, then its group stops: the next call gets fresh ranks. A call that raises
 ends its rank (as in ``stage_main``): the supervisor ends the group, and the workflow starts

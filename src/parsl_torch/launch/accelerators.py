@@ -34,7 +34,8 @@ def visible_ids(env: Mapping[str, str] | None = None, dev: str = "/dev",
     for name in VISIBILITY:
         value = env.get(name)
         if value is not None:
-            return tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() not in ("-1", "NoDevFiles")), name
+            ids = (v.strip() for v in value.split(","))
+            return tuple(v for v in ids if v and v not in ("-1", "NoDevFiles")), name
     try:
         nvidia = sum(1 for entry in os.listdir(dev) if _NVIDIA.fullmatch(entry))
     except OSError:
