@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from parsl_torch import sites
-from parsl_torch.launch.accelerators import visible_accelerators
+from parsl_torch.launch.accelerators import visible_accelerators, visible_ids
 
 from .conftest import BIN, RANKS_DIR, clean_env
 
@@ -33,6 +33,10 @@ def test_visible_accelerators_from_the_variables_the_drivers_and_nothing(tmp_pat
         (kfd / node).mkdir(parents=True)
         (kfd / node / "gpu_id").write_text(gpu + "\n")
     assert visible_accelerators({}, dev=str(tmp_path / "nodev"), kfd=str(kfd)) == 2
+    # their ids, in the numbering of the variable that narrows them (what a stage sharing the node is given)
+    assert visible_ids({}, dev=str(dev), kfd=str(kfd)) == (("0", "1"), "CUDA_VISIBLE_DEVICES")
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "2, 3,-1"}, dev=str(dev)) == (("2", "3"), "CUDA_VISIBLE_DEVICES")
+    assert visible_ids({}, dev=str(tmp_path / "nodev"), kfd=str(kfd)) == (("0", "1"), "ROCR_VISIBLE_DEVICES")
 
 
 @pytest.mark.parametrize("visible, expected", [("0", 1), ("0,1,2,3", 4), ("", 2)])
