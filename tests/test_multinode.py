@@ -195,7 +195,7 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
     monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
     cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2}
-    # a block of 3 nodes: the 2-node stage gets n1, n2; after n2 is lost the retry gets n3, n1
+    # a block of 3 nodes: the 2-node stage gets n1, n2; after n2 is lost the retry gets n1, n3
     with pt.workflow(site="nspbs", run_dir="runs/lost", nodes=3, retries=1) as wf:
         future = train(cfg, num_nodes=2, ranks_per_node=2)
         _wait_for(tmp_path / "once", "the stopped rank")
@@ -222,7 +222,8 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     first = (wf.run_dir / "train" / "stderr.1.txt").read_text()  # each attempt its own log
     assert "node n2 did not answer a check within 3 s: it is lost" in first
     history = pt.read_history(result["history"])
-    assert history.attrs["hostname"] == "n3"  # the retry ran on the nodes that remained: n3, n1
+    # the retry ran on the nodes that remained, in the block's order: n1, n3 (on n2 it could not have finished)
+    assert history.attrs["hostname"] == "n1"
     assert list(history.steps) == list(range(10))  # no step lost or repeated
 
 
@@ -401,7 +402,7 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
     assert result["resumed_from"] == 6 and result["world_size"] == 4
     history = pt.read_history(result["history"])
     assert list(history.steps) == list(range(10))
-    # the retry ran on n1 and the spare n3 (without a spare it gets n3, n1: the node freed last comes last)
+    # the retry ran on n1 and the spare n3
     # (the nodes: Slurm's step's, PBS's node file's, which is the job's)
     ran_on = ["n1", "n3"] if base == "nsslurm" else ["n1", "n2", "n3"]
     assert history.attrs["hostname"] == "n1" and history.attrs["nodes"] == ran_on
