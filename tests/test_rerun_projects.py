@@ -191,7 +191,7 @@ EDITS = [
 #: in warm ranks (function stages only: scripts run cold), under one other seed, the rows where what a warm
 #: process has seen could differ from a fresh one's: code it imported, env, modules, the files left (input
 #: files are digested in the workflow, the same warm or cold: their rows run cold only, for CI's time)
-WARM_ROWS = (0, 1, 9, 12, 13, 14, 15)
+WARM_ROWS = (0, 1, 8, 11, 12, 13, 14, 15)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
@@ -237,7 +237,7 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
             got = now[expected[0]][expected[2]] if len(expected) > 2 else now[expected[0]]
             assert got == expected[1], (what, now)
         results = now
-    assert results["flavor"][:2] == ["spicy", "note-v2\n"]
+    assert results["flavor"][:2] == ["spicy", "note\n" if warm else "note-v2\n"]
 
 
 def test_a_train_resumed_at_its_final_checkpoint_reports_its_true_loss(tmp_path):
