@@ -84,19 +84,20 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
             return None
 
         def _place_backlog(self) -> None:
-            """Place waiting tasks in the order they came, until one does not fit."""
+            """Place waiting tasks in the order they came, until one does not fit (the quarantine file
+            is read once for them all)."""
+            lost = _lost(path)
             while self.backlog:
-                if not self._place(self.backlog[0]):
+                if not self._place(self.backlog[0], lost):
                     return
                 self.backlog.pop(0)
 
-        def _place(self, task_package: dict) -> bool:
+        def _place(self, task_package: dict, lost: set[str]) -> bool:
             """Start the task (or fail it at once, saying why, if the block can never hold it); False
             when it must wait. A task that needs more nodes than the block has left starts on the nodes
             left if its ``min_nodes`` allows."""
             spec = task_package["context"]["resource_spec"]
             tid = task_package["task_id"]
-            lost = _lost(path)
             usable = self._usable(lost)
             needed = int(spec["num_nodes"])
             ranks_per_node = int(spec.get("ranks_per_node") or int(spec["num_ranks"]) // needed)

@@ -245,7 +245,7 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
     and imports from ``import_path`` (the workflow's own folders)."""
     prov = mpi_provider(spec)
     extra = {"launch_cmd": pool_command(quarantine, spec, import_path)} if quarantine else {}
-    max_workers = stages_at_once(spec) if quarantine else stages_at_once(spec, shared=False)
+    max_workers = stages_at_once(spec, shared=quarantine is not None)  # (only parsl-torch's pool shares nodes)
     return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                                       max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
                                       drain_period=drain_period(spec), **_address(spec), **extra)
