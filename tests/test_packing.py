@@ -9,6 +9,8 @@ import os
 import pytest
 
 import parsl_torch as pt
+from parsl_torch.launch.cpushare import CpuShare, bound
+from parsl_torch.launch.machines import MACHINES
 from parsl_torch.launch.packing import Grant, Slots
 
 ACCELERATORS = ("0", "1", "2", "3")
@@ -46,13 +48,40 @@ def test_without_accelerators_each_entry_of_the_node_list_is_a_slot():
     assert one_gpu.take(1, 1, set(one_gpu.entries)) is None  # the second one-GPU stage waits for the first
 
 
+def test_a_stage_that_shares_its_node_gets_the_cores_of_its_accelerators_whoever_binds():
+    share = CpuShare((1, 2), 4)
+    assert CpuShare.parse(str(share)) == share and CpuShare.parse("4/4") is None and CpuShare.parse("") is None
+    assert [share.block(r, range(32)) for r in (0, 1)] == [list(range(8, 16)), list(range(16, 24))]
+    assert CpuShare((3,), 4).block(0, [0, 1]) == [1]  # fewer cores than accelerators: neighbours share one
+    py = ["/venv/bin/python", "-m", "parsl_torch.launch.shim", "--", "train.py"]
+    # Polaris: the whole node's depth binding would put every stage on cores 0-15; GPU 1 has 16-23
+    polaris = MACHINES["polaris"]
+    argv, env = bound(["mpiexec", "-n", "2", *polaris.binding_args(2), *py], share, polaris, 64)
+    assert argv == ["mpiexec", "-n", "2", "--cpu-bind", "list:16-23:8-15", *py] and env == {"PARSL_TORCH_CPU_SHARE": ""}
+    aurora = MACHINES["aurora"]  # tiles 1 and 2: ALCF's 12-rank list's second and third blocks
+    argv, _ = bound(["mpiexec", *aurora.binding_args(2), *py], share, aurora, 208)
+    assert argv == ["mpiexec", "--pmi=pmix", "--cpu-bind", "list:9-16:17-24", *py]
+    # srun: Slurm gives the job's concurrent steps disjoint cores, a quarter of the node each
+    argv, env = bound(["srun", "--ntasks", "2", *py], share, None, 64)
+    assert argv[:4] == ["srun", "--exact", "--cpus-per-task", "16"] and env == {"PARSL_TORCH_CPU_SHARE": ""}
+    frontier = MACHINES["frontier"]  # its binding already says 7 cores a rank
+    argv, _ = bound(["srun", *frontier.binding_args(2), *py], share, frontier, 64)
+    assert argv.count("--cpus-per-task") == 1 and argv[:2] == ["srun", "--exact"]
+    # an mpiexec that does not bind (the local site): each rank's shim pins itself
+    argv, env = bound(["mpiexec", "-n", "2", *py], share, None, 4)
+    assert argv == ["mpiexec", "-n", "2", *py] and env == {"PARSL_TORCH_CPU_SHARE": "1,2/4"}
+    # flags of the user's own (launch.extra_args) are left as they are: the shims pin
+    argv, env = bound(["mpiexec", "--cpu-bind", "core", *py], share, polaris, 64)
+    assert "core" in argv and env == {"PARSL_TORCH_CPU_SHARE": "1,2/4"}
+
+
 @pt.distributed_app(ranks_per_node=1)
 def trial(i: int, hold: float):
     import socket
     import time
 
     seen = {"i": i, "host": socket.gethostname(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "start": time.time()}
+            "cores": sorted(os.sched_getaffinity(0)), "start": time.time()}
     time.sleep(hold)
     seen["end"] = time.time()
     return seen
@@ -77,6 +106,11 @@ def test_one_accelerator_trials_pack_a_node_that_declares_four(tmp_path, monkeyp
     together = max(sum(a["start"] < b["end"] and b["start"] < a["end"] for b in seen) for a in seen)
     assert together >= 2, "the trials ran one at a time"  # (4 at once, where 2 cores keep up)
     assert whole["visible"] is None  # a stage of the whole node sees every accelerator
+    cores = whole["cores"]  # and has every core; a trial has the cores of its accelerator's quarter
+    for s in seen:
+        assert s["cores"] == CpuShare((int(s["visible"]),), 4).block(0, cores), (s, cores)
+    if len(cores) >= 4:
+        assert len({tuple(s["cores"]) for s in seen}) == 4
     if not warm:  # (a warm group's supervisor writes in the group's directory)
         stderr = (wf.run_dir / "t0" / "stderr.txt").read_text()
         assert "this stage shares node" in stderr and "(CUDA_VISIBLE_DEVICES)" in stderr
@@ -93,7 +127,7 @@ def test_the_pool_places_in_the_order_stages_came_so_a_whole_node_stage_is_not_s
     import pickle
     import queue
 
-    from parsl_torch.launch.pool import ACCELERATORS_KEY, SHORT_KEY, scheduler_class
+    from parsl_torch.launch.pool import ACCELERATORS_KEY, CPU_SHARE_KEY, SHORT_KEY, scheduler_class
 
     (tmp_path / "nodes").write_text("n1\n")
     monkeypatch.setenv("PBS_NODEFILE", str(tmp_path / "nodes"))
@@ -117,11 +151,13 @@ def test_the_pool_places_in_the_order_stages_came_so_a_whole_node_stage_is_not_s
     pool.put_task(_task(3, 1, 1))  # would fit beside the first, but comes after the whole-node stage
     now = running()
     assert list(now) == [1] and now[1][ACCELERATORS_KEY] == "ZE_AFFINITY_MASK=0,1" and now[1][SHORT_KEY] == ""
+    assert now[1][CPU_SHARE_KEY] == "0,1/4"  # and the cores that go with them
     finish(1)
     now = running()
-    assert list(now) == [2] and now[2][ACCELERATORS_KEY] == "" and now[2]["MPI_NODELIST"] == "n1"
+    assert list(now) == [2] and now[2][ACCELERATORS_KEY] == now[2][CPU_SHARE_KEY] == "" and now[2]["MPI_NODELIST"] == "n1"
     finish(2)
-    assert running()[3][ACCELERATORS_KEY] == "ZE_AFFINITY_MASK=0"
+    third = running()[3]
+    assert third[ACCELERATORS_KEY] == "ZE_AFFINITY_MASK=0" and third[CPU_SHARE_KEY] == "0/4"
     pool.put_task(_task(4, 2, 4))  # more nodes than the block has: fails at once, saying why
     assert "the stage needs 2 node(s) but its block has 1 left" in running()[4][SHORT_KEY]
 
@@ -139,3 +175,11 @@ def test_status_shows_the_accelerators_a_running_stage_holds(tmp_path):
                                                                         "CUDA_VISIBLE_DEVICES=2,3"))
     _, rows = status.read(tmp_path)
     assert rows[0].state == "running" and rows[0].progress == "on accelerator(s) 2,3 (CUDA_VISIBLE_DEVICES)"
+
+
+def test_a_blocks_pool_knows_its_nodes_accelerators_and_machine():
+    from parsl_torch import sites
+    from parsl_torch.sites.build import pool_command
+
+    command = pool_command("/runs/q.json", sites.load("polaris", account="X").spec)
+    assert "--accelerators 0,1,2,3 --visibility CUDA_VISIBLE_DEVICES --machine polaris " in command

@@ -195,6 +195,10 @@ NODES_SHORT = _add(Setting("PARSL_TORCH_NODES_SHORT", "why a stage's block canno
 ACCELERATORS = _add(Setting("PARSL_TORCH_ACCELERATORS", "the accelerators of its node that a stage sharing the "
                             "node holds, as VARIABLE=ids (CUDA_VISIBLE_DEVICES=2,3): set by parsl-torch's worker "
                             "pool, put in the ranks' environment by the supervisor", None, text, INTERNAL))
+CPU_SHARE = _add(Setting("PARSL_TORCH_CPU_SHARE", "which of its node's accelerators a stage sharing the node "
+                         "holds, by position (`2,3/4`): set by parsl-torch's worker pool; the ranks' shims pin "
+                         "each rank to the cores that go with its accelerator where the launcher does not bind",
+                         None, text, INTERNAL))
 GRACE = _add(Setting("PARSL_TORCH_GRACE", "seconds before the block's end at which stages checkpoint and stop",
                      0.0, epoch, INTERNAL))
 DEADLINE = _add(Setting("PARSL_TORCH_DEADLINE", "epoch seconds from which ranks checkpoint and stop (block end - "

@@ -55,6 +55,12 @@ def _frontier(ppn: int) -> list[str]:
     return ["--cpus-per-task", "7", "--gpus-per-task", "1", "--gpu-bind", "closest"]
 
 
+#: the cores of each of Aurora's 12 tiles: ALCF's 12-rank list, rank r on tile r
+_AURORA_TILES = tuple(aurora_cpu_list(12).removeprefix("list:").split(":"))
+#: the cores of Polaris's GPUs 0-3: with 4 ranks and depth 8, rank r has cores 8r..8r+7 and GPU 3 - r
+_POLARIS_GPUS = ("24-31", "16-23", "8-15", "0-7")
+
+
 def _no_binding(ppn: int) -> list[str]:
     return []
 
@@ -70,6 +76,8 @@ class Machine:
     gpu_order: tuple[int, ...] = ()
     #: the variable that narrows the accelerators a process sees (a stage that shares a node)
     visibility: str = "CUDA_VISIBLE_DEVICES"
+    #: the cores that go with each accelerator, in the accelerators' order (a list binding's blocks)
+    cpu_blocks: tuple[str, ...] = ()
 
     def rank_env(self) -> dict[str, str]:
         """What every rank on this machine needs in its environment from the launch."""
@@ -79,14 +87,27 @@ class Machine:
         """The launcher flags that bind ``ranks_per_node`` ranks to CPUs and accelerators."""
         return self.binding(ranks_per_node)
 
+    def shared_binding(self, positions: tuple[int, ...]) -> list[str] | None:
+        """The binding flags for a stage that holds only the node's accelerators at ``positions``
+        (one rank each): its accelerators' cores as a list (``--depth`` dropped); None when this
+        machine's binding does not say which cores go with which accelerator."""
+        flags = self.binding_args(len(positions))
+        if not self.cpu_blocks or "--cpu-bind" not in flags:
+            return None
+        if "--depth" in flags:
+            del flags[flags.index("--depth"):flags.index("--depth") + 2]
+        flags[flags.index("--cpu-bind") + 1] = "list:" + ":".join(self.cpu_blocks[p] for p in positions)
+        return flags
+
 
 MACHINES: dict[str, Machine] = {m.name: m for m in (
-    Machine("aurora", 12, "xpu", _aurora, visibility="ZE_AFFINITY_MASK"),
-    Machine("sunspot", 12, "xpu", _aurora, visibility="ZE_AFFINITY_MASK"),  # Aurora's test system, the same node
+    Machine("aurora", 12, "xpu", _aurora, visibility="ZE_AFFINITY_MASK", cpu_blocks=_AURORA_TILES),
+    # Aurora's test system, the same node
+    Machine("sunspot", 12, "xpu", _aurora, visibility="ZE_AFFINITY_MASK", cpu_blocks=_AURORA_TILES),
     # ALCF's set_affinity_gpu_polaris.sh: gpu=$((num_gpus - 1 - PMI_LOCAL_RANK % num_gpus)), "need to
     # assign GPUs in reverse order due to topology": with --cpu-bind depth local rank 0 has cores 0-7,
     # closest to GPU 3 (the same page's list: GPU 3 <-> cores 0-7, ..., GPU 0 <-> cores 24-31)
-    Machine("polaris", 4, "cuda", _polaris, gpu_order=(3, 2, 1, 0)),
+    Machine("polaris", 4, "cuda", _polaris, gpu_order=(3, 2, 1, 0), cpu_blocks=_POLARIS_GPUS),
     # torch's ROCm build calls its devices cuda; CUDA_VISIBLE_DEVICES would index ROCR's narrowed list
     Machine("frontier", 8, "cuda", _frontier, visibility="ROCR_VISIBLE_DEVICES"),
     Machine("perlmutter", 4, "cuda"),

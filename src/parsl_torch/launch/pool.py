@@ -29,6 +29,7 @@ from typing import Any
 
 from ..common import settings
 from . import quarantine
+from .cpushare import CpuShare
 from .packing import Grant, Slots
 
 #: a key of a task's resource specification, which Parsl's worker exports as PARSL_<KEY>
@@ -37,6 +38,7 @@ SHORT_KEY = settings.NODES_SHORT.name.removeprefix("PARSL_").lower()
 MIN_NODES_KEY = "min_nodes"
 #: the key for the accelerators a stage that shares its node holds ("CUDA_VISIBLE_DEVICES=2,3")
 ACCELERATORS_KEY = settings.ACCELERATORS.name.removeprefix("PARSL_").lower()
+CPU_SHARE_KEY = settings.CPU_SHARE.name.removeprefix("PARSL_").lower()
 
 
 def _lost(path: str) -> set[str]:
@@ -109,7 +111,7 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
                 needed = left
                 spec.update(num_nodes=left, num_ranks=left * ranks_per_node)
             if needed > left:
-                spec["MPI_NODELIST"], spec[ACCELERATORS_KEY] = "", ""
+                spec["MPI_NODELIST"], spec[ACCELERATORS_KEY], spec[CPU_SHARE_KEY] = "", "", ""
                 spec[SHORT_KEY] = (f"the stage needs {needed} node(s) but its block has {left} left: "
                                    f"{', '.join(sorted(lost)) or 'none'} lost in this job (quarantined), "
                                    f"{len(self.spare_nodes)} spare(s) held back")
@@ -123,6 +125,8 @@ def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visib
             spec["MPI_NODELIST"] = ",".join(Slots.name(e) for e in grant.nodes)
             spec[SHORT_KEY] = ""  # (a worker keeps the variables of its earlier tasks: each task sets its own)
             spec[ACCELERATORS_KEY] = f"{visibility}={','.join(grant.accelerators)}" if grant.accelerators else ""
+            spec[CPU_SHARE_KEY] = str(CpuShare(tuple(map(accelerators.index, grant.accelerators)),
+                                               len(accelerators))) if grant.accelerators else ""
             if grant.accelerators:
                 log.info("parsl-torch: task %s on %s, accelerators %s", tid, spec["MPI_NODELIST"],
                          ",".join(grant.accelerators))
@@ -172,9 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--path", action="append", default=[], help="a folder the workers import from")
     parser.add_argument("--accelerators", default="", help="each node's accelerators (ids, comma-separated)")
     parser.add_argument("--visibility", default="CUDA_VISIBLE_DEVICES", help="the variable that narrows them")
+    parser.add_argument("--machine", help="the nodes' machine (its binding gives a shared node's cores out)")
     parser.add_argument("quarantine", help="the workflow's file of lost nodes")
     opts = parser.parse_args(argv[:split])
     os.environ[settings.QUARANTINE.name] = opts.quarantine  # the stages' supervisors record lost nodes there
+    if opts.machine:
+        os.environ[settings.MACHINE.name] = opts.machine
     if opts.path:  # for this process and the workers it starts (spawned: they read PYTHONPATH)
         sys.path[:0] = opts.path
         os.environ["PYTHONPATH"] = os.pathsep.join([*opts.path, *filter(None, [os.environ.get("PYTHONPATH")])])

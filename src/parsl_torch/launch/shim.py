@@ -28,6 +28,7 @@ from ..common import settings
 from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..core.topology import Topology, resolve_master, topology_from_env
+from .cpushare import pin
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     address = settings.LAUNCH_NOTIFY.raw()
     heartbeat = Heartbeat(address, topo) if address and topo.local_rank == 0 else None
     stopping: list[int] = []
+    pin(topo.local_rank, settings.CPU_SHARE.raw())  # a stage sharing its node: its rank's cores
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **extra})
     except OSError as exc:

@@ -47,6 +47,7 @@ from ..common.procs import reap, stop
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from . import quarantine
+from .cpushare import CpuShare, bound
 from .listener import RankListener
 from .nodeloss import (
     LOSS_CHECK_S,
@@ -59,6 +60,7 @@ from .nodeloss import (
     overlapping,
 )
 from .nodeloss import say as _say
+from .machines import get_machine
 from .plan import LaunchPlan
 from .preflight import silent_nodes
 from .shim import describe_exit
@@ -252,6 +254,12 @@ def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) 
             settings.ACCELERATORS.get(env) or None))
 
 
+def _cpus_on_node() -> int:
+    """The CPUs of a node of this job (Slurm's count for the job's nodes, else this host's)."""
+    value = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    return int(value) if value.isdigit() else os.cpu_count() or 1
+
+
 def _refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
     """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
     unstarted (its retry is free: ``apps.continuation``), which places it on other nodes."""
@@ -319,9 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         variable, _, ids = shared.partition("=")
         env[variable] = ids
         _say(f"this stage shares node {hosts[0]}: its ranks see accelerator(s) {ids} ({variable})")
-        if os.path.basename(command[0]) == "srun" and "--exact" not in command:
-            # a step takes every CPU of its nodes by default: steps beside it would wait for them
-            command = [command[0], "--exact", *command[1:]]
+        if share := CpuShare.parse(settings.CPU_SHARE.get()):  # and the cores that go with them
+            command, rank_env = bound(command, share, get_machine(settings.MACHINE.get()), _cpus_on_node())
+            env.update(rank_env)
     ranks = _ranks_given(opts.ranks)
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, ranks,
                       tuple(h for h in hosts if h), env)

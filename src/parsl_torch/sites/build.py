@@ -269,6 +269,8 @@ def pool_command(quarantine: str, spec: SiteSpec, import_path: Sequence[str] = (
     paths = "".join(f"--path {_formatted_twice(shlex.quote(p))} " for p in import_path)
     ids, variable = node_accelerators(spec)
     shared = f"--accelerators {_formatted_twice(shlex.quote(','.join(ids)))} --visibility {variable} " if ids else ""
+    if ids and spec.machine:
+        shared += f"--machine {spec.machine} "
     return (f"{POOL_SCRIPT} --spares {spec.mpi.spare_nodes} {shared}{paths}"
             f"{_formatted_twice(shlex.quote(quarantine))} -- {args}")
 
