@@ -58,12 +58,16 @@ TWO_RANKS = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
 
 def _job(tmp_path, fn, ranks=2, **opts):
     """A function stage packed for the endpoint, as a workflow packs one."""
+    from parsl_torch.apps.call import StageCall
     from parsl_torch.apps.payload import ShippedFunction, StageOptions
     from parsl_torch.apps.remote_job import RemoteJob
 
     stage_dir = tmp_path / "remote" / fn.__name__
     env = (("PARSL_TORCH_STAGE_DIR", str(stage_dir)), ("PARSL_TORCH_GPU_ORDER", "1,0"))
-    return RemoteJob(StageOptions(str(stage_dir), 1, ranks, 120.0, env, (), **opts), ShippedFunction.of(fn), code=())
+    resources = (("num_nodes", 1), ("ranks_per_node", ranks), ("num_ranks", ranks))
+    call = StageCall(StageOptions(str(stage_dir), 1, ranks, 120.0, env, (), **opts), "mpi", resources,
+                     fn=ShippedFunction.of(fn))
+    return RemoteJob(call, code=())
 
 
 @pytest.mark.slow
@@ -158,8 +162,8 @@ def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, m
     site_file.write_text(site_file.read_text() + "machine: polaris\n")
     jobs = []
 
-    def packed(opts, *args):
-        jobs.append(opts)
+    def packed(call, *args):
+        jobs.append(call.opts)
         raise KeyboardInterrupt  # nothing to submit: the job is what is checked
 
     monkeypatch.setattr(distributed, "remote_job", packed)

@@ -181,11 +181,12 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
     import json
     import stat
 
-    from parsl_torch.apps.stagecmd import stage_command
+    from parsl_torch.apps.call import StageCall
     from parsl_torch.apps.payload import StageOptions
+    from parsl_torch.apps.stagecmd import stage_command
 
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
-    cmd = stage_command(None, ["python", "train.py", "--token", "t0k"], opts)
+    cmd = stage_command(StageCall(opts, "mpi", (), script=("python", "train.py", "--token", "t0k")))
     assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --ranks 24 -- $PARSL_MPI_PREFIX "
             "--cpu-bind list:1-8:9-16 ") in cmd
     assert cmd.startswith(f"cd {tmp_path} && ")

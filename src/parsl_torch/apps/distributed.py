@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from ..common import settings
@@ -28,15 +28,14 @@ from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
 from ..launch.pool import MIN_NODES_KEY
+from .call import StageCall
 from .fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
 from .payload import ShippedFunction, StageOptions
 from .remote import remote_job, submit_remote
 from .request import BuiltinCall
 from .scriptargs import caller_path, named_path, script_stage_name
-from .memo import WARM_KWARG
 from .stagecmd import bash_app_for
-from .warm import warm_app
 from .usercode import rank_import_path
 from .workflow import current_workflow
 
@@ -87,8 +86,18 @@ class DistributedApp:
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
         self._check_arguments(asked, args, kwargs)
-        code, roots, code_files, env_reads = self._code(asked)
-        stage = wf.stage_name(asked, explicit=stage is not None)
+        call = self._call(wf, where, wf.stage_name(asked, explicit=stage is not None), nodes, ppn, walltime,
+                          stage_env, min_nodes)
+        outputs = [wf.place(o, Path(call.opts.stage_dir)) for o in outputs]
+        route = _remote if where.remote else _warm if wf.warm is not None and self.fn is not None else _cold
+        future = route(wf, call, self, args, kwargs, list(inputs), outputs)
+        wf.track(future, nodes * ppn, where)
+        return future
+
+    def _call(self, wf: Any, where: Any, stage: str, nodes: int, ppn: int, walltime: float | None,
+              stage_env: dict[str, str], min_nodes: int | None) -> StageCall:
+        """The call's record: its options (code identity read now), its function, where it runs."""
+        code, roots, code_files, env_reads = self._code(stage)
         stage_dir = where.stage_dir(wf.run_dir, stage)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
                **where.site.rank_env(), **stage_env}
@@ -97,31 +106,12 @@ class DistributedApp:
                             code=code, code_roots=roots, script=script, module=module,
                             files=(*self.files, *code_files), env_reads=env_reads, import_path=rank_import_path(),
                             preflight=where.site.spec.mpi.preflight)
-        outputs = [wf.place(o, stage_dir) for o in outputs]
-        spec = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
+        resources = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         if min_nodes is not None and min_nodes < nodes:  # the pool may start it on fewer (launch.pool)
-            spec[MIN_NODES_KEY] = min_nodes
-        if where.remote:
-            job = remote_job(opts, self.fn, self.script, self.python, wf.digests, wf.memoize)
-            app_future = submit_remote(wf, where.mpi_label, job, args, kwargs, inputs, outputs, spec)
-            future = StageFuture(stage, app_future, None, None)
-        elif wf.warm is not None and self.fn is not None:  # in ranks already up (a script owns its process)
-            stage_dir.mkdir(parents=True, exist_ok=True)
-            warm = {WARM_KWARG: (wf.warm, where.mpi_label, spec)}
-            app_future = warm_app(wf.memoize)(ShippedFunction.of(self.fn), None, opts, *args, inputs=list(inputs),
-                                              outputs=outputs, **warm, **kwargs)
-            future = StageFuture(stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
-        else:
-            stage_dir.mkdir(parents=True, exist_ok=True)
-            shipped = ShippedFunction.of(self.fn) if self.fn is not None else None
-            app_future = bash_app_for(where.mpi_label, wf.memoize)(
-                shipped, self.script, opts, *args, inputs=list(inputs), outputs=outputs,
-                stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR), parsl_resource_specification=spec,
-                **kwargs)
-            future = StageFuture(stage, app_future, stage_dir / STDERR,
-                                 stage_dir / RESULT if self.fn is not None else None)
-        wf.track(future, nodes * ppn, where)
-        return future
+            resources[MIN_NODES_KEY] = min_nodes
+        # (a remote stage's function is shipped with its job: remote_job)
+        fn = ShippedFunction.of(self.fn) if self.fn is not None and not where.remote else None
+        return StageCall(opts, where.mpi_label, tuple(resources.items()), fn, self.script or ())
 
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
@@ -143,6 +133,33 @@ class DistributedApp:
         fp = Fingerprinter(strict=False)
         code = fp.digest(self.fn, f"stage {stage!r}")
         return code, tuple(sorted(fp.roots)), tuple(sorted(fp.files)), tuple(sorted(fp.env_names))
+
+
+def _cold(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
+          outputs: list) -> StageFuture:
+    """A stage whose ranks start for this call: an MPI task on the site's executor (``stagecmd``)."""
+    stage_dir = Path(call.opts.stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    app_future = bash_app_for(call.executor, wf.memoize)(
+        call, *args, inputs=inputs, outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
+        parsl_resource_specification=call.spec, **kwargs)
+    return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT if call.returns else None)
+
+
+def _warm(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
+          outputs: list) -> StageFuture:
+    """A function stage in ranks already up (``warm``: a script owns its process, so it runs cold)."""
+    stage_dir = Path(call.opts.stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    app_future = wf.warm.app(wf.memoize)(call, *args, inputs=inputs, outputs=outputs, **kwargs)
+    return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
+
+
+def _remote(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
+            outputs: list) -> StageFuture:
+    """A stage on a Globus Compute endpoint: one task there (``remote``, ``remote_job``)."""
+    job = remote_job(call, app.fn, app.python, wf.digests, wf.memoize)
+    return StageFuture(call.stage, submit_remote(wf, job, args, kwargs, inputs, outputs), None, None)
 
 
 def _absolute(value: Any) -> Any:

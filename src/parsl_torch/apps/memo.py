@@ -18,23 +18,18 @@ import functools
 import json
 import pickle
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from ..core.log import get_logger
 from ..errors import ConfigError, StageError
 from . import identity
+from .call import StageCall
 from .fingerprint import Unidentifiable
-from .payload import StageOptions
 
-#: the keyword that tells a warm stage's app its site's executor label (``apps.warm``)
-WARM_KWARG = "parsl_torch_warm"
-#: keyword arguments of a stage's app that are not the call's own (Parsl's, and which executor)
-PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification", WARM_KWARG)
-#: the keyword through which the memoizer hands the call's identity to the worker
-CALL_KWARG = "parsl_torch_call"
+#: keyword arguments of a stage's app that are Parsl's, not the call's own
+PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
 
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
@@ -59,19 +54,20 @@ def register_memo_ids() -> None:
         return pickle.dumps(("File", obj.url, digest))
 
 
-def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tuple, kwargs: dict[str, Any],
-                     cache: identity.DigestCache, code: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The identity of a stage call from its bash app's arguments (futures resolved); a script
-    stage's command line counts among its arguments. ``code``: its code components when they were
-    read elsewhere (a remote stage's, where the workflow runs)."""
-    own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS and k != CALL_KWARG}
-    script = list(script or ())
+def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache: identity.DigestCache,
+                     code: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The identity of a stage call from its app's arguments (futures resolved); a script stage's
+    command line counts among its arguments. ``code``: its code components when they were read
+    elsewhere (a remote stage's, where the workflow runs)."""
+    opts = call.opts
+    own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS}
+    script = list(call.script)
     command = 3 if script[1:2] == ["-m"] else min(len(script), 2)  # Python and the script: code, not inputs
     try:
         arguments = identity.arguments_digest(script[:command], (*script[command:], *args), own,
                                               list(kwargs.get("outputs", ())), cache)
     except Unidentifiable as exc:
-        raise ConfigError(f"stage {Path(opts.stage_dir).name!r}: {exc}") from None
+        raise ConfigError(f"stage {call.stage!r}: {exc}") from None
     if code is None:
         code_parts = identity.code_components(opts, cache, arguments.roots)
     else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
@@ -79,15 +75,6 @@ def stage_components(opts: StageOptions, script: Sequence[Any] | None, args: tup
     env_names = json.loads(code_parts.pop(identity.ENV_NAMES, "[]"))
     return {**code_parts, "runtime": identity.runtime_digest(cache), **identity.env_components(env_names, opts.env),
             **identity.data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
-
-
-def _stage_call(task: Any) -> tuple[str, StageOptions, Sequence[Any] | None, tuple, dict] | None:
-    args = task["args"]
-    if len(args) >= 3 and isinstance(args[2], StageOptions):
-        fn, script, opts, *rest = args
-        name = fn.name.rsplit(".", 1)[-1] if fn is not None else Path(opts.script or opts.module or "").name
-        return name, opts, script, tuple(rest), task["kwargs"]
-    return None
 
 
 def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, stopping: threading.Event) -> Any:
@@ -99,41 +86,41 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
 
     class StageMemoizer(BasicMemoizer):
         def check_memo(self, task):
-            call = _stage_call(task)
+            call = StageCall.of_task(task)
             if call is None or not self.memoize or not task["memoize"]:
                 token = _file_digests.set(cache)  # Files in the user's own apps, through the run's cache
                 try:
                     return super().check_memo(task)
                 finally:
                     _file_digests.reset(token)
-            function, opts, script, args, kwargs = call
             if stopping.is_set():
                 refused: Future = Future()
-                refused.set_exception(StageError(f"stage {Path(opts.stage_dir).name!r} did not start: the "
-                                                 f"workflow script raised an error before it could"))
+                refused.set_exception(StageError(f"stage {call.stage!r} did not start: the workflow script "
+                                                 f"raised an error before it could"))
                 return refused
-            checked[task["id"]] = now = stage_components(opts, script, args, kwargs, cache)
+            args, kwargs = task["args"][1:], task["kwargs"]
+            checked[task["id"]] = now = stage_components(call, args, kwargs, cache)
             task["hashsum"] = key = identity.call_id(now)
-            kwargs[CALL_KWARG] = key  # the ranks' checkpoints belong to this call
+            task["args"][0] = call.identified(key)  # (the list Parsl submits: the ranks' checkpoints are this call's)
             result = self.memo_lookup_table.get(key)
-            before = identity.read_call(opts.stage_dir)
+            before = identity.read_call(call.opts.stage_dir)
             hit = result is not None and before is not None and before.memo_key == key
-            gone = identity.missing_files(opts.stage_dir, script is None, kwargs.get("outputs", ())) if hit else []
+            gone = identity.missing_files(call.opts.stage_dir, call.returns, kwargs.get("outputs", ())) \
+                if hit else []
             if hit and not gone:
                 return result
             if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
-                stage = Path(opts.stage_dir).name
                 why = identity.missing_said(gone) if gone else \
-                    identity.why_rerun(stage, function, before, now, result is not None)
-                get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", stage, " again" if before or result else "",
-                                                        why)
+                    identity.why_rerun(call.stage, call.name, before, now, result is not None)
+                get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", call.stage,
+                                                        " again" if before or result else "", why)
             return None
 
         def update_memo_result(self, task, r):
             super().update_memo_result(task, r)
-            call, parts = _stage_call(task), checked.pop(task["id"], None)
+            call, parts = StageCall.of_task(task), checked.pop(task["id"], None)
             if call is not None and parts is not None and task.get("hashsum"):
-                identity.write_call(call[1].stage_dir, task["hashsum"], parts)
+                identity.write_call(call.opts.stage_dir, task["hashsum"], parts)
 
         def update_memo_exception(self, task, e):
             checked.pop(task["id"], None)

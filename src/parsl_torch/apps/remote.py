@@ -27,7 +27,8 @@ from ..common.metadata import package_versions
 from ..errors import ConfigError
 from ..sites.globus import make_client, make_executor
 from . import identity
-from .payload import ShippedFunction, StageOptions
+from .call import StageCall
+from .payload import ShippedFunction
 from .remote_job import RemoteAnswer, RemoteJob, run_job
 
 __all__ = ["RemoteAnswer", "RemoteJob", "compare_versions", "make_client", "make_executor", "probe", "remote_job",
@@ -37,17 +38,17 @@ __all__ = ["RemoteAnswer", "RemoteJob", "compare_versions", "make_client", "make
 SOURCES_LIMIT = 4 * 1024 * 1024
 
 
-def remote_job(opts: StageOptions, fn: Callable | None, script: Sequence[str] | None, python: str | None,
-               digests: identity.DigestCache, memoize: bool) -> RemoteJob:
+def remote_job(call: StageCall, fn: Callable | None, python: str | None, digests: identity.DigestCache,
+               memoize: bool) -> RemoteJob:
     """A stage call packed for the endpoint. A function's code components are read here, where its code
     is, and the user modules it reaches travel with it; a script's are read on the endpoint."""
-    there = replace(opts, import_path=())  # the endpoint's is its own (and the shipped modules)
+    there = replace(call, opts=replace(call.opts, import_path=()))  # the endpoint's is its own (and the shipped)
     if fn is None:
-        return RemoteJob(there, None, tuple(script or ())[1:], python, memoize=memoize)
-    code = identity.code_components(opts, digests)
-    sources = _sources([key[len("module "):] for key in code if key.startswith("module ")], opts.import_path,
-                       Path(opts.stage_dir).name)
-    return RemoteJob(there, ShippedFunction.of(fn), code=tuple(sorted(code.items())), sources=sources,
+        return RemoteJob(there, python, memoize=memoize)
+    code = identity.code_components(call.opts, digests)
+    sources = _sources([key[len("module "):] for key in code if key.startswith("module ")], call.opts.import_path,
+                       call.stage)
+    return RemoteJob(replace(there, fn=ShippedFunction.of(fn)), code=tuple(sorted(code.items())), sources=sources,
                      memoize=memoize)
 
 
@@ -76,13 +77,13 @@ def _job_app(label: str):
     return python_app(run_job, executors=[label], cache=False)  # the endpoint decides what is skipped
 
 
-def submit_remote(wf: Any, label: str, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence,
-                  outputs: Sequence, spec: Mapping[str, int]) -> Any:
-    """The job as one task on the endpoint of workflow ``wf``'s executor ``label``; its AppFuture (of a
+def submit_remote(wf: Any, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence,
+                  outputs: Sequence) -> Any:
+    """The job as one task on the endpoint of its call's executor in workflow ``wf``; its AppFuture (of a
     RemoteAnswer). The call's own arguments travel beside the job, so Parsl resolves the futures among
     them first."""
-    future = _job_app(label)(job, *args, inputs=list(inputs), outputs=list(outputs),
-                             parsl_resource_specification=dict(spec), **kwargs)
+    future = _job_app(job.call.executor)(job, *args, inputs=list(inputs), outputs=list(outputs),
+                                         parsl_resource_specification=job.call.spec, **kwargs)
     future.add_done_callback(functools.partial(_say_why, wf.log, job.stage))
     return future
 

@@ -33,7 +33,7 @@ from typing import Any
 from ..common.stagedir import RESULT, SOURCES, STDERR, STDOUT
 from ..errors import ConfigError, StageError
 from . import identity
-from .payload import ShippedFunction, StageOptions
+from .call import StageCall
 from .memo import stage_components
 from .scriptargs import named_path
 from .stage_errors import stage_error
@@ -50,9 +50,7 @@ class RemoteJob:
     """One stage call as it travels to the endpoint; the call's own arguments travel beside it (Parsl
     resolves the futures among them first). ``opts`` name the endpoint's paths."""
 
-    opts: StageOptions
-    fn: ShippedFunction | None  # None: a script stage
-    script: tuple[str, ...] | None = None  # a script stage's argv after the Python (``FILE ...``, ``-m MOD ...``)
+    call: StageCall  # its options name the endpoint's paths; a script's Python is the endpoint's
     python: str | None = None  # a script's Python on the endpoint (None: the engine's own)
     #: the code components, read where the workflow runs (a function's); None: read on the endpoint (a script's)
     code: tuple[tuple[str, str], ...] | None = None
@@ -62,7 +60,7 @@ class RemoteJob:
 
     @property
     def stage(self) -> str:
-        return Path(self.opts.stage_dir).name
+        return self.call.stage
 
 
 @dataclass(frozen=True)
@@ -90,33 +88,35 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
             parsl_resource_specification: dict | None = None, **kwargs: Any) -> RemoteAnswer:
     """Runs on the endpoint (a task with the stage's resource specification, which is how Parsl asks the
     engine for its ranks): the stage, unless its directory holds this call's files."""
-    stage_dir = Path(job.opts.stage_dir)
+    stage_dir = Path(job.call.opts.stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    call = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
+    kwargs = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
     try:
-        opts, script = _here(job)
-        parts = _identity(job, opts, script, args, call)
+        call = _here(job)
+        parts = stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(stage_dir.parent),
+                                 None if job.code is None else dict(job.code))
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
     key, before = identity.call_id(parts), identity.read_call(stage_dir)
     hit = job.memoize and before is not None and before.memo_key == key
-    gone = identity.missing_files(stage_dir, job.fn is not None, outputs) if hit else []
-    if hit and not gone and (stored := _value(stage_dir, job)) is not False:
+    gone = identity.missing_files(stage_dir, call.returns, outputs) if hit else []
+    if hit and not gone and (stored := _value(stage_dir, call)) is not False:
         return RemoteAnswer(job.stage, stored)
-    name = job.fn.name if job.fn is not None else job.stage
+    name = call.fn.name if call.fn is not None else job.stage
     why = identity.missing_said(gone) if gone else identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
-            opts = replace(opts, import_path=(str(_unpack(stage_dir / SOURCES, job.sources)), *opts.import_path))
+            shipped = str(_unpack(stage_dir / SOURCES, job.sources))
         except ConfigError as exc:
             return RemoteAnswer(job.stage, error=str(exc))
-    code = _launch(job.fn, script, opts, args, call, key)
+        call = replace(call, opts=replace(call.opts, import_path=(shipped, *call.opts.import_path)))
+    code = _launch(call.identified(key), args, kwargs)
     if code:
         from parsl.app.errors import BashExitFailure
 
         return RemoteAnswer(job.stage, error=str(stage_error(job.stage, BashExitFailure(job.stage, code),
                                                              stage_dir / STDERR)))
-    value = _value(stage_dir, job)
+    value = _value(stage_dir, call)
     if value is False:
         return RemoteAnswer(job.stage, error=f"stage {job.stage!r} finished but left no result in {stage_dir}")
     if value is not None and len(value) > RESULT_LIMIT - _ANSWER_ROOM:
@@ -128,21 +128,15 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     return RemoteAnswer(job.stage, value, why)
 
 
-def _here(job: RemoteJob) -> tuple[StageOptions, tuple[str, ...] | None]:
-    """The job's options and command on this machine: a script run by this machine's Python, the
-    files its arguments name here among its inputs."""
-    opts = job.opts
-    if job.script is None:
-        return opts, None
-    script = (job.python or sys.executable, *job.script)
-    files = tuple(p for p in map(named_path, job.script[1:]) if p is not None)
-    return replace(opts, files=(*opts.files, *files)), script
-
-
-def _identity(job: RemoteJob, opts: StageOptions, script: Sequence[str] | None, args: tuple,
-              call: dict[str, Any]) -> dict[str, str]:
-    cache = identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)
-    return stage_components(opts, script, args, call, cache, None if job.code is None else dict(job.code))
+def _here(job: RemoteJob) -> StageCall:
+    """The job's call on this machine: a script run by this machine's Python, the files its arguments
+    name here among its inputs."""
+    call = job.call
+    if call.fn is not None:
+        return call
+    script = (job.python or sys.executable, *call.script[1:])
+    files = tuple(p for p in map(named_path, call.script[2:]) if p is not None)
+    return replace(call, script=script, opts=replace(call.opts, files=(*call.opts.files, *files)))
 
 
 def _unpack(root: Path, sources: Sequence[tuple[str, bytes]]) -> Path:
@@ -157,19 +151,18 @@ def _unpack(root: Path, sources: Sequence[tuple[str, bytes]]) -> Path:
     return root
 
 
-def _launch(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions, args: tuple,
-            call: Mapping[str, Any], key: str) -> int:
+def _launch(call: StageCall, args: tuple, kwargs: Mapping[str, Any]) -> int:
     """The ranks, launched as a local stage's worker launches them; their exit code."""
-    command = stage_command(fn, script, opts, *args, parsl_torch_call=key, **call)
-    stage_dir = Path(opts.stage_dir)
+    command = stage_command(call, *args, **kwargs)
+    stage_dir = Path(call.opts.stage_dir)
     with open(stage_dir / STDOUT, "ab") as out, open(stage_dir / STDERR, "ab") as err:
         return subprocess.run(["/bin/bash", "-c", command], stdin=subprocess.DEVNULL, stdout=out,
                               stderr=err, check=False).returncode
 
 
-def _value(stage_dir: Path, job: RemoteJob) -> bytes | None | bool:
+def _value(stage_dir: Path, call: StageCall) -> bytes | None | bool:
     """Rank 0's pickled return value; None for a script (it returns nothing); False when it is missing."""
-    if job.fn is None:
+    if not call.returns:
         return None
     try:
         return (stage_dir / RESULT).read_bytes()

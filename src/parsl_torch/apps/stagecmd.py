@@ -26,49 +26,48 @@ from ..common.stagedir import ARGV as ARGV_FILE
 from ..common.stagedir import ENV as ENV_FILE
 from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
 from . import identity
+from .call import StageCall
 from .memo import stage_components
 from .payload import ShippedFunction, StageOptions, plain_files
 
 
 @functools.lru_cache(maxsize=None)
-def bash_app_for(label: str = "mpi", cache: bool = True):
+def bash_app_for(label: str, cache: bool = True):
     """The Parsl bash app of a stage on the executor ``label`` (``cache``: memoized)."""
     from parsl import bash_app
 
     return bash_app(stage_command, executors=[label], cache=cache, ignore_for_cache=["stdout", "stderr"])
 
 
-def stage_command(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions,
-                   *args: Any, inputs: Sequence = (), outputs: Sequence = (), stdout: str | None = None,
-                   stderr: str | None = None, parsl_resource_specification: dict | None = None,
-                   parsl_torch_call: str | None = None, **kwargs: Any) -> str:
+def stage_command(call: StageCall, *args: Any, inputs: Sequence = (), outputs: Sequence = (),
+                  stdout: str | None = None, stderr: str | None = None,
+                  parsl_resource_specification: dict | None = None, **kwargs: Any) -> str:
     """Body of the Parsl bash app (runs on the worker): make the stage directory this attempt's,
     leave the ranks' call in it, return the command.
 
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
-    it reads them from the call (redirection, the MPI task's nodes);
-    ``parsl_torch_call`` is the call's identity, from the stage memoizer."""
-    return _command(opts, prepare_call(fn, script, opts, args, inputs, outputs, kwargs, parsl_torch_call),
-                    returns=fn is not None)
+    it reads them from the call (redirection, the MPI task's nodes)."""
+    return _command(call, prepare_call(call, args, inputs, outputs, kwargs))
 
 
-def prepare_call(fn: ShippedFunction | None, script: Sequence[str] | None, opts: StageOptions, args: tuple,
-                 inputs: Sequence, outputs: Sequence, kwargs: dict[str, Any], call: str | None) -> str:
+def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequence, kwargs: dict[str, Any]) -> str:
     """Make the stage directory this attempt's and leave the ranks' call in it; returns the ranks'
     command after the shim (a warm stage's ranks read the same files: ``apps.warm``)."""
+    opts = call.opts
     # who this call is: its ranks resume a checkpoint only if it was written under the same identity
-    call = call or identity.call_id(stage_components(
-        opts, script, args, {**kwargs, "inputs": inputs, "outputs": outputs},
+    call_id = call.id or identity.call_id(stage_components(
+        call, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
     _begin_attempt(opts.stage_dir)
     for output in outputs:  # (``ckpt/model.pt``: its folder is there for the ranks to write into)
         Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
-    if fn is not None:
-        kwargs.update({k: v for k, v in {"inputs": list(inputs), "outputs": list(outputs)}.items() if k in fn.takes})
-        rank_cmd = _write_payload(opts.stage_dir, fn, args, kwargs)
+    if call.fn is not None:
+        given = {"inputs": list(inputs), "outputs": list(outputs)}
+        kwargs.update({k: v for k, v in given.items() if k in call.fn.takes})
+        rank_cmd = _write_payload(opts.stage_dir, call.fn, args, kwargs)
     else:
-        rank_cmd = _write_argv(opts.stage_dir, script or ())
-    _write_env(opts, call)
+        rank_cmd = _write_argv(opts.stage_dir, call.script)
+    _write_env(opts, call_id)
     return rank_cmd
 
 
@@ -112,13 +111,13 @@ def _write_env(opts: StageOptions, call: str) -> None:
         f.write(json.dumps(env).encode())
 
 
-def _command(opts: StageOptions, rank_cmd: str, returns: bool) -> str:
-    """``returns``: a function stage, whose rank 0 must leave its return value (or the stage failed)."""
+def _command(call: StageCall, rank_cmd: str) -> str:
+    opts = call.opts
     py = shlex.quote(sys.executable)
     flags = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     if opts.preflight and opts.num_nodes > 1:
         flags += f"--preflight {opts.preflight:g} "
-    if returns:
+    if call.returns:  # rank 0 must leave its return value, or the stage failed
         flags += f"--result {RESULT} "
     binding = shlex.join(opts.launcher_args)
     return (f"cd {shlex.quote(opts.stage_dir)} && {py} -m {SUPERVISE} --env-file {ENV_FILE} {flags}"

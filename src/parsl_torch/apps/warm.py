@@ -36,6 +36,7 @@ from ..common.stagedir import PAYLOAD, RESULT, STDERR, STDOUT
 from ..core.log import get_logger
 from ..sites.build import WARM_LABEL
 from ..sites.capacity import stages_at_once
+from .call import StageCall
 from .payload import ShippedFunction, StageOptions
 from .placement import Placement
 from .stagecmd import bash_app_for, prepare_call
@@ -66,11 +67,12 @@ class _Group:
         return not self.future.done() and not Path(self.directory, STOP).exists()
 
 
-def shape(opts: StageOptions, label: str, spec: dict[str, Any]) -> tuple:
-    """What must be equal for two calls to share ranks: where and how they start (``spec``: the
-    call's resource specification: nodes, ranks, and ``min_nodes``: a group may start on fewer nodes)."""
+def shape(call: StageCall) -> tuple:
+    """What must be equal for two calls to share ranks: where and how they start (its resource
+    specification: nodes, ranks, and ``min_nodes``: a group may start on fewer nodes)."""
+    opts = call.opts
     env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))
-    return label, tuple(sorted(spec.items())), opts.launcher_args, opts.preflight, env, opts.import_path
+    return call.executor, tuple(sorted(call.resources)), opts.launcher_args, opts.preflight, env, opts.import_path
 
 
 class WarmGroups:
@@ -87,36 +89,49 @@ class WarmGroups:
         self._groups: list[_Group] = []  # those that take calls
         self._started: list[_Group] = []  # every one, for the end
         self._made = itertools.count()
+        self._apps: dict[str, Any] = {}
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self.log = get_logger("parsl_torch.workflow")
         threading.Thread(target=self._stop_idle, daemon=True).start()
 
-    def run(self, fn: ShippedFunction, opts: StageOptions, label: str, spec: dict[str, Any], args: tuple,
-            kwargs: dict[str, Any], inputs: Sequence, outputs: Sequence, call: str | None) -> int:
+    def app(self, cache: bool):
+        """This workflow's Parsl app of a warm stage (on the ``warm`` thread executor: nothing is pickled):
+        its arguments are a cold stage's bash app's, so its identity is the same."""
+        key = "app" if cache else "uncached"
+        if key not in self._apps:
+            from parsl import python_app
+
+            def warm_stage(call: StageCall, *args: Any, inputs: Sequence = (), outputs: Sequence = (),
+                           **kwargs: Any) -> int:
+                return self.run(call, args, kwargs, inputs, outputs)
+
+            self._apps[key] = python_app(warm_stage, executors=[WARM_LABEL], cache=cache)
+        return self._apps[key]
+
+    def run(self, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: Sequence, outputs: Sequence) -> int:
         """One call in a group of its shape (one is started if none is free); raises as its bash app would."""
         from parsl.app.errors import BashExitFailure
 
-        prepare_call(fn, None, opts, args, inputs, outputs, kwargs, call)
-        stage = Path(opts.stage_dir).name
+        prepare_call(call, args, inputs, outputs, kwargs)
         for _ in range(MAX_UNTAKEN):
-            group = self._take(opts, label, spec)
+            group = self._take(call)
             try:
-                outcome = self._call(group, opts)
+                outcome = self._call(group, call.opts)
             finally:
                 self._give_back(group)
             if outcome is not None:
-                write_outcome(opts.stage_dir, outcome)
-                raise BashExitFailure(stage, outcome.exit_code)
-            if Path(opts.stage_dir, RESULT).exists():
+                write_outcome(call.opts.stage_dir, outcome)
+                raise BashExitFailure(call.stage, outcome.exit_code)
+            if Path(call.opts.stage_dir, RESULT).exists():
                 return 0
             # the group ended before it took the call (it stopped for its block's end): another group takes it
-        write_outcome(opts.stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, f"{MAX_UNTAKEN} warm groups in a row "
-                                              f"stopped before they took the call"))
-        raise BashExitFailure(stage, 1)
+        write_outcome(call.opts.stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, f"{MAX_UNTAKEN} warm groups in a "
+                                                   f"row stopped before they took the call"))
+        raise BashExitFailure(call.stage, 1)
 
-    def _take(self, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
-        key = shape(opts, label, spec)
+    def _take(self, call: StageCall) -> _Group:
+        key = shape(call)
         with self._cond:
             while True:
                 alive = [g for g in self._groups if g.shape == key and g.alive]
@@ -124,8 +139,8 @@ class WarmGroups:
                 if free is not None:
                     free.busy = True
                     return free
-                if len(alive) < self.slots.get(label, 1):
-                    group = self._start(key, opts, label, spec)
+                if len(alive) < self.slots.get(call.executor, 1):
+                    group = self._start(key, call)
                     self._groups.append(group)
                     self._started.append(group)
                     return group
@@ -138,19 +153,20 @@ class WarmGroups:
                 self._groups.remove(group)
             self._cond.notify_all()
 
-    def _start(self, key: tuple, opts: StageOptions, label: str, spec: dict[str, Any]) -> _Group:
+    def _start(self, key: tuple, call: StageCall) -> _Group:
         directory = self.root / str(next(self._made))
         (directory / JOBS).mkdir(parents=True, exist_ok=True)
-        env = dict(opts.env)
+        env = dict(call.opts.env)
         env[settings.STAGE_DIR.name] = str(directory)
-        group_opts = dataclasses.replace(opts, stage_dir=str(directory), walltime=None, env=tuple(env.items()),
+        group_opts = dataclasses.replace(call.opts, stage_dir=str(directory), walltime=None, env=tuple(env.items()),
                                          code="", code_roots=(), script=None, module=None, files=())
-        future = bash_app_for(label, cache=False)(
-            _serve(), None, group_opts, str(directory), stdout=str(directory / STDOUT),
-            stderr=str(directory / STDERR), parsl_resource_specification=spec, parsl_torch_call="warm-group")
+        serving = StageCall(group_opts, call.executor, call.resources, fn=_serve(), id="warm-group")
+        future = bash_app_for(call.executor, cache=False)(
+            serving, str(directory), stdout=str(directory / STDOUT), stderr=str(directory / STDERR),
+            parsl_resource_specification=call.spec)
         self.never_retry(future.tid)
-        self.log.info("warm ranks: group %s starts (%d node(s) x %d rank(s))", directory.name, opts.num_nodes,
-                      opts.ranks_per_node)
+        self.log.info("warm ranks: group %s starts (%d node(s) x %d rank(s))", directory.name,
+                      group_opts.num_nodes, group_opts.ranks_per_node)
         return _Group(key, directory, future)
 
     def _call(self, group: _Group, opts: StageOptions) -> Outcome | None:
@@ -236,23 +252,6 @@ def _size(path: Path) -> int:
 @functools.lru_cache(maxsize=1)
 def _serve() -> ShippedFunction:
     return ShippedFunction.of(serve)
-
-
-def warm_stage(fn: ShippedFunction, script: None, opts: StageOptions, *args: Any, inputs: Sequence = (),
-               outputs: Sequence = (), parsl_torch_call: str | None = None,
-               parsl_torch_warm: tuple[WarmGroups, str, dict[str, Any]] | None = None, **kwargs: Any) -> int:
-    """A warm stage's Parsl app: its arguments are a cold stage's bash app's (``script`` is None), so its
-    identity is the same; ``parsl_torch_warm``: the workflow's groups, the site's executor label and the
-    call's resource specification (a thread of this process runs it: nothing is pickled)."""
-    groups, label, spec = parsl_torch_warm
-    return groups.run(fn, opts, label, spec, args, kwargs, inputs, outputs, parsl_torch_call)
-
-
-@functools.lru_cache(maxsize=None)
-def warm_app(cache: bool = True):
-    from parsl import python_app
-
-    return python_app(warm_stage, executors=[WARM_LABEL], cache=cache)
 
 
 @contextlib.contextmanager

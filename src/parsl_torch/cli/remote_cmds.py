@@ -13,6 +13,7 @@ from typing import Any
 from .. import sites
 from ..apps.payload import ShippedFunction, StageOptions
 from ..apps.remote import make_executor, probe
+from ..apps.call import StageCall
 from ..apps.remote_job import RemoteJob, run_job
 from ..common import settings
 from ..stages.smoke import smoke
@@ -51,11 +52,12 @@ def _endpoint_test(args: argparse.Namespace) -> int:
     env = {settings.RUN_DIR.name: str(run_dir), settings.STAGE_DIR.name: str(stage_dir), **site.rank_env()}
     opts = StageOptions(str(stage_dir), 1, args.ranks, args.timeout, tuple(env.items()),
                         site.launcher_args(args.ranks))
-    job = RemoteJob(opts, ShippedFunction.of(smoke), code=(), memoize=False)
+    spec = {"num_nodes": 1, "ranks_per_node": args.ranks, "num_ranks": args.ranks}
+    call = StageCall(opts, "endpoint", tuple(spec.items()), fn=ShippedFunction.of(smoke))
+    job = RemoteJob(call, code=(), memoize=False)
     t0 = time.monotonic()
     with endpoint:
         _say(True, f"engine started in {time.monotonic() - t0:.1f} s (run directory {run_dir})")
-        spec = {"num_nodes": 1, "ranks_per_node": args.ranks, "num_ranks": args.ranks}
         t1 = time.monotonic()
         try:
             answer = endpoint.submit(run_job, job, str(stage_dir / "smoke.h5"), resource_specification=spec)
