@@ -26,8 +26,8 @@ sys.path.insert(0, sys.argv[1])
 import mod_0
 from parsl.data_provider.files import File
 from parsl_torch.apps import identity
-from parsl_torch.apps.fingerprint import Fingerprinter
-from parsl_torch.apps.memo import stage_components
+from parsl_torch.apps.call import StageCall
+from parsl_torch.apps.identity.fingerprint import Fingerprinter
 from parsl_torch.apps.payload import StageOptions
 
 def stage(x, inputs=()):
@@ -39,7 +39,8 @@ fp = Fingerprinter(strict=False)
 code = fp.digest(stage, "stage")
 opts = StageOptions(sys.argv[2] + "/stage", 1, 2, None, (), (), code=code, code_roots=tuple(sorted(fp.roots)),
                     files=tuple(sorted(fp.files)), env_reads=tuple(sorted(fp.env_names)), import_path=(sys.argv[1],))
-parts = stage_components(opts, None, (3,), {"inputs": [File(sys.argv[3])], "outputs": []}, cache)
+parts = identity.stage_components(StageCall(opts, "mpi", ()), (3,), {"inputs": [File(sys.argv[3])], "outputs": []},
+                                  cache)
 took = time.perf_counter() - t0
 print(json.dumps({"seconds": took, "modules": sum(k.startswith("module ") for k in parts)}))
 """

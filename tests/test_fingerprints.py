@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parsl_torch.apps import identity, usercode
-from parsl_torch.apps.fingerprint import Fingerprinter, Unidentifiable
+from parsl_torch.apps import identity
+from parsl_torch.apps.identity import usercode
+from parsl_torch.apps.identity.fingerprint import Fingerprinter, Unidentifiable
 
 from .conftest import clean_env
 
@@ -23,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     import json, math, sys
     sys.path.insert(0, sys.argv[1])
     import lib
-    from parsl_torch.apps.fingerprint import Fingerprinter
+    from parsl_torch.apps.identity.fingerprint import Fingerprinter
 
     NAMES = {"alpha", "beta", "gamma"}
     TABLE = {"z": 1, "a": {"q", "r"}}
@@ -155,7 +156,7 @@ def test_environment_reads_and_literal_imports_are_found_in_functions_and_module
     fp = Fingerprinter(strict=False)
     fp.function(stage)  # as for a function of the workflow script (this module's are read as modules)
     assert fp.env_names == {"SCALE", "MODE", "LEVEL", "FLAG", "KEPT"}
-    from parsl_torch.apps.fingerprint import _imported_names
+    from parsl_torch.apps.identity.fingerprint import _imported_names
 
     assert "helpermod" in _imported_names(stage.__code__)
     source = (b"import os, importlib\nfrom os import environ, getenv\nX = os.environ['A'] + environ.get('B')\n"
@@ -166,11 +167,11 @@ def test_environment_reads_and_literal_imports_are_found_in_functions_and_module
 
 
 def test_env_components_take_the_stages_env_over_the_shell_and_leave_launch_variables_out():
-    parts = identity.env_components(["SCALE", "RANK", "SLURM_PROCID", "UNSET_ONE", "MODE"], [("MODE", "b")],
+    parts = identity.env_components(["SCALE", "RANK", "SLURM_PROCID", "UNSET_ONE", "MODE"], {"MODE": "b"},
                                     {"SCALE": "hunter2-secret", "RANK": "0", "SLURM_PROCID": "3", "MODE": "a"})
     assert set(parts) == {"env SCALE", "env UNSET_ONE", "env MODE"} and parts["env UNSET_ONE"] == "unset"
-    assert parts["env MODE"] == identity.env_components(["MODE"], [], {"MODE": "b"})["env MODE"]
-    assert "hunter2" not in repr(parts) and parts["env SCALE"] != identity.env_components(["SCALE"], [], {})["env SCALE"]
+    assert parts["env MODE"] == identity.env_components(["MODE"], {}, {"MODE": "b"})["env MODE"]
+    assert "hunter2" not in repr(parts) and parts["env SCALE"] != identity.env_components(["SCALE"], {}, {})["env SCALE"]
 
 
 def test_directory_digests_leave_out_hidden_folders_caches_and_the_run_directory(tmp_path):

@@ -60,7 +60,7 @@ def _job(tmp_path, fn, ranks=2, **opts):
     """A function stage packed for the endpoint, as a workflow packs one."""
     from parsl_torch.apps.call import StageCall
     from parsl_torch.apps.payload import ShippedFunction, StageOptions
-    from parsl_torch.apps.remote_job import RemoteJob
+    from parsl_torch.apps.remote.job import RemoteJob
 
     stage_dir = tmp_path / "remote" / fn.__name__
     env = (("PARSL_TORCH_STAGE_DIR", str(stage_dir)), ("PARSL_TORCH_GPU_ORDER", "1,0"))
@@ -74,7 +74,7 @@ def _job(tmp_path, fn, ranks=2, **opts):
 def test_a_job_runs_its_function_on_two_real_ranks_of_the_endpoints_engine(tmp_path, engine):
     """The task launches the ranks as a local stage's worker does: the supervisor, the shim, the
     rank variables in the stage's 0600 environment file; rank 0's value comes back."""
-    from parsl_torch.apps.remote_job import run_job
+    from parsl_torch.apps.remote.job import run_job
 
     def ranks(scale):  # defined here: it travels by value, as a function of a workflow script does
         import os
@@ -95,7 +95,7 @@ def test_a_job_runs_its_function_on_two_real_ranks_of_the_endpoints_engine(tmp_p
 
 @pytest.mark.slow
 def test_a_failing_rank_and_an_oversized_result_come_back_as_the_stages_error(tmp_path, engine):
-    from parsl_torch.apps.remote_job import run_job
+    from parsl_torch.apps.remote.job import run_job
 
     def killed():
         import os

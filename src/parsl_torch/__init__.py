@@ -50,7 +50,7 @@ _LAZY = {
     "StageError": "errors",
 }
 # public submodule name -> where it lives
-_SUBMODULES = {"models": "core.models", "sites": "sites", "stages": "stages", "remote": "apps.remote",
+_SUBMODULES = {"models": "core.models", "sites": "sites", "stages": "stages", "remote": "apps.remote.client",
                "report": "apps.report"}
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])

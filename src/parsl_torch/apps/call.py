@@ -2,7 +2,7 @@
 
 ``DistributedApp`` makes a ``StageCall`` once, when the stage is called; it is the first
 argument of whichever Parsl app runs the call (cold: ``stagecmd.stage_command``; warm:
-``warm.WarmGroups``' app; remote: inside ``remote_job.RemoteJob``), and every reader takes
+``warm.groups.WarmGroups``' app; remote: inside ``remote.job.RemoteJob``), and every reader takes
 what it needs from it: the memoizer its identity (``memo``), the worker the stage directory
 and command (``stagecmd``), a warm group its shape, the endpoint its options. The call's own
 arguments travel beside it as the app's arguments, so that Parsl resolves the futures among

@@ -29,14 +29,14 @@ from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
 from ..launch.pool import MIN_NODES_KEY
 from .call import StageCall
-from .fingerprint import Fingerprinter, Unidentifiable
+from .identity.fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
 from .payload import ShippedFunction, StageOptions
-from .remote import remote_job, submit_remote
+from .remote.client import remote_job, submit_remote
 from .request import BuiltinCall
 from .scriptargs import caller_path, named_path, script_stage_name
 from .stagecmd import bash_app_for
-from .usercode import rank_import_path
+from .identity.usercode import rank_import_path
 from .workflow import current_workflow
 
 
@@ -109,7 +109,7 @@ class DistributedApp:
         resources = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         if min_nodes is not None and min_nodes < nodes:  # the pool may start it on fewer (launch.pool)
             resources[MIN_NODES_KEY] = min_nodes
-        # (a remote stage's function is shipped with its job: remote_job)
+        # (a remote stage's function is shipped with its job: remote.client)
         fn = ShippedFunction.of(self.fn) if self.fn is not None and not where.remote else None
         return StageCall(opts, where.mpi_label, tuple(resources.items()), fn, self.script or ())
 
@@ -157,7 +157,7 @@ def _warm(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: di
 
 def _remote(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
             outputs: list) -> StageFuture:
-    """A stage on a Globus Compute endpoint: one task there (``remote``, ``remote_job``)."""
+    """A stage on a Globus Compute endpoint: one task there (``remote.client``, ``remote.job``)."""
     job = remote_job(call, app.fn, app.python, wf.digests, wf.memoize)
     return StageFuture(call.stage, submit_remote(wf, job, args, kwargs, inputs, outputs), None, None)
 

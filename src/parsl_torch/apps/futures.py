@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StageError
-from .remote_job import RemoteAnswer
+from .remote.job import RemoteAnswer
 from .stage_errors import stage_error
 
 

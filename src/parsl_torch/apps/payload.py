@@ -76,19 +76,24 @@ class StageOptions:
     walltime: float | None
     env: tuple[tuple[str, str], ...]
     launcher_args: tuple[str, ...]  # the site's binding flags, after $PARSL_MPI_PREFIX
-    code: str = ""  # fingerprint of the function (apps.fingerprint); a script's comes from its file
-    #: user modules the function reaches, as (file, module name); their imports are followed (apps.usercode)
+    code: str = ""  # fingerprint of the function (apps.identity.fingerprint); a script's comes from its file
+    #: user modules the function reaches, as (file, module name); their imports are followed (apps.identity.usercode)
     code_roots: tuple[tuple[str, str], ...] = ()
     script: str | None = None  # the script a script stage runs (its imports are followed too)
     module: str | None = None  # the module a ``python -m`` stage runs
     files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs= (or its code names)
-    env_reads: tuple[str, ...] = ()  # the variables its function reads by a literal name (apps.fingerprint)
+    env_reads: tuple[str, ...] = ()  # the variables its function reads by a literal name (apps.identity.fingerprint)
     import_path: tuple[str, ...] = ()  # the ranks' PYTHONPATH: what the workflow imports from (not compared)
     preflight: float = 0.0  # seconds each node has to answer before a multi-node launch (not compared)
 
     @property
     def num_ranks(self) -> int:
         return self.num_nodes * self.ranks_per_node
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """``env`` as a mapping (kept as pairs: the record is frozen and compared)."""
+        return dict(self.env)
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ class BuiltinCall:
     where it runs. ``files``: what its config names (its data), part of its identity."""
 
     builtin: str
-    config: dict[str, Any]
+    config: Any  # its config record (TrainConfig, EvalConfig), checked: it travels to the ranks as itself
     inputs: tuple = ()
     outputs: tuple = ()
     files: tuple[str, ...] = ()

@@ -27,7 +27,6 @@ from ..common.stagedir import ENV as ENV_FILE
 from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
 from . import identity
 from .call import StageCall
-from .memo import stage_components
 from .payload import ShippedFunction, StageOptions, plain_files
 
 
@@ -55,7 +54,7 @@ def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequen
     command after the shim (a warm stage's ranks read the same files: ``apps.warm``)."""
     opts = call.opts
     # who this call is: its ranks resume a checkpoint only if it was written under the same identity
-    call_id = call.id or identity.call_id(stage_components(
+    call_id = call.id or identity.call_id(identity.stage_components(
         call, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
     _begin_attempt(opts.stage_dir)
@@ -104,7 +103,7 @@ def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
 def _write_env(opts: StageOptions, call: str) -> None:
     """The stage's environment for the supervisor, in a private file, not on the command line,
     which Parsl echoes into stderr.txt (and so into errors): its values may be secrets."""
-    env = dict((*opts.env, (settings.CALL_ID.name, call)))
+    env = {**opts.environment, settings.CALL_ID.name: call}
     if opts.import_path:  # the ranks import what the workflow imports from its own folders
         env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
     with open_private(os.path.join(opts.stage_dir, ENV_FILE)) as f:

@@ -28,13 +28,13 @@ from ..errors import ConfigError
 from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
-from .memo import register_memo_ids, stage_memoizer
+from .identity.memo import register_memo_ids, stage_memoizer
 from .placement import Placement, placements
 from .request import WorkflowRequest
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
-from .usercode import rank_import_path
-from .warm import WarmGroups, warm_groups
+from .identity.usercode import rank_import_path
+from .warm.groups import WarmGroups, warm_groups
 
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from .. import sites
 from ..apps.payload import ShippedFunction, StageOptions
-from ..apps.remote import make_executor, probe
+from ..apps.remote.client import make_executor, probe
 from ..apps.call import StageCall
-from ..apps.remote_job import RemoteJob, run_job
+from ..apps.remote.job import RemoteJob, run_job
 from ..common import settings
 from ..stages.smoke import smoke
 from ..sites.endpoint import endpoint_config
@@ -41,7 +41,7 @@ def _say(ok: bool, what: str) -> None:
 
 def _endpoint_test(args: argparse.Namespace) -> int:
     """The site's endpoint config through the endpoint's own loader and engine, started here, and a
-    2-rank smoke stage through it as a workflow's stage goes (``remote_job``): what
+    2-rank smoke stage through it as a workflow's stage goes (``apps.remote.job``): what
     ``globus-compute-endpoint start`` would run, minus the service."""
     site = sites.load(args.site, account=args.account, queue=args.queue, walltime=args.walltime, nodes=args.nodes)
     python_env = args.python_env or sys.prefix

@@ -28,7 +28,7 @@ from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import Detection, detect_scheduler
 from . import build
 from .capacity import node_accelerators
-from .schema import SiteSpec, parse_site
+from .schema import SiteSpec, checked, parse_site
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "site_configs"
 _OVERRIDES = {"account": settings.ACCOUNT, "queue": settings.QUEUE, "walltime": settings.WALLTIME,
@@ -229,7 +229,7 @@ def load(name: str = "auto", *, account: str | None = None, queue: str | None = 
             changes[key] = str(value)
     if changes:
         provider = dataclasses.replace(spec.provider, **changes)
-        spec = parse_site({**_plain(spec), "provider": _plain(provider)}, f"{files[name]} (with overrides)")
+        spec = checked(dataclasses.replace(spec, provider=provider), f"{files[name]} (with overrides)")
     return Site(spec, files[name], origins)
 
 
@@ -244,9 +244,3 @@ def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[str]:
         else:
             paths.append(f"{prefix}{key}")
     return paths
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    """A dataclass as the plain data a site file would hold (for re-validation)."""
-    return dataclasses.asdict(obj, dict_factory=lambda kv: {k: list(v) if isinstance(v, tuple) else v
-                                                            for k, v in kv})

@@ -148,10 +148,19 @@ def parse_site(data: Any, source: str) -> SiteSpec:
         if not isinstance(data, Mapping):
             raise SiteError(f"expected a mapping of settings at the top, got {type(data).__name__}")
         spec = build_dataclass(SiteSpec, data, "", SiteError)
-        _check(spec)
-        return spec
     except SiteError as exc:
         raise SiteError(f"{source}: {exc}") from None
+    return checked(spec, source)
+
+
+def checked(spec: SiteSpec, source: str) -> SiteSpec:
+    """``spec`` when its settings agree with each other (a site file's, or one changed by overrides
+    through ``dataclasses.replace``); errors say ``source: field: problem``."""
+    try:
+        _check(spec)
+    except SiteError as exc:
+        raise SiteError(f"{source}: {exc}") from None
+    return spec
 
 
 def _check(spec: SiteSpec) -> None:

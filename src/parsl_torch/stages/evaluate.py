@@ -87,10 +87,10 @@ def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage
             "trained_steps": state["step"], "history": str(path), "world_size": get_world_size()}
 
 
-def _evaluate_on_ranks(config: dict[str, Any], inputs=(), outputs=()) -> dict[str, Any]:
+def _evaluate_on_ranks(config: EvalConfig, inputs=(), outputs=()) -> dict[str, Any]:
     if len(inputs) != 1 or len(outputs) != 1:
         raise ConfigError("stage 'evaluate' needs inputs=[checkpoint] and outputs=[history .h5]")
-    return run_evaluate(load_config(config, EvalConfig, STAGE), inputs[0], outputs[0])
+    return run_evaluate(config, inputs[0], outputs[0])  # (checked once, where the stage was called)
 
 
 _evaluate = distributed_app(_evaluate_on_ranks, name=STAGE)
@@ -102,7 +102,7 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
     if len(inputs) != 1:
         raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
                           f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
-    return submit_builtin(BuiltinCall(STAGE, as_dict(cfg), tuple(inputs), tuple(outputs),
+    return submit_builtin(BuiltinCall(STAGE, cfg, tuple(inputs), tuple(outputs),
                                       tuple(data_files(cfg.data)), **call), _evaluate)
 
 

@@ -223,10 +223,10 @@ def _mean(loss: Any, device: Any) -> float:
     return float(value.item())
 
 
-def _train_on_ranks(config: dict[str, Any], outputs=()) -> dict[str, Any]:
+def _train_on_ranks(config: TrainConfig, outputs=()) -> dict[str, Any]:
     if len(outputs) != 2:
         raise ConfigError("stage 'train' needs outputs=[history .h5, checkpoint .pt]")
-    return run_train(load_config(config, TrainConfig, STAGE), outputs[0], outputs[1])
+    return run_train(config, outputs[0], outputs[1])  # (checked once, where the stage was called)
 
 
 # the plain function keeps its own name, so workers import it by reference
@@ -237,7 +237,7 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
     checked here, before anything is submitted. Returns a StageFuture."""
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
-    return submit_builtin(BuiltinCall(STAGE, as_dict(cfg), (), tuple(outputs), tuple(data_files(cfg.data)),
+    return submit_builtin(BuiltinCall(STAGE, cfg, (), tuple(outputs), tuple(data_files(cfg.data)),
                                       **call), _train)
 
 

@@ -44,8 +44,8 @@ from collections import OrderedDict
 from pathlib import PurePath
 from typing import Any
 
-from ..common.records import ENV_NAME
-from .scriptargs import PathNames
+from ...common.records import ENV_NAME
+from ..scriptargs import PathNames
 from .usercode import ENV_METHODS, ENVIRON, GETENV, MODULE_IMPORTERS, is_user_file, user_files
 
 

@@ -30,14 +30,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..common.stagedir import RESULT, SOURCES, STDERR, STDOUT
-from ..errors import ConfigError, StageError
-from . import identity
-from .call import StageCall
-from .memo import stage_components
-from .scriptargs import named_path
-from .stage_errors import stage_error
-from .stagecmd import stage_command
+from ...common.stagedir import RESULT, SOURCES, STDERR, STDOUT
+from ...errors import ConfigError, StageError
+from .. import identity
+from ..call import StageCall
+from ..scriptargs import named_path
+from ..stage_errors import stage_error
+from ..stagecmd import stage_command
 
 #: what Globus Compute carries back from a task (the endpoint refuses a larger result)
 RESULT_LIMIT = 10 * 1024 * 1024
@@ -93,7 +92,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     kwargs = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
     try:
         call = _here(job)
-        parts = stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(stage_dir.parent),
+        parts = identity.stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(stage_dir.parent),
                                  None if job.code is None else dict(job.code))
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))

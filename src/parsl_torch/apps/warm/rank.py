@@ -33,9 +33,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..common import settings
-from ..common.files import write_atomic
-from .stage_main import write_result
+from ...common import settings
+from ...common.files import write_atomic
+from ..stage_main import write_result
 
 #: how often rank 0 looks for the next job
 POLL_S = 0.002

@@ -5,7 +5,7 @@ process group, each time. In a warm workflow a function stage is a Parsl app on 
 workflow's ``warm`` thread executor instead (the same identity, memoization, retries and
 continuations as a cold stage), which hands the call to a *group*: ranks started once, as a
 cold stage's are (an MPI task on the site's executor: supervisor, shim, ``setup_torch``),
-that run one call after another (``apps.warm_rank``). Groups are kept by shape (site,
+that run one call after another (``apps.warm.rank``). Groups are kept by shape (site,
 nodes, ranks per node, launch flags, environment): at most as many per shape as the site
 runs stages at once, each stopped after ``IDLE_S`` without a call (its nodes go back to the
 block) and when the workflow ends. A call that fails ends its group: the stage fails as a
@@ -28,19 +28,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..common import settings
-from ..common.files import write_atomic
-from ..common.outcome import Cause, Outcome, read_outcome, write_outcome
-from ..common.stagedir import ENV as ENV_FILE
-from ..common.stagedir import PAYLOAD, RESULT, STDERR, STDOUT
-from ..core.log import get_logger
-from ..sites.build import WARM_LABEL
-from ..sites.capacity import stages_at_once
-from .call import StageCall
-from .payload import ShippedFunction, StageOptions
-from .placement import Placement
-from .stagecmd import bash_app_for, prepare_call
-from .warm_rank import JOBS, STOP, job_path, serve
+from ...common import settings
+from ...common.files import write_atomic
+from ...common.outcome import Cause, Outcome, read_outcome, write_outcome
+from ...common.stagedir import ENV as ENV_FILE
+from ...common.stagedir import PAYLOAD, RESULT, STDERR, STDOUT
+from ...core.log import get_logger
+from ...sites.build import WARM_LABEL
+from ...sites.capacity import stages_at_once
+from ..call import StageCall
+from ..payload import ShippedFunction, StageOptions
+from ..placement import Placement
+from ..stagecmd import bash_app_for, prepare_call
+from .rank import JOBS, STOP, job_path, serve
 
 #: seconds an idle group waits for its next call before it stops
 IDLE_S = 5.0
@@ -71,7 +71,7 @@ def shape(call: StageCall) -> tuple:
     """What must be equal for two calls to share ranks: where and how they start (its resource
     specification: nodes, ranks, and ``min_nodes``: a group may start on fewer nodes)."""
     opts = call.opts
-    env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))
+    env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))  # (hashable)
     return call.executor, tuple(sorted(call.resources)), opts.launcher_args, opts.preflight, env, opts.import_path
 
 
@@ -156,8 +156,7 @@ class WarmGroups:
     def _start(self, key: tuple, call: StageCall) -> _Group:
         directory = self.root / str(next(self._made))
         (directory / JOBS).mkdir(parents=True, exist_ok=True)
-        env = dict(call.opts.env)
-        env[settings.STAGE_DIR.name] = str(directory)
+        env = {**call.opts.environment, settings.STAGE_DIR.name: str(directory)}
         group_opts = dataclasses.replace(call.opts, stage_dir=str(directory), walltime=None, env=tuple(env.items()),
                                          code="", code_roots=(), script=None, module=None, files=())
         serving = StageCall(group_opts, call.executor, call.resources, fn=_serve(), id="warm-group")

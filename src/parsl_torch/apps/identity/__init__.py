@@ -1,6 +1,9 @@
 """What a stage call is, so that a rerun skips it only when nothing it depends on changed.
 
-A call's components, each a digest:
+The identity sub-package: ``stage_components`` (a ``StageCall`` and its arguments -> its
+components) is its entry point, and ``call_id`` makes the memo key of them; ``fingerprint``
+reads a function, ``usercode`` the user modules code reaches, ``memo`` is Parsl's memoizer
+with these rules. A call's components, each a digest:
 
 * ``code``: the function (``fingerprint``: its code and the values of the
   globals it uses, without positions), or the script's syntax tree;
@@ -38,15 +41,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..common import settings, stagedir
-from ..common.files import write_atomic
-from ..core.claim import VISIBILITY
-from ..core.log import get_logger
+from ...common import settings, stagedir
+from ...common.files import write_atomic
+from ...core.claim import VISIBILITY
+from ...core.log import get_logger
+from ...errors import ConfigError
+from ..call import StageCall
 from . import usercode
-from .fingerprint import Fingerprinter
+from .fingerprint import Fingerprinter, Unidentifiable
 
 #: in a stage directory: the call whose files are there (written when it succeeds)
 DIGESTS = "input-digests.json"
+#: keyword arguments of a stage's app that are Parsl's, not the call's own
+PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
 #: the code components' list of the environment variables the code reads (``env <NAME>`` once resolved)
 ENV_NAMES = "reads environment"
 #: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
@@ -236,18 +243,17 @@ def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cach
     return parts
 
 
-def env_components(names: Sequence[str], stage_env: Sequence[tuple[str, str]],
+def env_components(names: Sequence[str], stage_env: Mapping[str, str],
                    environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env <NAME>`` for each variable the code reads: its value as the ranks get it (the stage's
     ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
     variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
     environ = os.environ if environ is None else environ
-    given = dict(stage_env)
     parts = {}
     for name in names:
         if name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES):
             continue
-        value = given.get(name, environ.get(name))
+        value = stage_env.get(name, environ.get(name))
         parts[f"env {name}"] = "unset" if value is None else _sha(f"{name}={value}".encode())
     return parts
 
@@ -346,3 +352,26 @@ def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now
     if memo_hit:
         return f"the files in {stage}/ are from another call of it ({', '.join(changed)})"
     return ", ".join(changed)
+
+
+def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache: DigestCache,
+                     code: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The identity of a stage call from its app's arguments (futures resolved); a script stage's
+    command line counts among its arguments. ``code``: its code components when they were read
+    elsewhere (a remote stage's, where the workflow runs)."""
+    opts = call.opts
+    own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS}
+    script = list(call.script)
+    command = 3 if script[1:2] == ["-m"] else min(len(script), 2)  # Python and the script: code, not inputs
+    try:
+        arguments = arguments_digest(script[:command], (*script[command:], *args), own,
+                                     list(kwargs.get("outputs", ())), cache)
+    except Unidentifiable as exc:
+        raise ConfigError(f"stage {call.stage!r}: {exc}") from None
+    if code is None:
+        code_parts = code_components(opts, cache, arguments.roots)
+    else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
+        code_parts = {**code, **argument_modules(arguments, opts.import_path, cache)}
+    env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
+    return {**code_parts, "runtime": runtime_digest(cache), **env_components(env_names, opts.environment),
+            **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}

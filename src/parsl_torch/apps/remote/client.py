@@ -1,7 +1,7 @@
 """Globus Compute: the stages of a workflow on Aurora, Polaris or Frontier from a
 laptop or login node, without SSH.
 
-A stage on a Globus Compute site is one task (``remote_job.run_job``) on the
+A stage on a Globus Compute site is one task (``apps.remote.job.run_job``) on the
 endpoint's MPI engine, with the stage's nodes and ranks as its resource
 specification. The job carries the stage's function (by value when it is
 defined in the workflow script, as for a local stage), the code components of
@@ -23,13 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..common.metadata import package_versions
-from ..errors import ConfigError
-from ..sites.globus import make_client, make_executor
-from . import identity
-from .call import StageCall
-from .payload import ShippedFunction
-from .remote_job import RemoteAnswer, RemoteJob, run_job
+from ...common.metadata import package_versions
+from ...errors import ConfigError
+from ...sites.globus import make_client, make_executor
+from .. import identity
+from ..call import StageCall
+from ..payload import ShippedFunction
+from .job import RemoteAnswer, RemoteJob, run_job
 
 __all__ = ["RemoteAnswer", "RemoteJob", "compare_versions", "make_client", "make_executor", "probe", "remote_job",
            "submit_remote", "versions"]

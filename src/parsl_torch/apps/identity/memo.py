@@ -15,22 +15,15 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import json
 import pickle
 import threading
-from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from ..core.log import get_logger
-from ..errors import ConfigError, StageError
-from . import identity
-from .call import StageCall
-from .fingerprint import Unidentifiable
-
-#: keyword arguments of a stage's app that are Parsl's, not the call's own
-PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
-
+from ...core.log import get_logger
+from ...errors import StageError
+from .. import identity
+from ..call import StageCall
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
 #: ``id_for_memo`` is one process-wide function that cannot be handed it (set only around that call)
@@ -52,29 +45,6 @@ def register_memo_ids() -> None:
         digest = cache.file_digest(obj.filepath)
         cache.save()
         return pickle.dumps(("File", obj.url, digest))
-
-
-def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache: identity.DigestCache,
-                     code: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The identity of a stage call from its app's arguments (futures resolved); a script stage's
-    command line counts among its arguments. ``code``: its code components when they were read
-    elsewhere (a remote stage's, where the workflow runs)."""
-    opts = call.opts
-    own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS}
-    script = list(call.script)
-    command = 3 if script[1:2] == ["-m"] else min(len(script), 2)  # Python and the script: code, not inputs
-    try:
-        arguments = identity.arguments_digest(script[:command], (*script[command:], *args), own,
-                                              list(kwargs.get("outputs", ())), cache)
-    except Unidentifiable as exc:
-        raise ConfigError(f"stage {call.stage!r}: {exc}") from None
-    if code is None:
-        code_parts = identity.code_components(opts, cache, arguments.roots)
-    else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
-        code_parts = {**code, **identity.argument_modules(arguments, opts.import_path, cache)}
-    env_names = json.loads(code_parts.pop(identity.ENV_NAMES, "[]"))
-    return {**code_parts, "runtime": identity.runtime_digest(cache), **identity.env_components(env_names, opts.env),
-            **identity.data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
 
 
 def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, stopping: threading.Event) -> Any:
@@ -99,7 +69,7 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
                                                  f"raised an error before it could"))
                 return refused
             args, kwargs = task["args"][1:], task["kwargs"]
-            checked[task["id"]] = now = stage_components(call, args, kwargs, cache)
+            checked[task["id"]] = now = identity.stage_components(call, args, kwargs, cache)
             task["hashsum"] = key = identity.call_id(now)
             task["args"][0] = call.identified(key)  # (the list Parsl submits: the ranks' checkpoints are this call's)
             result = self.memo_lookup_table.get(key)
