@@ -316,20 +316,19 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
     import queue
 
     from parsl_torch.launch.listener import RankListener
-    from parsl_torch.launch.nodeloss import describe_node_loss
 
     events = queue.Queue()
     listener = RankListener(events, node_timeout=0.6)
     try:
         silent, _ = _hello(listener, "n2", (2, 3))
-        kind, node = events.get(timeout=5)
-        assert kind == "lost" and node["host"] == "n2"
-        assert describe_node_loss(kind, node).startswith("node n2 lost (ranks 2, 3): no heartbeat for 1 s")
+        node = events.get(timeout=5)
+        assert node.kind == "lost" and node.host == "n2"
+        assert node.describe().startswith("node n2 lost (ranks 2, 3): no heartbeat for 1 s")
         gone, _ = _hello(listener, "n3", (4, 7))
         gone.close()  # EOF without bye: its processes ended without a word
-        kind, node = events.get(timeout=5)
-        assert (kind, node["host"]) == ("vanished", "n3")
-        assert "node n3 lost (ranks 4-7)" in describe_node_loss(kind, node)
+        node = events.get(timeout=5)
+        assert (node.kind, node.host) == ("vanished", "n3")
+        assert "node n3 lost (ranks 4-7)" in node.describe()
         done, token = _hello(listener, "n4", (8, 8))
         done.sendall((json.dumps({"token": token, "bye": True}) + "\n").encode())
         done.close()
@@ -343,16 +342,18 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
 def test_when_a_node_never_said_hello_it_is_named_not_the_node_whose_ranks_the_launcher_ended():
     """A node whose link is down at launch never greets; the launcher (its daemon there lost) ends the
     ranks elsewhere, which vanish: the silent node is the lost one (the quarantine must not take n1)."""
-    from parsl_torch.launch.nodeloss import blame, describe_node_loss
+    from parsl_torch.launch.events import NodeSilent
+    from parsl_torch.launch.nodeloss import blame
 
-    vanished = {"host": "n1.cluster", "ranks": [0, 1]}
-    kind, node = blame("vanished", vanished, ("n1.cluster", "n2.cluster"), {"n1"})
-    assert (kind, node["host"]) == ("silent", "n2")
-    assert describe_node_loss(kind, node).startswith("node n2 lost: its ranks never reached the launch, and the "
-                                                     "launcher ended the ranks on n1.cluster")
-    assert blame("vanished", vanished, ("n1", "n2"), {"n1", "n2"}) == ("vanished", vanished)  # all greeted
-    assert blame("vanished", vanished, ("10.0.0.1", "10.0.0.2"), set()) == ("vanished", vanished)  # other names
-    assert blame("lost", vanished, ("n1", "n2"), {"n1"}) == ("lost", vanished)  # silence names itself
+    vanished = NodeSilent("vanished", "n1.cluster", (0, 1))
+    node = blame(vanished, ("n1.cluster", "n2.cluster"), {"n1"})
+    assert (node.kind, node.host) == ("silent", "n2")
+    assert node.describe().startswith("node n2 lost: its ranks never reached the launch, and the "
+                                      "launcher ended the ranks on n1.cluster")
+    assert blame(vanished, ("n1", "n2"), {"n1", "n2"}) == vanished  # all greeted
+    assert blame(vanished, ("10.0.0.1", "10.0.0.2"), set()) == vanished  # other names
+    lost = NodeSilent("lost", "n1.cluster", (0, 1), 30.0)
+    assert blame(lost, ("n1", "n2"), {"n1"}) == lost  # silence names itself
 
 
 def test_a_bad_node_timeout_names_the_variable():
@@ -371,12 +372,12 @@ def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tm
     from parsl_torch.apps.stage_errors import stage_error
     from parsl_torch.common.outcome import write_outcome
     from parsl_torch.common.stagedir import OUTCOME as OUTCOME_FILE
-    from parsl_torch.launch.nodeloss import node_outcome
+    from parsl_torch.launch.events import NodeSilent
 
     # what the ranks and the launcher printed does not decide the error (any wording): the record does
     stderr = tmp_path / "stderr.txt"
     stderr.write_text("rank 0 on n1: whatever a launcher prints\nBAD TERMINATION OF ONE OF YOUR PROCESSES\n")
-    write_outcome(tmp_path, node_outcome("lost", {"host": "n2", "ranks": [2, 3], "silent_s": 30.0}))
+    write_outcome(tmp_path, NodeSilent("lost", "n2", (2, 3), 30.0).outcome())
     err = stage_error("train", BashExitFailure("train", 75), stderr)
     assert str(err).startswith("stage 'train' failed: node n2 lost (ranks 2, 3): no heartbeat for 30 s "
                                "(node down or its network cut) (exit code 75)")
@@ -434,8 +435,8 @@ def test_a_slow_client_does_not_hold_up_a_failure_report():
         t0 = time.monotonic()
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall((json.dumps({"token": token, "rank": 1, "host": "h", "code": 3}) + "\n").encode())
-        kind, report = events.get(timeout=5)
-        assert kind == "report" and report["rank"] == 1 and time.monotonic() - t0 < 2
+        report = events.get(timeout=5)
+        assert str(report) == "rank 1 on h exited with code 3" and time.monotonic() - t0 < 2
         with socket.create_connection(("127.0.0.1", port)) as s:  # a report without the token is ignored
             s.sendall((json.dumps({"token": "guess", "rank": 2, "host": "h", "code": 3}) + "\n").encode())
         with pytest.raises(queue.Empty):

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .events import NodeSilent, RankReport
+
 _MAX_LINE = 1 << 16
 
 
@@ -33,15 +35,22 @@ def listen_address(nodes: Sequence[str]) -> tuple[str, str]:
     return here, "" if address.startswith("127.") else address
 
 
+def _silent(kind: str, node: dict, silent_s: float = 0.0) -> NodeSilent:
+    ranks = tuple(r for r in node.get("ranks", ()) if isinstance(r, int))
+    return NodeSilent(kind, str(node["host"]), ranks, silent_s)
+
+
 class RankListener:
     """The ranks' shims talk to this one socket (JSON lines carrying the token):
 
-    * a failure report (one line on its own connection): ("report", dict);
+    * a failure report (one line on its own connection): a ``RankReport``;
     * a node's heartbeat: local rank 0's shim says hello (host, its node's
       ranks), then a newline every few seconds, and "bye" when it ends. EOF
-      without bye: ("vanished", node); silence for ``node_timeout`` seconds:
-      ("lost", node) - a powered-off node or a cut link sends nothing at all,
+      without bye: a ``NodeSilent`` "vanished"; silence for ``node_timeout``
+      seconds: "lost" - a powered-off node or a cut link sends nothing at all,
       so only silence shows it, long before the collective timeout.
+
+    (``events``: the events' types.)
 
     One thread with ``selectors``: a node costs one connection, not a thread.
     """
@@ -86,7 +95,7 @@ class RankListener:
                 if not data:
                     node = nodes.pop(sock, None)
                     if node is not None and not node.get("bye"):
-                        self.events.put(("vanished", node))
+                        self.events.put(_silent("vanished", node))
                     self._drop(sock, buffers)
                     continue
                 buffers[sock] += data
@@ -103,7 +112,7 @@ class RankListener:
             for sock, node in list(nodes.items()):
                 if now - node["seen"] > self.node_timeout:
                     nodes.pop(sock)
-                    self.events.put(("lost", {**node, "silent_s": now - node["seen"]}))
+                    self.events.put(_silent("lost", node, now - node["seen"]))
                     self._drop(sock, buffers)
 
     def _line(self, sock: socket.socket, line: bytes, nodes: dict, buffers: dict, now: float) -> None:
@@ -123,7 +132,7 @@ class RankListener:
             if sock in nodes:
                 nodes[sock]["bye"] = True
         else:
-            self.events.put(("report", message))
+            self.events.put(RankReport.of(message))
 
     def _drop(self, sock: socket.socket, buffers: dict) -> None:
         buffers.pop(sock, None)

@@ -11,12 +11,11 @@ import time
 from collections.abc import Sequence
 
 from ..common.outcome import Cause, Outcome
+from .events import NodeSilent, ranks_text
 from .listener import LOCAL_NAMES, RankListener
 from .plan import LaunchPlan
 from .preflight import answering
 
-#: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
-NODE_LOST_EXIT = 75
 #: a node's ranks' processes ended without a report, and the node answers (as a SIGKILL)
 VANISHED_EXIT = 137
 #: seconds a node named lost has to answer a check before it is (without the site's mpi.preflight)
@@ -29,48 +28,24 @@ def say(message: str) -> None:
     print(f"parsl-torch: {message}", file=sys.stderr, flush=True)
 
 
-def ranks_text(ranks: list[int]) -> str:
-    if len(ranks) == 2 and ranks[1] > ranks[0]:
-        return f"ranks {ranks[0]}-{ranks[1]}" if ranks[1] > ranks[0] + 1 else f"ranks {ranks[0]}, {ranks[1]}"
-    return f"rank {ranks[0]}" if ranks else "its ranks"
-
-
-def describe_node_loss(kind: str, node: dict, lost: bool = True) -> str:
-    """The line that names a lost node and its ranks (stage errors quote it); ``lost=False``: before
-    the node was checked."""
-    verdict = " lost" if lost else ""
-    what = f"node {node['host']}{verdict} ({ranks_text(node['ranks'])})"
-    if kind == "lost":
-        return f"{what}: no heartbeat for {node['silent_s']:.0f} s (node down or its network cut)"
-    if kind == "silent":
-        return (f"node {node['host']}{verdict}: its ranks never reached the launch, and the launcher ended the ranks "
-                f"on {node['victim']} (node down or its network cut)")
-    return f"{what}: its ranks' processes ended without a report (node down or killed)"
-
-
-def blame(kind: str, node: dict, nodes: tuple[str, ...], greeted: set[str]) -> tuple[str, dict]:
+def blame(event: NodeSilent, nodes: tuple[str, ...], greeted: set[str]) -> NodeSilent:
     """The node to name for a node-loss event. A node whose ranks never said hello is the one lost when
     another node's processes vanish: a launcher that loses one node's daemon (its link is down) ends
     the ranks on the others, which vanish without a word."""
     short = [n.split(".")[0] for n in nodes]
     silent = [n for n in short if n not in greeted]
-    if kind == "vanished" and silent and str(node["host"]).split(".")[0] in short:
-        return "silent", {"host": silent[0], "ranks": [], "victim": node["host"]}
-    return kind, node
+    if event.kind == "vanished" and silent and event.host.split(".")[0] in short:
+        return event.blamed_on(silent[0])
+    return event
 
 
-def greeted(listener: RankListener, nodes: tuple[str, ...], kind: str) -> set[str]:
+def greeted(listener: RankListener, nodes: tuple[str, ...], event: NodeSilent) -> set[str]:
     """The nodes whose ranks said hello; for a vanished node, after up to GREET_WAIT_S more for the
     others (a node whose launcher was merely slow greets by then; one whose link is down never does)."""
-    deadline = time.monotonic() + (GREET_WAIT_S if kind == "vanished" else 0)
+    deadline = time.monotonic() + (GREET_WAIT_S if event.kind == "vanished" else 0)
     while time.monotonic() < deadline and not {n.split(".")[0] for n in nodes} <= listener.greeted:
         time.sleep(0.1)
     return set(listener.greeted)
-
-
-def node_outcome(kind: str, node: dict) -> Outcome:
-    return Outcome(Cause.NODE_LOST, NODE_LOST_EXIT, describe_node_loss(kind, node), host=node["host"],
-                   ranks=tuple(node["ranks"]))
 
 
 def _is_here(host: str) -> bool:
@@ -94,7 +69,7 @@ def checked(plan: LaunchPlan, outcome: Outcome, seconds: float) -> Outcome:
             say(f"node {host} did not answer a check within {seconds:g} s: it is lost")
             return outcome
         answers = "it answered a check"
-    summary = (f"the processes of {ranks_text(list(outcome.ranks))} on {host} ended (or stopped answering) without "
+    summary = (f"the processes of {ranks_text(outcome.ranks)} on {host} ended (or stopped answering) without "
                f"a report, but node {host} was not lost ({answers}): they were killed (by the program itself, e.g. "
                f"os.killpg or a kill of its parent, or by an out-of-memory killer: see the node's dmesg or the job's "
                f"Slurm log); the node stays in service")

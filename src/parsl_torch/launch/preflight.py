@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from ..common import settings
 from ..common.entrypoints import PREFLIGHT, SHIM
 from ..common.procs import reap, stop
+from .events import RankReport
 from .listener import RankListener
 from .plan import LaunchPlan
 
@@ -61,19 +62,19 @@ def answering(plan: LaunchPlan, seconds: float) -> tuple[set[str], str]:
                     if time.monotonic() - exited > 1.0:
                         break
                 try:
-                    kind, message = events.get(timeout=min(left, 0.2))
+                    event = events.get(timeout=min(left, 0.2))
                 except queue.Empty:
                     continue
-                if kind == "report" and message.get("preflight"):
-                    answered.add(str(message.get("host", "")).split(".")[0])
+                if isinstance(event, RankReport) and event.preflight:
+                    answered.add(event.host.split(".")[0])
         finally:
             stop(proc, 2.0)  # SIGTERM first: the launcher then stops its processes on the other nodes
             reap(listener.token)
             listener.close()
         while not events.empty():  # answers that came with the launcher's exit
-            kind, message = events.get()
-            if kind == "report" and message.get("preflight"):
-                answered.add(str(message.get("host", "")).split(".")[0])
+            event = events.get()
+            if isinstance(event, RankReport) and event.preflight:
+                answered.add(event.host.split(".")[0])
         said.seek(0)
         last = said.read().strip().splitlines()[-1:]
     return answered, last[0][:200] if last else ""

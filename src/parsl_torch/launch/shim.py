@@ -29,6 +29,7 @@ from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
+from .events import describe_exit
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0
@@ -118,15 +119,6 @@ def signal_at_deadline(child: subprocess.Popen, deadline: float) -> None:
             child.send_signal(signal.SIGUSR1)
 
     threading.Thread(target=wait_and_signal, daemon=True).start()
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _command(argv: list[str]) -> list[str]:

@@ -49,21 +49,12 @@ from ..core.topology import free_port
 from . import quarantine
 from .cpushare import CpuShare, bound
 from .listener import RankListener
-from .nodeloss import (
-    LOSS_CHECK_S,
-    NODE_LOST_EXIT,
-    blame,
-    checked,
-    describe_node_loss,
-    greeted,
-    node_outcome,
-    overlapping,
-)
+from .events import NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, describe_exit
+from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, overlapping
 from .nodeloss import say as _say
 from .machines import get_machine
 from .plan import LaunchPlan
 from .preflight import silent_nodes
-from .shim import describe_exit
 
 GRACE_S = 10.0
 TIMEOUT_EXIT = 124
@@ -83,16 +74,16 @@ def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _node_loss_within(events: queue.Queue, wait: float) -> tuple[str, dict] | None:
+def _node_loss_within(events: queue.Queue, wait: float) -> NodeSilent | None:
     """A node-loss event arriving within ``wait`` seconds (other events are dropped)."""
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
         try:
-            kind, value = events.get(timeout=left)
+            event = events.get(timeout=left)
         except queue.Empty:
             return None
-        if kind in ("lost", "vanished"):
-            return kind, value
+        if isinstance(event, NodeSilent):
+            return event
     return None
 
 
@@ -107,7 +98,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     if stage_dir:
         forget_outcome(stage_dir)
     started = time.time()
-    outcome = _supervise(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started))
+    outcome = _Watch(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started)).run()
     if outcome.cause is Cause.OK and result and not os.path.exists(result):
         outcome = Outcome(Cause.NO_RESULT, NO_RESULT_EXIT, (
             f"every rank exited with code 0, but rank 0 never returned a value ({os.path.basename(result)} was not "
@@ -124,105 +115,124 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     return outcome.exit_code
 
 
-def _supervise(plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None,
-               continues: Callable[[], bool] = lambda: True) -> Outcome:
-    """``continues``: whether an exit 99 is the stage's continuation (else it is a rank's failure)."""
-    events: queue.Queue[tuple[str, object]] = queue.Queue()
-    listener = RankListener(events, settings.NODE_TIMEOUT.get({**os.environ, **plan.env}), plan.nodes)
-    env = {**os.environ, **plan.env, settings.LAUNCH_NOTIFY.name: listener.address}
-    block_deadline = deadline_from_env(env)
-    if block_deadline is not None:
-        env[settings.DEADLINE.name] = f"{block_deadline:.3f}"
-    received: list[int] = []
-    handlers = {sig: signal.signal(sig, lambda s, _f: received.append(s))
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
-    threading.Thread(target=lambda: events.put(("exit", proc.wait())), daemon=True).start()
-    deadline = time.monotonic() + timeout if timeout else None
-    others = f"the other {plan.num_ranks - 1} rank(s)" if plan.num_ranks else "the other ranks"
-    next_owner_check = time.monotonic() + OWNER_CHECK_S
+class _Watch:
+    """One launch, watched until its ranks end: each event (``events``) becomes its ``Outcome``, or None
+    while the ranks go on. ``continues``: whether an exit 99 is the stage's continuation (else it is a
+    rank's failure)."""
 
-    def node_lost(kind: str, node: dict) -> Outcome:
-        kind, node = blame(kind, node, plan.nodes, greeted(listener, plan.nodes, kind))
-        _say(f"{describe_node_loss(kind, node, lost=False)}; stopping {others}, then checking the node")
-        stop(proc, min(grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
-        return node_outcome(kind, node)
+    def __init__(self, plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None,
+                 continues: Callable[[], bool] = lambda: True) -> None:
+        self.plan, self.grace, self.owner, self.continues = plan, grace, owner, continues
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.listener = RankListener(self.events, settings.NODE_TIMEOUT.get({**os.environ, **plan.env}), plan.nodes)
+        self.env = {**os.environ, **plan.env, settings.LAUNCH_NOTIFY.name: self.listener.address}
+        self.block_deadline = deadline_from_env(self.env)
+        if self.block_deadline is not None:
+            self.env[settings.DEADLINE.name] = f"{self.block_deadline:.3f}"
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.next_owner_check = time.monotonic() + OWNER_CHECK_S
+        self.received: list[int] = []
+        self.others = f"the other {plan.num_ranks - 1} rank(s)" if plan.num_ranks else "the other ranks"
 
-    try:
-        while True:
-            try:  # wakes at once for a report or the launcher's exit; signals within 0.2 s
-                kind, value = events.get(timeout=0.2)
-            except queue.Empty:
-                kind, value = "", None
-            if kind in ("lost", "vanished"):
-                return node_lost(kind, value)
-            if kind == "report" and value["code"] == CONTINUE_EXIT and continues():
-                _say(f"rank {value['rank']} on {value['host']} stopped for the block's end; the stage continues "
-                     f"in the next block")
-                try:
-                    proc.wait(timeout=CONTINUE_WAIT_S)  # the others stop at the same step
-                except subprocess.TimeoutExpired:
-                    _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
-                    stop(proc, grace)
-                return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end", value["rank"],
-                               value["host"])
-            if kind == "report":
-                # a lost node makes the ranks elsewhere fail too: name the cause if it follows at once
-                if cause := _node_loss_within(events, 1.0):
-                    _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
-                    return node_lost(*cause)
-                failed = f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}"
-                _say(f"{failed}; stopping {others}")
-                stop(proc, grace)
-                # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
-                # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
-                _say(f"{failed} (the cause: what the launcher printed after it is about the ranks stopped)")
-                return _rank_outcome(value)
-            if kind == "exit":
-                code = _exit_code(value)
-                if code == CONTINUE_EXIT and continues():
-                    _say("the ranks stopped for the block's end; the stage continues in the next block")
-                    return Outcome(Cause.CONTINUED, code, "stopped for the block's end")
-                if not code:
-                    return Outcome(Cause.OK, 0, "every rank finished")
-                with contextlib.suppress(queue.Empty):  # name the rank (or the lost node) if its report is near
-                    kind, value = events.get(timeout=1.0)
-                    if kind in ("lost", "vanished"):
-                        kind, value = blame(kind, value, plan.nodes, greeted(listener, plan.nodes, kind))
-                        _say(describe_node_loss(kind, value, lost=False))
-                        return node_outcome(kind, value)
-                    if kind == "report":
-                        _say(f"rank {value['rank']} on {value['host']} {describe_exit(value['code'])}")
-                        return _rank_outcome(value, code)
-                return Outcome(Cause.LAUNCHER_FAILED, code, f"the launcher {describe_exit(value)}")
-            if received:
-                ending = block_deadline is not None and time.time() >= block_deadline
-                _say(f"received {signal.Signals(received[0]).name}"
-                     f"{' after the deadline: the block is ending' if ending else ''}; stopping "
-                     f"{plan.num_ranks} rank(s)")
-                stop(proc, grace)
-                if ending:
-                    _say("the stage continues in the next block from its last checkpoint")
-                    return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block ended")
-                name = signal.Signals(received[0]).name
-                return Outcome(Cause.SIGNALLED, 128 + received[0], f"stopped by {name}")
-            if owner is not None and time.monotonic() > next_owner_check:
-                next_owner_check = time.monotonic() + OWNER_CHECK_S
-                if why := owner.gone():
-                    _say(f"{why}; stopping {plan.num_ranks} rank(s)")
-                    stop(proc, grace)
-                    return Outcome(Cause.ORPHANED, ORPHANED_EXIT, why)
-            if deadline and time.monotonic() > deadline:
-                _say(f"timed out after {timeout:g} s; stopping {plan.num_ranks} rank(s)")
-                stop(proc, grace)
-                return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {timeout:g} s")
-    finally:
-        if proc.poll() is None:
-            stop(proc, grace)
-        reap(listener.token)
-        listener.close()
-        for sig, old in handlers.items():
-            signal.signal(sig, old)
+    def run(self) -> Outcome:
+        handlers = {sig: signal.signal(sig, lambda s, _f: self.received.append(s))
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.proc = subprocess.Popen(self.plan.argv, env=self.env, start_new_session=True)
+        threading.Thread(target=lambda: self.events.put(LauncherExited(self.proc.wait())), daemon=True).start()
+        try:
+            while True:
+                try:  # wakes at once for a report or the launcher's exit; signals within 0.2 s
+                    event: Event | None = self.events.get(timeout=0.2)
+                except queue.Empty:
+                    event = None
+                outcome = self._on(event) if event is not None else self._on_time()
+                if outcome is not None:
+                    return outcome
+        finally:
+            if self.proc.poll() is None:
+                stop(self.proc, self.grace)
+            reap(self.listener.token)
+            self.listener.close()
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+
+    def _on(self, event: Event) -> Outcome | None:
+        if isinstance(event, NodeSilent):
+            return self._node_lost(event)
+        if isinstance(event, RankReport):
+            return None if event.preflight else self._rank_ended(event)
+        return self._launcher_exited(event.code)
+
+    def _node_lost(self, event: NodeSilent, stopping: bool = True) -> Outcome:
+        event = blame(event, self.plan.nodes, greeted(self.listener, self.plan.nodes, event))
+        if not stopping:  # (the launcher already ended)
+            _say(event.describe(lost=False))
+            return event.outcome()
+        _say(f"{event.describe(lost=False)}; stopping {self.others}, then checking the node")
+        stop(self.proc, min(self.grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
+        return event.outcome()
+
+    def _rank_ended(self, report: RankReport) -> Outcome:
+        if report.code == CONTINUE_EXIT and self.continues():
+            _say(f"rank {report.rank} on {report.host} stopped for the block's end; the stage continues in the next "
+                 f"block")
+            try:
+                self.proc.wait(timeout=CONTINUE_WAIT_S)  # the others stop at the same step
+            except subprocess.TimeoutExpired:
+                _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
+                stop(self.proc, self.grace)
+            return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end", report.rank, report.host)
+        # a lost node makes the ranks elsewhere fail too: name the cause if it follows at once
+        if cause := _node_loss_within(self.events, 1.0):
+            _say(str(report))
+            return self._node_lost(cause)
+        _say(f"{report}; stopping {self.others}")
+        stop(self.proc, self.grace)
+        # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
+        # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
+        _say(f"{report} (the cause: what the launcher printed after it is about the ranks stopped)")
+        return _rank_outcome(report)
+
+    def _launcher_exited(self, status: int) -> Outcome:
+        code = _exit_code(status)
+        if code == CONTINUE_EXIT and self.continues():
+            _say("the ranks stopped for the block's end; the stage continues in the next block")
+            return Outcome(Cause.CONTINUED, code, "stopped for the block's end")
+        if not code:
+            return Outcome(Cause.OK, 0, "every rank finished")
+        with contextlib.suppress(queue.Empty):  # name the rank (or the lost node) if its report is near
+            event = self.events.get(timeout=1.0)
+            if isinstance(event, NodeSilent):
+                return self._node_lost(event, stopping=False)
+            if isinstance(event, RankReport) and not event.preflight:
+                _say(str(event))
+                return _rank_outcome(event, code)
+        return Outcome(Cause.LAUNCHER_FAILED, code, f"the launcher {describe_exit(status)}")
+
+    def _on_time(self) -> Outcome | None:
+        """A signal, the workflow gone, the walltime over: checked between events."""
+        n = self.plan.num_ranks
+        if self.received:
+            name = signal.Signals(self.received[0]).name
+            ending = self.block_deadline is not None and time.time() >= self.block_deadline
+            _say(f"received {name}{' after the deadline: the block is ending' if ending else ''}; stopping {n} rank(s)")
+            stop(self.proc, self.grace)
+            if ending:
+                _say("the stage continues in the next block from its last checkpoint")
+                return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block ended")
+            return Outcome(Cause.SIGNALLED, 128 + self.received[0], f"stopped by {name}")
+        if self.owner is not None and time.monotonic() > self.next_owner_check:
+            self.next_owner_check = time.monotonic() + OWNER_CHECK_S
+            if why := self.owner.gone():
+                _say(f"{why}; stopping {n} rank(s)")
+                stop(self.proc, self.grace)
+                return Outcome(Cause.ORPHANED, ORPHANED_EXIT, why)
+        if self.deadline and time.monotonic() > self.deadline:
+            _say(f"timed out after {self.timeout:g} s; stopping {n} rank(s)")
+            stop(self.proc, self.grace)
+            return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {self.timeout:g} s")
+        return None
 
 
 def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:
@@ -235,13 +245,13 @@ def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:
     return record is not None and record.time >= since
 
 
-def _rank_outcome(report: dict, code: int | None = None) -> Outcome:
-    summary = f"rank {report['rank']} on {report['host']} {describe_exit(report['code'])}"
-    if report["code"] == CONTINUE_EXIT:  # (one that continues the stage never gets here)
+def _rank_outcome(report: RankReport, code: int | None = None) -> Outcome:
+    summary = str(report)
+    if report.code == CONTINUE_EXIT:  # (one that continues the stage never gets here)
         summary += (f" (exit code {CONTINUE_EXIT} continues a stage in its next block only at its block's end or "
                     f"through pt.to_be_continued(): neither happened)")
-    return Outcome(Cause.RANK_FAILED, _exit_code(report["code"]) if code is None else code, summary,
-                   report["rank"], report["host"])
+    return Outcome(Cause.RANK_FAILED, _exit_code(report.code) if code is None else code, summary,
+                   report.rank, report.host)
 
 
 def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) -> None:

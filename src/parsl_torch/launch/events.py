@@ -1,0 +1,94 @@
+"""What a launch's supervisor hears while its ranks run: the listener's events (``listener``, sent by
+the ranks' shims) and the launcher's exit. Each says itself in one place (``str``, ``describe``), so a
+line in a stage's stderr and its error read the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..common.outcome import Cause, Outcome
+
+#: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
+NODE_LOST_EXIT = 75
+
+
+def describe_exit(code: int) -> str:
+    """``exited with code 3``, ``was killed by SIGKILL`` (a negative code: the signal)."""
+    import signal
+
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def ranks_text(ranks: tuple[int, ...]) -> str:
+    """A node's ranks, as the hello gave them (first, last)."""
+    if len(ranks) == 2 and ranks[1] > ranks[0]:
+        return f"ranks {ranks[0]}-{ranks[1]}" if ranks[1] > ranks[0] + 1 else f"ranks {ranks[0]}, {ranks[1]}"
+    return f"rank {ranks[0]}" if ranks else "its ranks"
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """A rank's shim: its command ended with ``code`` (a failure), or, with ``preflight``, the node
+    answered a pre-flight check."""
+
+    rank: int | None
+    host: str
+    code: int = 0
+    preflight: bool = False
+
+    @classmethod
+    def of(cls, message: dict[str, Any]) -> RankReport:
+        code = message.get("code")
+        return cls(message.get("rank"), str(message.get("host", "?")), code if isinstance(code, int) else 1,
+                   bool(message.get("preflight")))
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} on {self.host} {describe_exit(self.code)}"
+
+
+@dataclass(frozen=True)
+class NodeSilent:
+    """A node whose ranks stopped talking: ``lost`` (no heartbeat for ``silent_s``), ``vanished`` (its
+    connection closed without a bye), or ``silent`` (its ranks never said hello, and the launcher
+    ended the ranks on ``victim``: ``nodeloss.blame`` names it)."""
+
+    kind: str
+    host: str
+    ranks: tuple[int, ...] = ()
+    silent_s: float = 0.0
+    victim: str = ""
+
+    def describe(self, lost: bool = True) -> str:
+        """The line that names the node and its ranks (stage errors quote it); ``lost=False``: before
+        the node was checked."""
+        verdict = " lost" if lost else ""
+        what = f"node {self.host}{verdict} ({ranks_text(self.ranks)})"
+        if self.kind == "lost":
+            return f"{what}: no heartbeat for {self.silent_s:.0f} s (node down or its network cut)"
+        if self.kind == "silent":
+            return (f"node {self.host}{verdict}: its ranks never reached the launch, and the launcher ended the "
+                    f"ranks on {self.victim} (node down or its network cut)")
+        return f"{what}: its ranks' processes ended without a report (node down or killed)"
+
+    def outcome(self) -> Outcome:
+        return Outcome(Cause.NODE_LOST, NODE_LOST_EXIT, self.describe(), host=self.host, ranks=self.ranks)
+
+    def blamed_on(self, host: str) -> NodeSilent:
+        """This loss, named on ``host`` (one that never said hello) instead."""
+        return replace(self, kind="silent", host=host, ranks=(), victim=self.host)
+
+
+@dataclass(frozen=True)
+class LauncherExited:
+    """The launcher (mpiexec, srun) ended, with ``code``."""
+
+    code: int
+
+
+Event = RankReport | NodeSilent | LauncherExited
