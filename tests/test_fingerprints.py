@@ -187,3 +187,22 @@ def test_directory_digests_leave_out_hidden_folders_caches_and_the_run_directory
     (tmp_path / "a.txt").write_text("longer")
     assert cache.file_digest(tmp_path) != before
     assert cache.file_digest("/dev/null").startswith("special:")  # never read
+
+
+def test_the_package_itself_is_the_runtime_of_every_stage_and_never_user_code(tmp_path):
+    """Every source of parsl-torch (not only the identity code's own folder) is in the runtime digest,
+    and none is a user module: an edit anywhere in the package reruns stages, and a remote stage never
+    ships the package as a user module (which would shadow the endpoint's own)."""
+    import parsl_torch
+
+    root = Path(parsl_torch.__file__).resolve().parent
+    assert not usercode.is_user_file(root / "launch" / "shim.py") and not usercode.is_user_dir(str(root / "core"))
+    cache = identity.DigestCache(None)
+    before = identity.runtime_digest(cache)
+    shim = root / "launch" / "shim.py"
+    text = shim.read_text()
+    try:
+        shim.write_text(text + "\n# an edit outside apps/\n")
+        assert identity.runtime_digest(identity.DigestCache(None)) != before
+    finally:
+        shim.write_text(text)

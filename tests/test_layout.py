@@ -238,6 +238,88 @@ def test_every_module_stays_under_400_lines():
     assert not long, f"split these by their jobs: {long}"
 
 
+#: lines a function's body may have (its docstring aside): one job each
+FUNCTION_LINES = 50
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_every_function_stays_under_50_lines():
+    long = {}
+    for m, path in MODULES.items():
+        for fn in _functions(ast.parse(path.read_text())):
+            body = fn.body[1:] if ast.get_docstring(fn) and len(fn.body) > 1 else fn.body
+            if (n := fn.end_lineno - body[0].lineno + 1) > FUNCTION_LINES:
+                long[f"{m}.{fn.name}"] = n
+    assert not long, f"split these by their jobs: {long}"
+
+
+def test_a_stage_call_is_recognised_by_its_record_not_by_position_or_keyword_strings():
+    """A stage's apps take its ``StageCall`` first (``apps/call.py``); nothing in apps/ picks a call
+    apart by the position of Parsl's arguments or hands itself flags through keyword strings."""
+    found = []
+    for m, path in MODULES.items():
+        if not m.startswith("parsl_torch.apps"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "args" \
+                    and isinstance(node.slice, ast.Constant) and (m, node.slice.value) != ("parsl_torch.apps.call", 0):
+                found.append(f"{m}: args[{node.slice.value}]")
+            if isinstance(node, ast.keyword) and (node.arg or "").startswith("parsl_torch"):
+                found.append(f"{m}: keyword {node.arg}")
+            if isinstance(node, ast.arg) and node.arg.startswith("parsl_torch"):
+                found.append(f"{m}: parameter {node.arg}")
+    assert not found, found
+
+
+def _process_state(m: str, tree: ast.Module) -> set[str]:
+    """What module ``m`` keeps or changes for the whole process: context variables, ``lru_cache``d
+    functions, ``os.environ`` changes (by the function that makes them), attributes set on another
+    module (a patch)."""
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) and \
+                ast.unparse(node.value.func).endswith("ContextVar"):
+            found |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])}
+    for fn in _functions(tree):
+        if any("lru_cache" in ast.unparse(d) for d in fn.decorator_list):
+            found.add(fn.name)
+        for node in ast.walk(fn):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    ast.unparse(node.func.value) == "os.environ" and node.func.attr in MUTATORS:
+                target = fn.name
+            elif isinstance(node, (ast.Assign, ast.Delete)):
+                for t in node.targets:
+                    text = ast.unparse(t)
+                    if text.startswith("os.environ["):
+                        target = fn.name
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
+                            t.value.id not in {a.arg for a in fn.args.args} | {"self", "cls"} and \
+                            isinstance(node, ast.Assign) and t.value.id in _imported_modules(fn):
+                        target = t.attr  # a module's attribute, replaced: a patch
+            if target:
+                found.add(target)
+    return found
+
+
+def _imported_modules(fn: ast.AST) -> set[str]:
+    return {(a.asname or a.name).split(".")[0] for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in n.names}
+
+
+def test_every_piece_of_process_wide_state_is_named_in_the_architecture_page():
+    """docs/architecture.md's table of process-wide state says the whole truth: each context variable,
+    cached singleton, change of ``os.environ`` and patch of another module is named there."""
+    page = DOC.read_text()
+    section = page[page.index("## Process-wide state"):page.index("## Vocabulary")]
+    unnamed = {f"{m}: {name}" for m, path in MODULES.items()
+               for name in _process_state(m, ast.parse(path.read_text())) if name not in section}
+    assert not unnamed, f"say where this state lives and why (docs/architecture.md): {sorted(unnamed)}"
+
+
 REPO = PKG.parent.parent
 VARIABLE = re.compile(r"\bPARSL_TORCH_[A-Z0-9_]+\b")
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 #: the package itself is the runtime, not the user's code (its version and sources are in every
 #: stage's identity: ``identity.runtime_digest``)
-PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+PACKAGE_DIR = str(Path(__file__).resolve().parents[2])  # parsl_torch/ (this is parsl_torch/apps/identity/)
 #: how code reads a variable: ``os.getenv(NAME)``, ``os.environ[NAME]``, ``os.environ.get(NAME)``
 ENVIRON, GETENV, ENV_METHODS = "environ", "getenv", ("get", "setdefault", "pop")
 #: functions that import a module named by a string
