@@ -127,7 +127,8 @@ def test_the_pool_places_in_the_order_stages_came_so_a_whole_node_stage_is_not_s
     import pickle
     import queue
 
-    from parsl_torch.launch.pool import ACCELERATORS_KEY, CPU_SHARE_KEY, SHORT_KEY, scheduler_class
+    from parsl_torch.launch.packing import ACCELERATORS_KEY, CPU_SHARE_KEY, SHORT_KEY
+    from parsl_torch.launch.pool import scheduler_class
 
     (tmp_path / "nodes").write_text("n1\n")
     monkeypatch.setenv("PBS_NODEFILE", str(tmp_path / "nodes"))

@@ -27,7 +27,7 @@ from ..common import settings
 from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
-from ..launch.pool import MIN_NODES_KEY
+from ..launch.packing import MIN_NODES_KEY
 from .call import StageCall
 from .identity.fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture

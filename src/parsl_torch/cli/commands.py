@@ -274,7 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show this rank's topology, device and backend")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_info)
+    _add_launch(sub)
+    _add_run(sub)
+    doctor = sub.add_parser("doctor", help="check this environment; exit 1 on errors")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--no-smoke", action="store_true", help="skip the live 2-rank all_reduce")
+    doctor.set_defaults(func=_doctor)
+    _add_sites(sub)
+    remote_cmds.add_commands(sub)
+    _add_files(sub)
+    return parser
 
+
+def _add_launch(sub: Any) -> None:
     launch = sub.add_parser(
         "launch", help="run a command on every rank with this machine's launcher",
         usage="parsl-torch launch [-n N] [--ppn P] [--nodes K] [--timeout S] [--deadline HH:MM:SS] [--dry-run] "
@@ -294,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("-m", dest="module", help="run python -m MODULE; what follows -- are its arguments")
     launch.set_defaults(func=_launch, command=())
 
+
+def _add_run(sub: Any) -> None:
+    """``run`` and ``status``: a workflow script and its run directory."""
     run = sub.add_parser("run", help="run a workflow script (e.g. workflows/train_eval.py)",
                          usage="parsl-torch run SCRIPT [--site S] [--run-dir D] [--fresh] [SCRIPT ARGS...] "
                                "[-- ARGS FOR THE SCRIPT ONLY]",
@@ -309,11 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable")
     status.set_defaults(func=_status)
 
-    doctor = sub.add_parser("doctor", help="check this environment; exit 1 on errors")
-    doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    doctor.add_argument("--no-smoke", action="store_true", help="skip the live 2-rank all_reduce")
-    doctor.set_defaults(func=_doctor)
 
+def _add_sites(sub: Any) -> None:
     site_cmds = sub.add_parser("sites", help="machines this package knows").add_subparsers(
         dest="action", required=True)
     site_cmds.add_parser("list", help="known sites and which one auto picks here").set_defaults(func=_sites_list)
@@ -334,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="the environment on the machine that holds parsl-torch")
         cmd.set_defaults(func=func)
 
-    remote_cmds.add_commands(sub)
 
+def _add_files(sub: Any) -> None:
+    """``history`` and ``checkpoint``: the files stages leave."""
     history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
     show = history.add_parser("show", help="summary table of a history file")
     show.add_argument("file")
@@ -352,7 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="the train stage's checkpoint (a link to its sharded directory)")
     export.add_argument("out", help="the single file to write")
     export.set_defaults(func=_checkpoint_export)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,6 +166,39 @@ def _check_world_sizes(env: Mapping[str, str], chosen: _Source, world: int) -> N
             )
 
 
+def _local(env: Mapping[str, str], chosen: _Source, rank: int, world: int,
+           nodes: tuple[str, ...]) -> tuple[int, int]:
+    """(local rank, ranks on this node): the chosen source first, then any other launcher's hint."""
+    local_rank = local_size = None
+    for src in (chosen, *_SOURCES):
+        if src.name == "slurm" and "SLURM_STEP_ID" not in env:
+            continue
+        if local_rank is None:
+            local_rank = _int(env, src.local_rank) if src.local_rank else None
+        if local_size is None and src.local_size:
+            local_size = _int(env, src.local_size)
+    if local_rank is None:  # what PMI, PMIx and Hydra set without a full source (ezpz reads them too)
+        local_rank = next((v for v in (_int(env, name) for name in LOCAL_RANK_HINTS) if v is not None), None)
+    if local_size is None and "SLURM_STEP_ID" in env:
+        local_size = _slurm_tasks_on_my_node(env)
+
+    if local_size is None:
+        local_size = world if len(nodes) <= 1 else None
+    if local_size is None:
+        raise TopologyError(
+            f"cannot tell how many ranks share this node ({chosen.name} sets no "
+            f"local size): set LOCAL_WORLD_SIZE, or launch with mpiexec/srun/torchrun"
+        )
+    if local_rank is None:
+        local_rank = rank % local_size
+    if not 0 <= local_rank < local_size:
+        raise TopologyError(
+            f"local rank {local_rank} is outside 0..{local_size - 1} "
+            f"({chosen.name}): the launcher environment is inconsistent"
+        )
+    return local_rank, local_size
+
+
 def topology_from_env(env: Mapping[str, str] | None = None, hostname: str | None = None) -> Topology:
     """The topology the environment describes, without any communication.
 
@@ -188,35 +221,8 @@ def topology_from_env(env: Mapping[str, str] | None = None, hostname: str | None
         )
     _check_world_sizes(env, chosen, world)
 
-    # Local rank: the chosen source first, then any other launcher's hint.
-    local_rank = local_size = None
-    for src in (chosen, *_SOURCES):
-        if src.name == "slurm" and "SLURM_STEP_ID" not in env:
-            continue
-        if local_rank is None:
-            local_rank = _int(env, src.local_rank) if src.local_rank else None
-        if local_size is None and src.local_size:
-            local_size = _int(env, src.local_size)
-    if local_rank is None:  # what PMI, PMIx and Hydra set without a full source (ezpz reads them too)
-        local_rank = next((v for v in (_int(env, name) for name in LOCAL_RANK_HINTS) if v is not None), None)
-    if local_size is None and "SLURM_STEP_ID" in env:
-        local_size = _slurm_tasks_on_my_node(env)
-
     nodes = _node_list(env, chosen.name)
-    if local_size is None:
-        local_size = world if len(nodes) <= 1 else None
-    if local_size is None:
-        raise TopologyError(
-            f"cannot tell how many ranks share this node ({chosen.name} sets no "
-            f"local size): set LOCAL_WORLD_SIZE, or launch with mpiexec/srun/torchrun"
-        )
-    if local_rank is None:
-        local_rank = rank % local_size
-    if not 0 <= local_rank < local_size:
-        raise TopologyError(
-            f"local rank {local_rank} is outside 0..{local_size - 1} "
-            f"({chosen.name}): the launcher environment is inconsistent"
-        )
+    local_rank, local_size = _local(env, chosen, rank, world, nodes)
     num_nodes = max(1, -(-world // local_size))
     return Topology(
         rank=rank,

@@ -14,6 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..common import settings
+
+#: a key of a task's resource specification, which Parsl's worker exports as PARSL_<KEY>: why the
+#: block cannot give the stage its nodes
+SHORT_KEY = settings.NODES_SHORT.name.removeprefix("PARSL_").lower()
+#: the resource specification's key for a stage's ``min_nodes`` (its executor lets it through)
+MIN_NODES_KEY = "min_nodes"
+#: the key for the accelerators a stage that shares its node holds ("CUDA_VISIBLE_DEVICES=2,3")
+ACCELERATORS_KEY = settings.ACCELERATORS.name.removeprefix("PARSL_").lower()
+#: the key for their positions among the node's ("2,3/4"), for the cores that go with them (``cpushare``)
+CPU_SHARE_KEY = settings.CPU_SHARE.name.removeprefix("PARSL_").lower()
+
 
 @dataclass(frozen=True)
 class Grant:

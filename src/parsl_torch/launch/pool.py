@@ -20,142 +20,20 @@ Tasks are placed in the order they came: one that waits holds up the ones behind
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import runpy
 import sys
-import threading
-from typing import Any
 
 from ..common import settings
-from . import quarantine
-from .cpushare import CpuShare
-from .packing import Grant, Slots
-
-#: a key of a task's resource specification, which Parsl's worker exports as PARSL_<KEY>
-SHORT_KEY = settings.NODES_SHORT.name.removeprefix("PARSL_").lower()
-#: the resource specification's key for a stage's ``min_nodes`` (its executor lets it through)
-MIN_NODES_KEY = "min_nodes"
-#: the key for the accelerators a stage that shares its node holds ("CUDA_VISIBLE_DEVICES=2,3")
-ACCELERATORS_KEY = settings.ACCELERATORS.name.removeprefix("PARSL_").lower()
-CPU_SHARE_KEY = settings.CPU_SHARE.name.removeprefix("PARSL_").lower()
-
-
-def _lost(path: str) -> set[str]:
-    """This job's lost nodes, by short name (a node file may name hosts in full)."""
-    return {n.split(".")[0] for n in quarantine.lost_nodes(path, quarantine.job_of())}
 
 
 def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visibility: str) -> type:
-    """Parsl's MPITaskScheduler with the block's nodes placed by ``packing.Slots``."""
-    import pickle
+    """The block's ``poolscheduler.PoolScheduler``: ``path``, the workflow's file of lost nodes; ``spares``,
+    nodes held back; ``accelerators`` of each node and the ``visibility`` variable that narrows them."""
+    from .poolscheduler import PoolScheduler
 
-    from parsl.executors.high_throughput.mpi_resource_management import (
-        MPITaskScheduler,
-        get_nodes_in_batchjob,
-        identify_scheduler,
-    )
-
-    log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
-
-    class PoolScheduler(MPITaskScheduler):
-        def __init__(self, pending_task_q, pending_result_q) -> None:  # noqa: ANN001 - Parsl's signature
-            self.pending_task_q, self.pending_result_q = pending_task_q, pending_result_q
-            self.available_nodes = get_nodes_in_batchjob(identify_scheduler())
-            self.slots = Slots(self.available_nodes, accelerators)
-            held = min(spares, max(len(self.slots.entries) - 1, 0))
-            self.spare_nodes = self.slots.entries[len(self.slots.entries) - held:]
-            self.grants: dict[Any, Grant] = {}
-            self.backlog: list[dict] = []
-            self.lock = threading.Lock()
-            log.info("parsl-torch: %d node(s)%s; spare node(s) held back: %s", len(self.slots.entries),
-                     f", accelerators {','.join(accelerators)} on each, shared by stages smaller than a node"
-                     if self.slots.accelerators else "", [Slots.name(e) for e in self.spare_nodes])
-
-        def _usable(self, lost: set[str]) -> set[str]:
-            return {e for e in self.slots.entries
-                    if Slots.name(e).split(".")[0] not in lost and e not in self.spare_nodes}
-
-        def put_task(self, task_package: dict) -> None:
-            spec = task_package.get("context", {}).get("resource_spec", {})
-            if not spec.get("num_nodes"):
-                return self.pending_task_q.put(task_package)
-            with self.lock:
-                self.backlog.append(task_package)
-                self._place_backlog()
-            return None
-
-        def _place_backlog(self) -> None:
-            """Place waiting tasks in the order they came, until one does not fit (the quarantine file
-            is read once for them all)."""
-            lost = _lost(path)
-            while self.backlog:
-                if not self._place(self.backlog[0], lost):
-                    return
-                self.backlog.pop(0)
-
-        def _place(self, task_package: dict, lost: set[str]) -> bool:
-            """Start the task (or fail it at once, saying why, if the block can never hold it); False
-            when it must wait. A task that needs more nodes than the block has left starts on the nodes
-            left if its ``min_nodes`` allows."""
-            spec = task_package["context"]["resource_spec"]
-            tid = task_package["task_id"]
-            usable = self._usable(lost)
-            needed = int(spec["num_nodes"])
-            ranks_per_node = int(spec.get("ranks_per_node") or int(spec["num_ranks"]) // needed)
-            left = len(usable)
-            if needed > left and 0 < int(spec.get(MIN_NODES_KEY) or needed + 1) <= left:
-                log.warning("parsl-torch: task %s asks for %d node(s), the block has %d left (%s lost): it starts "
-                            "on %d (min_nodes %s)", tid, needed, left, ", ".join(sorted(lost)), left,
-                            spec[MIN_NODES_KEY])
-                needed = left
-                spec.update(num_nodes=left, num_ranks=left * ranks_per_node)
-            if needed > left:
-                spec["MPI_NODELIST"], spec[ACCELERATORS_KEY], spec[CPU_SHARE_KEY] = "", "", ""
-                spec[SHORT_KEY] = (f"the stage needs {needed} node(s) but its block has {left} left: "
-                                   f"{', '.join(sorted(lost)) or 'none'} lost in this job (quarantined), "
-                                   f"{len(self.spare_nodes)} spare(s) held back")
-                self.grants[tid] = Grant(())
-                self.pending_task_q.put(task_package)
-                return True
-            grant = self.slots.take(needed, ranks_per_node, usable)
-            if grant is None:
-                return False
-            self.grants[tid] = grant
-            spec["MPI_NODELIST"] = ",".join(Slots.name(e) for e in grant.nodes)
-            spec[SHORT_KEY] = ""  # (a worker keeps the variables of its earlier tasks: each task sets its own)
-            spec[ACCELERATORS_KEY] = f"{visibility}={','.join(grant.accelerators)}" if grant.accelerators else ""
-            spec[CPU_SHARE_KEY] = str(CpuShare(tuple(map(accelerators.index, grant.accelerators)),
-                                               len(accelerators))) if grant.accelerators else ""
-            if grant.accelerators:
-                log.info("parsl-torch: task %s on %s, accelerators %s", tid, spec["MPI_NODELIST"],
-                         ",".join(grant.accelerators))
-            self.pending_task_q.put(task_package)
-            return True
-
-        def get_result(self, block: bool = True, timeout: float | None = None):  # noqa: ANN201 - Parsl's
-            result_pkl = self.pending_result_q.get(block, timeout)
-            if result_pkl is None:
-                return None
-            result = pickle.loads(result_pkl)
-            if result["type"] == "result" and (grant := self.grants.pop(result["task_id"], None)) is not None:
-                with self.lock:
-                    self._give_back(grant)
-                    self._place_backlog()
-            return result_pkl
-
-        def _give_back(self, grant: Grant) -> None:
-            """A task's nodes go back, except lost ones: each lost node releases a spare, so the retry of
-            the stage that lost it starts at once."""
-            lost = _lost(path)
-            gone = [e for e in grant.nodes if Slots.name(e).split(".")[0] in lost]
-            self.slots.give_back(grant)
-            if gone:
-                released = [self.spare_nodes.pop() for _ in range(min(len(gone), len(self.spare_nodes)))]
-                log.warning("parsl-torch: lost node(s) %s are not handed out again; spare(s) released: %s",
-                            sorted(Slots.name(e) for e in gone), [Slots.name(e) for e in released])
-
-    return PoolScheduler
+    return type("PoolScheduler", (PoolScheduler,), {"quarantine_path": path, "spares": spares,
+                                                    "accelerators": tuple(accelerators), "visibility": visibility})
 
 
 def _place_with_slots(path: str, spares: int, accelerators: tuple[str, ...], visibility: str) -> None:

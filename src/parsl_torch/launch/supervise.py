@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from pathlib import Path
 
 from ..common import settings, stagedir
@@ -264,6 +265,46 @@ def record_block(stage_dir: str, env: Mapping[str, str], skipped: bool = False) 
             settings.ACCELERATORS.get(env) or None))
 
 
+def _arguments(argv: list[str]) -> tuple[Any, list[str]]:
+    """(the supervisor's options, the launch command after ``--``)."""
+    import argparse
+
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog=f"python -m {SUPERVISE}")
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--ranks", type=int, default=0, help="for messages only")
+    parser.add_argument("--preflight", type=float, default=0, help="seconds each node has to answer first")
+    parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
+    parser.add_argument("--result", help="the file rank 0 writes when the function returns: without it the launch failed")
+    opts = parser.parse_args(argv[:split])
+    if not argv[split + 1:]:
+        parser.error("no command after --")
+    return opts, argv[split + 1:]
+
+
+def _launch_of(command: list[str], hosts: list[str], env_file: str | None) -> tuple[list[str], dict[str, str]]:
+    """The command as this block runs it, and the ranks' environment: a fresh rendezvous, the stage's
+    variables, and on a shared node its accelerators and cores."""
+    if node_python := settings.NODE_PYTHON.get():  # the block put this Python on its nodes' own storage
+        command = [node_python if arg == sys.executable else arg for arg in command]
+    if (path := settings.QUARANTINE.get()) and quarantine.lost_nodes(path, quarantine.job_of()):
+        command = list(overlapping(command))  # the lost node's step may still hold the nodes left
+    # the rendezvous belongs to this task: values inherited from the workflow's
+    # shell would make concurrent stages on one node share a port
+    env = {"MASTER_ADDR": hosts[0] or "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if env_file:
+        with open(env_file) as f:
+            env = {**json.load(f), **env}
+    if shared := settings.ACCELERATORS.get():  # the stage shares its node: its ranks see only its own
+        variable, _, ids = shared.partition("=")
+        env[variable] = ids
+        _say(f"this stage shares node {hosts[0]}: its ranks see accelerator(s) {ids} ({variable})")
+        if share := CpuShare.parse(settings.CPU_SHARE.get()):  # and the cores that go with them
+            command, rank_env = bound(command, share, get_machine(settings.MACHINE.get()), _cpus_on_node())
+            env.update(rank_env)
+    return command, env
+
+
 def _cpus_on_node() -> int:
     """The CPUs of a node of this job (Slurm's count for the job's nodes, else this host's)."""
     value = os.environ.get("SLURM_CPUS_ON_NODE", "")
@@ -308,38 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ``PARSL_MPI_NODELIST`` at a fresh port, fail fast, time out, leave nothing
     behind.
     """
-    import argparse
-
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog=f"python -m {SUPERVISE}")
-    parser.add_argument("--timeout", type=float, default=None)
-    parser.add_argument("--ranks", type=int, default=0, help="for messages only")
-    parser.add_argument("--preflight", type=float, default=0, help="seconds each node has to answer first")
-    parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
-    parser.add_argument("--result", help="the file rank 0 writes when the function returns: without it the launch failed")
-    opts = parser.parse_args(argv[:split])
-    command = argv[split + 1:]
-    if not command:
-        parser.error("no command after --")
-    if node_python := settings.NODE_PYTHON.get():  # the block put this Python on its nodes' own storage
-        command = [node_python if arg == sys.executable else arg for arg in command]
-    if (path := settings.QUARANTINE.get()) and quarantine.lost_nodes(path, quarantine.job_of()):
-        command = list(overlapping(command))  # the lost node's step may still hold the nodes left
-    # the rendezvous belongs to this task: values inherited from the workflow's
-    # shell would make concurrent stages on one node share a port
+    opts, command = _arguments(sys.argv[1:] if argv is None else argv)
     hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
-    env = {"MASTER_ADDR": hosts[0] or "127.0.0.1", "MASTER_PORT": str(free_port())}
-    if opts.env_file:
-        with open(opts.env_file) as f:
-            env = {**json.load(f), **env}
-    if shared := settings.ACCELERATORS.get():  # the stage shares its node: its ranks see only its own
-        variable, _, ids = shared.partition("=")
-        env[variable] = ids
-        _say(f"this stage shares node {hosts[0]}: its ranks see accelerator(s) {ids} ({variable})")
-        if share := CpuShare.parse(settings.CPU_SHARE.get()):  # and the cores that go with them
-            command, rank_env = bound(command, share, get_machine(settings.MACHINE.get()), _cpus_on_node())
-            env.update(rank_env)
+    command, env = _launch_of(command, hosts, opts.env_file)
     ranks = _ranks_given(opts.ranks)
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, ranks,
                       tuple(h for h in hosts if h), env)

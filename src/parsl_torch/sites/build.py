@@ -23,7 +23,7 @@ from typing import Any
 from ..common import settings
 from ..common.entrypoints import NODE_PYTHON
 from ..errors import SiteError
-from ..launch.pool import MIN_NODES_KEY
+from ..launch.packing import MIN_NODES_KEY
 from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
 from .capacity import node_accelerators, stages_at_once

@@ -191,6 +191,12 @@ def _check(spec: SiteSpec) -> None:
         raise SiteError("provider.select_options: a newline would add a line to the batch script: keep it on "
                         "one line")
     _check_block_time(spec)
+    _check_counts(spec)
+    _check_launch(spec)
+
+
+def _check_counts(spec: SiteSpec) -> None:
+    """Numbers of nodes, blocks, slots, spares and seconds."""
     for path, value in (("provider.nodes_per_block", spec.provider.nodes_per_block),
                         ("provider.max_blocks", spec.provider.max_blocks),
                         ("mpi.max_workers_per_block", spec.mpi.max_workers_per_block),
@@ -218,6 +224,10 @@ def _check(spec: SiteSpec) -> None:
                         ("provider.min_blocks", spec.provider.min_blocks)):
         if value < 0:
             raise SiteError(f"{path}: must be 0 or more, got {value}")
+
+
+def _check_launch(spec: SiteSpec) -> None:
+    """The launch section: accelerators, ranks per node."""
     ids = spec.launch.accelerators
     if len(set(ids)) != len(ids) or not all(_ACCELERATOR_ID.match(i) for i in ids):
         raise SiteError(f"launch.accelerators: each node's accelerator ids, each once, as its visibility variable "

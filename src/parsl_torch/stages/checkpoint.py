@@ -21,11 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
-from ..common import settings
 from ..core.dist import barrier
 from ..core.ranks import get_rank, get_world_size
+from . import faults
 
 FORMAT = "parsl-torch/checkpoint-1"
 SHARDED_FORMAT = "parsl-torch/dcp-1"
@@ -68,7 +72,7 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
-    _maybe_fault_in_save(meta["step"])
+    faults.in_save(get_rank(), meta["step"])  # (the resilience tests' PARSL_TORCH_FAULT)
     barrier()  # every rank's shards are on disk
     if get_rank() == 0:
         (target / META).write_text(json.dumps(meta))
@@ -80,14 +84,6 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
     barrier()
-
-
-def _maybe_fault_in_save(step: int) -> None:
-    """Fault injection for tests: PARSL_TORCH_FAULT=killsave@RANK:STEP kills that rank after writing
-    its shards of the checkpoint of STEP, before the others finish."""
-    spec = settings.FAULT.get() or ""
-    if spec.startswith("killsave@") and spec.split("@", 1)[1] == f"{get_rank()}:{step}":
-        os.kill(os.getpid(), 9)
 
 
 def read(path: str | os.PathLike) -> dict[str, Any]:

@@ -16,8 +16,6 @@ history has no lost or duplicated steps.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +29,16 @@ from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.flops import flops_per_token, peak_flops, throughput
 from ..core.log import get_logger
-from ..core.precision import check_precision, default_precision, grad_scaler, normalize_precision, use_tf32
+from ..core.precision import (
+    check_precision,
+    default_precision,
+    grad_scaler,
+    normalize_precision,
+    use_tf32,
+)
 from ..core.ranks import get_rank, get_world_size
 from ..errors import ConfigError
+from . import faults
 from .config import (
     DataConfig,
     ModelConfig,
@@ -92,124 +97,149 @@ class TrainConfig:
                               f"change strategy")
 
 
-def _maybe_fault(rank: int, step: int) -> None:
-    """Fault injection for resilience tests: PARSL_TORCH_FAULT=kill|hang@RANK:STEP[:ONCE_FILE], or
-    slow@RANK:SECONDS (that rank takes SECONDS longer every step: a training time no machine beats)."""
-    spec = settings.FAULT.get()
-    if not spec:
-        return
-    kind, _, where = spec.partition("@")
-    if kind == "slow":
-        slow_rank, seconds = where.split(":")
-        if rank == int(slow_rank):
-            time.sleep(float(seconds))
-        return
-    fault_rank, fault_step, *once = where.split(":", 2)
-    if (rank, step) != (int(fault_rank), int(fault_step)):
-        return
-    if once:
-        marker = Path(once[0])
-        if marker.exists():
-            return
-        marker.touch()
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    while kind == "hang":
-        time.sleep(3600)
-
-
 def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: str = STAGE) -> dict[str, Any]:
     """Train on every rank (after setup_torch); returns a summary (rank 0's is the app's result)."""
     import torch
-    import torch.nn.functional as F
 
-    from ..core.wrap import data_parallel_coords, wrap_model
-    from ..history.recorder import History
-    from . import checkpoint as ckpt
-    from .data import batch
-
-    rank, logger = get_rank(), get_logger(__name__)
     torch.manual_seed(cfg.seed)
-    device = get_torch_device()
-    tp = cfg.tp_size or 1  # the config check allows tp_size with fsdp+tp only
-    precision = normalize_precision(cfg.precision or cfg.dtype) or default_precision(device.type)
-    check_precision(precision, device.type)
-    if precision == "fp32":
-        use_tf32(device.type, cfg.tf32)
-    built = build_model(cfg.model).to(device)
-    per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
-                                         if cfg.model.kind == "transformer" else ()))
-    peak = peak_flops(device)
-    model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
-    scaler = grad_scaler(precision, device.type)
-    forward = torch.compile(model) if cfg.compile else model  # (checkpoints hold the module's own names)
-    history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
-                      units=UNITS, descriptions=DESCRIPTIONS)
-    start = 0
-    call = settings.CALL_ID.raw()
+    run = _Training.build(cfg, history_path, stage)
+    state, start = _resume(run, checkpoint_path)
+    faults.install(run.model, get_rank(), start)  # (the resilience tests' PARSL_TORCH_FAULT)
+    loss, compile_s = _steps(run, start, checkpoint_path)
+    # resumed at its last step (killed after the final save): the loss that checkpoint recorded
+    final = _mean(loss.detach(), run.device) if start < cfg.steps else float(state.get("loss") or math.nan)
+    path = run.history.finalize(history_path)
+    return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
+            "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
+            "world_size": get_world_size(), "segments": run.history.segments, "precision": run.precision,
+            "compile_s": compile_s}
+
+
+@dataclass
+class _Training:
+    """What a train stage's steps use, built once on each rank."""
+
+    cfg: TrainConfig
+    stage: str
+    device: Any
+    precision: str
+    model: Any  # wrapped (DDP, FSDP): what is saved
+    forward: Any  # the model, compiled where the config says
+    opt: Any
+    scaler: Any
+    history: Any
+    per_token: float  # FLOPs per token
+    peak: float | None  # the device's peak FLOP/s
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, history_path: Any, stage: str) -> _Training:
+        import torch
+
+        from ..core.wrap import wrap_model
+        from ..history.recorder import History
+
+        device = get_torch_device()
+        precision = normalize_precision(cfg.precision or cfg.dtype) or default_precision(device.type)
+        check_precision(precision, device.type)
+        if precision == "fp32":
+            use_tf32(device.type, cfg.tf32)
+        built = build_model(cfg.model).to(device)
+        per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
+                                             if cfg.model.kind == "transformer" else ()))
+        model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
+        history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
+                          units=UNITS, descriptions=DESCRIPTIONS)
+        forward = torch.compile(model) if cfg.compile else model  # (checkpoints hold the module's own names)
+        return cls(cfg, stage, device, precision, model, forward, opt, grad_scaler(precision, device.type), history,
+                   per_token, peak_flops(device))
+
+
+def _resume(run: _Training, checkpoint_path: Any) -> tuple[dict[str, Any], int]:
+    """(the checkpoint's state, the step to start at): this call's own checkpoint restored, if there is one."""
+    from . import checkpoint as ckpt
+
+    cfg, stage, logger = run.cfg, run.stage, get_logger(__name__)
     state = ckpt.read(checkpoint_path) if Path(checkpoint_path).exists() else None
-    if state is not None and state.get("call") != call:
+    if state is not None and state.get("call") != settings.CALL_ID.raw():
         # a checkpoint of another call of this stage (another config, code or input): never resume it
         logger.info("[%s] %s was written by another call of this stage: training from step 0", stage,
                     checkpoint_path)
         state = None
-    if state is not None:
-        check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
-        if state.get("strategy", cfg.strategy) != cfg.strategy:
-            raise ConfigError(f"stage {stage!r}: strategy={cfg.strategy!r} but checkpoint {checkpoint_path} was "
-                              f"written with strategy={state['strategy']!r}: resume with the strategy it was "
-                              f"trained with")
-        ckpt.restore(state, model, opt)
-        start = state["step"]
-        history.resume(before_step=start)
-        logger.info("[%s] resumed from the checkpoint of step %d (%s)", stage, start, checkpoint_path)
+    if state is None:
+        return {}, 0
+    check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
+    if state.get("strategy", cfg.strategy) != cfg.strategy:
+        raise ConfigError(f"stage {stage!r}: strategy={cfg.strategy!r} but checkpoint {checkpoint_path} was "
+                          f"written with strategy={state['strategy']!r}: resume with the strategy it was "
+                          f"trained with")
+    ckpt.restore(state, run.model, run.opt)
+    run.history.resume(before_step=state["step"])
+    logger.info("[%s] resumed from the checkpoint of step %d (%s)", stage, state["step"], checkpoint_path)
+    return state, state["step"]
+
+
+def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float | None]:
+    """Steps ``start`` to the end, with their checkpoints; (the last step's loss, the first step's
+    time where it compiled)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..core.wrap import data_parallel_coords
+    from .data import batch
+
+    cfg, logger = run.cfg, get_logger(__name__)
+    tp = cfg.tp_size or 1  # the config check allows tp_size with fsdp+tp only
     dp_rank, dp_size = data_parallel_coords(tp)
-    loss = torch.tensor(float("nan"))
-    compile_s = None
+    loss, compile_s = torch.tensor(float("nan")), None
     for step in range(start, cfg.steps):
-        _maybe_fault(rank, step)
         t0 = time.perf_counter()
-        tokens = batch(cfg.data, cfg.model, step, dp_rank, dp_size).to(device)
-        logits = forward(tokens[:, :-1])
+        tokens = batch(cfg.data, cfg.model, step, dp_rank, dp_size).to(run.device)
+        logits = run.forward(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, cfg.model.vocab_size).float(), tokens[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:  # fp16: scaled gradients, a step skipped where they overflowed
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        _update(run, loss)
         value = loss.item()  # (the step's one device sync: dt is the step's time, not its queueing)
         dt = time.perf_counter() - t0
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
-        line = history.update({"loss": value, "lr": cfg.lr, "dt": dt,
-                               **throughput(tokens[:, :-1].numel() // tp, dt, per_token, peak, get_world_size())},
-                              step=step)
+        line = run.history.update({"loss": value, "lr": cfg.lr, "dt": dt, **throughput(
+            tokens[:, :-1].numel() // tp, dt, run.per_token, run.peak, get_world_size())}, step=step)
         if step % cfg.log_every == 0:
-            logger.info("[%s] %s", stage, line)
-        # collective, on every rank at every step but the last: its answer is the same on all ranks
-        block_ending = step + 1 < cfg.steps and should_checkpoint()
-        if block_ending or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            history.sync()  # the history on disk covers every step the checkpoint does
-            history.flush()
-            t0 = time.perf_counter()
-            ckpt.save(checkpoint_path, model, opt, step + 1, as_dict(cfg.model), call, cfg.strategy,
-                      loss=_mean(loss.detach(), device))
-            note_checkpoint(step + 1, time.perf_counter() - t0)
-        if block_ending:
-            logger.info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in the next block",
-                        stage, step + 1)
-            to_be_continued(step + 1)
-    # resumed at its last step (killed after the final save): the loss that checkpoint recorded
-    final = _mean(loss.detach(), device) if start < cfg.steps else float(state.get("loss") or math.nan)
-    path = history.finalize(history_path)
-    return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
-            "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
-            "world_size": get_world_size(), "segments": history.segments, "precision": precision,
-            "compile_s": compile_s}
+            logger.info("[%s] %s", run.stage, line)
+        _checkpoint_if_due(run, step, loss, checkpoint_path)
+    return loss, compile_s
+
+
+def _update(run: _Training, loss: Any) -> None:
+    run.opt.zero_grad(set_to_none=True)
+    if run.scaler is None:
+        loss.backward()
+        run.opt.step()
+    else:  # fp16: scaled gradients, a step skipped where they overflowed
+        run.scaler.scale(loss).backward()
+        run.scaler.step(run.opt)
+        run.scaler.update()
+
+
+def _checkpoint_if_due(run: _Training, step: int, loss: Any, checkpoint_path: Any) -> None:
+    """Collective: the checkpoint after ``step`` when one is due, or when the block ends (then the
+    stage stops, to be continued)."""
+    from . import checkpoint as ckpt
+
+    cfg = run.cfg
+    # collective, on every rank at every step but the last: its answer is the same on all ranks
+    block_ending = step + 1 < cfg.steps and should_checkpoint()
+    if block_ending or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        run.history.sync()  # the history on disk covers every step the checkpoint does
+        run.history.flush()
+        t0 = time.perf_counter()
+        ckpt.save(checkpoint_path, run.model, run.opt, step + 1, as_dict(cfg.model), settings.CALL_ID.raw(),
+                  cfg.strategy, loss=_mean(loss.detach(), run.device))
+        note_checkpoint(step + 1, time.perf_counter() - t0)
+    if block_ending:
+        get_logger(__name__).info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in "
+                                  "the next block", run.stage, step + 1)
+        to_be_continued(step + 1)
 
 
 def _mean(loss: Any, device: Any) -> float:
