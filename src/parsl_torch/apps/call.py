@@ -49,7 +49,8 @@ class StageCall:
         return self.fn is not None
 
     @property
-    def spec(self) -> dict[str, int]:
+    def resource_specification(self) -> dict[str, int]:
+        """``resources`` as Parsl takes them."""
         return dict(self.resources)
 
     def identified(self, call_id: str) -> StageCall:

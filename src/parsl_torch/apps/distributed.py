@@ -32,6 +32,7 @@ from .call import StageCall
 from .identity.fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
 from .payload import ShippedFunction, StageOptions
+from .placement import Placement
 from .remote.client import remote_job, submit_remote
 from .request import BuiltinCall
 from .scriptargs import caller_path, named_path, script_stage_name
@@ -71,47 +72,47 @@ class DistributedApp:
                  **kwargs: Any) -> StageFuture:
         wf = current_workflow(self.name)
         asked = stage or self.name
-        where = wf.placement(asked, site)
+        placement = wf.placement(asked, site)
         nodes = num_nodes or self.num_nodes
-        ppn = ranks_per_node or self.ranks_per_node or where.ranks_per_node
+        ppn = ranks_per_node or self.ranks_per_node or placement.ranks_per_node
         walltime = check_walltime(asked, walltime if walltime is not None else self.walltime)
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
         check_env(asked, stage_env)
-        where.check_resources(asked, nodes, ppn)  # before anything is named or made
+        placement.check_resources(asked, nodes, ppn)  # before anything is named or made
         min_nodes = min_nodes if min_nodes is not None else self.min_nodes
-        where.check_min_nodes(asked, min_nodes, nodes)
-        where.check_inputs(asked, list(inputs), wf.made_on)
-        if not where.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
-            # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
+        placement.check_min_nodes(asked, min_nodes, nodes)
+        placement.check_inputs(asked, list(inputs), wf.made_on)
+        if not placement.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
+            # a Path argument names a file placement the workflow runs; the ranks start in the stage's directory
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
         self._check_arguments(asked, args, kwargs)
-        call = self._call(wf, where, wf.stage_name(asked, explicit=stage is not None), nodes, ppn, walltime,
+        call = self._call(wf, placement, wf.stage_name(asked, explicit=stage is not None), nodes, ppn, walltime,
                           stage_env, min_nodes)
         outputs = [wf.place(o, Path(call.opts.stage_dir)) for o in outputs]
-        route = _remote if where.remote else _warm if wf.warm is not None and self.fn is not None else _cold
+        route = _remote if placement.remote else _warm if wf.warm is not None and self.fn is not None else _cold
         future = route(wf, call, self, args, kwargs, list(inputs), outputs)
-        wf.track(future, nodes * ppn, where)
+        wf.track(future, nodes * ppn, placement)
         return future
 
-    def _call(self, wf: Any, where: Any, stage: str, nodes: int, ppn: int, walltime: float | None,
+    def _call(self, wf: Any, placement: Placement, stage: str, nodes: int, ppn: int, walltime: float | None,
               stage_env: dict[str, str], min_nodes: int | None) -> StageCall:
-        """The call's record: its options (code identity read now), its function, where it runs."""
+        """The call's record: its options (code identity read now), its function, placement it runs."""
         code, roots, code_files, env_reads = self._code(stage)
-        stage_dir = where.stage_dir(wf.run_dir, stage)
+        stage_dir = placement.stage_dir(wf.run_dir, stage)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
-               **where.site.rank_env(), **stage_env}
+               **placement.site.rank_env(), **stage_env}
         script, module = _script_target(self.script)
-        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), where.site.launcher_args(ppn),
+        opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
                             code=code, code_roots=roots, script=script, module=module,
                             files=(*self.files, *code_files), env_reads=env_reads, import_path=rank_import_path(),
-                            preflight=where.site.spec.mpi.preflight)
+                            preflight=placement.site.spec.mpi.preflight)
         resources = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}
         if min_nodes is not None and min_nodes < nodes:  # the pool may start it on fewer (launch.pool)
             resources[MIN_NODES_KEY] = min_nodes
         # (a remote stage's function is shipped with its job: remote.client)
-        fn = ShippedFunction.of(self.fn) if self.fn is not None and not where.remote else None
-        return StageCall(opts, where.mpi_label, tuple(resources.items()), fn, self.script or ())
+        fn = ShippedFunction.of(self.fn) if self.fn is not None and not placement.remote else None
+        return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, self.script or ())
 
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
@@ -142,7 +143,7 @@ def _cold(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: di
     stage_dir.mkdir(parents=True, exist_ok=True)
     app_future = bash_app_for(call.executor, wf.memoize)(
         call, *args, inputs=inputs, outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
-        parsl_resource_specification=call.spec, **kwargs)
+        parsl_resource_specification=call.resource_specification, **kwargs)
     return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT if call.returns else None)
 
 

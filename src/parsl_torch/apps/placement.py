@@ -22,6 +22,7 @@ from ..common import settings
 from ..errors import ConfigError
 from ..launch.plan import MAX_RANKS_PER_NODE
 from ..launch.schedulers import Scheduler, get_scheduler
+from ..sites.build import MPI_LABEL, executor_label
 
 #: the file system of the machine the workflow runs on
 LOCAL_FILES = "local"
@@ -76,7 +77,7 @@ class Placement:
         limit = self.scheduler.max_nodes_per_block or spec.provider.nodes_per_block - spec.mpi.spare_nodes
         if num_nodes > limit:
             spares = f", {spec.mpi.spare_nodes} of them spare (mpi.spare_nodes)" if spec.mpi.spare_nodes else ""
-            where = "runs on this machine only" if self.scheduler.max_nodes_per_block == 1 else (
+            where = "runs on this machine only" if self.scheduler.one_machine else (
                 f"has blocks of {spec.provider.nodes_per_block} node(s) (provider.nodes_per_block{spares})")
             raise ConfigError(f"stage {stage!r}: num_nodes={num_nodes} but site {spec.name!r} {where}: "
                               f"ask for fewer nodes or raise the site's nodes (--nodes / {settings.NODES.name})")
@@ -136,5 +137,5 @@ def placements(default: sites.Site, others: list[sites.Site], users_config: bool
     """Each site of a workflow and its executor label: ``mpi`` for a workflow of one site, ``<site>.mpi``
     when several sites share the workflow's Parsl config, or in a Parsl config of the user's own."""
     prefixed = users_config or bool(others)
-    return {s.name: Placement(s, s.mpi_label if prefixed else "mpi", pool=not users_config)
+    return {s.name: Placement(s, executor_label(MPI_LABEL, s.name if prefixed else None), pool=not users_config)
             for s in (default, *others)}

@@ -87,6 +87,19 @@ class ProgressRecord:
     mfu: float | None = None  # a train stage's model FLOPs utilisation (where the device's peak is known)
 
 
+@dataclass(frozen=True)
+class WarmJob:
+    """One call handed to a warm group (``apps.warm``), in the group's ``jobs/<n>.json``: the stage
+    directory, whose files (``PAYLOAD``, ``ENV``, ``RESULT``, ``STDOUT``, ``STDERR``) its ranks read
+    and write as a cold stage's do, and its walltime."""
+
+    stage_dir: str
+    walltime: float | None = None
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.stage_dir, name)
+
+
 R = TypeVar("R")
 #: the JSON types an annotation allows (None is always allowed where the annotation says so)
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict[str, str]": (dict,),

@@ -47,7 +47,7 @@ class PoolScheduler(MPITaskScheduler):
         self.backlog: list[dict] = []
         self.lock = threading.Lock()
         log.info("parsl-torch: %d node(s)%s; spare node(s) held back: %s", len(self.slots.entries),
-                 f", self.accelerators {','.join(self.accelerators)} on each, shared by stages smaller than a node"
+                 f", accelerators {','.join(self.accelerators)} on each, shared by stages smaller than a node"
                  if self.slots.accelerators else "", [Slots.name(e) for e in self.spare_nodes])
 
     def _usable(self, lost: set[str]) -> set[str]:
@@ -55,8 +55,8 @@ class PoolScheduler(MPITaskScheduler):
                 if Slots.name(e).split(".")[0] not in lost and e not in self.spare_nodes}
 
     def put_task(self, task_package: dict) -> None:
-        spec = task_package.get("context", {}).get("resource_spec", {})
-        if not spec.get("num_nodes"):
+        resources = task_package.get("context", {}).get("resource_spec", {})
+        if not resources.get("num_nodes"):
             return self.pending_task_q.put(task_package)
         with self.lock:
             self.backlog.append(task_package)
@@ -76,21 +76,21 @@ class PoolScheduler(MPITaskScheduler):
         """Start the task (or fail it at once, saying why, if the block can never hold it); False
         when it must wait. A task that needs more nodes than the block has left starts on the nodes
         left if its ``min_nodes`` allows."""
-        spec = task_package["context"]["resource_spec"]
+        resources = task_package["context"]["resource_spec"]
         tid = task_package["task_id"]
         usable = self._usable(lost)
-        needed = int(spec["num_nodes"])
-        ranks_per_node = int(spec.get("ranks_per_node") or int(spec["num_ranks"]) // needed)
+        needed = int(resources["num_nodes"])
+        ranks_per_node = int(resources.get("ranks_per_node") or int(resources["num_ranks"]) // needed)
         left = len(usable)
-        if needed > left and 0 < int(spec.get(MIN_NODES_KEY) or needed + 1) <= left:
+        if needed > left and 0 < int(resources.get(MIN_NODES_KEY) or needed + 1) <= left:
             log.warning("parsl-torch: task %s asks for %d node(s), the block has %d left (%s lost): it starts "
                         "on %d (min_nodes %s)", tid, needed, left, ", ".join(sorted(lost)), left,
-                        spec[MIN_NODES_KEY])
+                        resources[MIN_NODES_KEY])
             needed = left
-            spec.update(num_nodes=left, num_ranks=left * ranks_per_node)
+            resources.update(num_nodes=left, num_ranks=left * ranks_per_node)
         if needed > left:
-            spec["MPI_NODELIST"], spec[ACCELERATORS_KEY], spec[CPU_SHARE_KEY] = "", "", ""
-            spec[SHORT_KEY] = (f"the stage needs {needed} node(s) but its block has {left} left: "
+            resources["MPI_NODELIST"], resources[ACCELERATORS_KEY], resources[CPU_SHARE_KEY] = "", "", ""
+            resources[SHORT_KEY] = (f"the stage needs {needed} node(s) but its block has {left} left: "
                                f"{', '.join(sorted(lost)) or 'none'} lost in this job (quarantined), "
                                f"{len(self.spare_nodes)} spare(s) held back")
             self.grants[tid] = Grant(())
@@ -100,13 +100,13 @@ class PoolScheduler(MPITaskScheduler):
         if grant is None:
             return False
         self.grants[tid] = grant
-        spec["MPI_NODELIST"] = ",".join(Slots.name(e) for e in grant.nodes)
-        spec[SHORT_KEY] = ""  # (a worker keeps the variables of its earlier tasks: each task sets its own)
-        spec[ACCELERATORS_KEY] = f"{self.visibility}={','.join(grant.accelerators)}" if grant.accelerators else ""
-        spec[CPU_SHARE_KEY] = str(CpuShare(tuple(map(self.accelerators.index, grant.accelerators)),
+        resources["MPI_NODELIST"] = ",".join(Slots.name(e) for e in grant.nodes)
+        resources[SHORT_KEY] = ""  # (a worker keeps the variables of its earlier tasks: each task sets its own)
+        resources[ACCELERATORS_KEY] = f"{self.visibility}={','.join(grant.accelerators)}" if grant.accelerators else ""
+        resources[CPU_SHARE_KEY] = str(CpuShare(tuple(map(self.accelerators.index, grant.accelerators)),
                                            len(self.accelerators))) if grant.accelerators else ""
         if grant.accelerators:
-            log.info("parsl-torch: task %s on %s, self.accelerators %s", tid, spec["MPI_NODELIST"],
+            log.info("parsl-torch: task %s on %s, accelerators %s", tid, resources["MPI_NODELIST"],
                      ",".join(grant.accelerators))
         self.pending_task_q.put(task_package)
         return True

@@ -62,6 +62,11 @@ class Scheduler:
     endpoint_provider: ClassVar[str | None] = None
     #: nodes one block can have (None: what the site asks for)
     max_nodes_per_block: ClassVar[int | None] = None
+
+    @property
+    def one_machine(self) -> bool:
+        """Its stages run as processes of this machine alone (the local site)."""
+        return self.max_nodes_per_block == 1
     #: stages run through a Globus Compute endpoint, not on this machine
     remote: ClassVar[bool] = False
     #: set inside a job to the epoch seconds it ends (None: the job's start + walltime tells)

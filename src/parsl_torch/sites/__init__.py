@@ -181,12 +181,12 @@ class Site:
         ``<site>.htex``: stages called inside ``pt.workflow(site=...)`` under your
         ``parsl.load(config)`` run on them."""
         build.require_account(self.spec, "submit jobs")
-        return build.site_executors(self.spec, prefix=f"{self.name}.")
+        return build.site_executors(self.spec, self.name)
 
     @property
     def mpi_label(self) -> str:
         """The label of this site's MPI executor in a parsl.Config of your own."""
-        return f"{self.name}.{build.MPI_LABEL}"
+        return build.executor_label(build.MPI_LABEL, self.name)
 
     def render(self, executor: str = "mpi") -> str:
         """The batch script Parsl would submit for one block; nothing is submitted."""

@@ -31,6 +31,12 @@ from .globus import make_executor
 from .schema import SiteSpec, block_seconds
 
 MPI_LABEL, HTEX_LABEL = "mpi", "htex"
+
+
+def executor_label(kind: str, site: str | None = None) -> str:
+    """An executor's label: ``mpi``/``htex`` in the config of a workflow of one site; ``<site>.mpi``,
+    ``<site>.htex`` where several sites share a parsl.Config, or in a config of the user's own."""
+    return f"{site}.{kind}" if site else kind
 # What stands in for the worker command when a batch script is only rendered
 RENDER_COMMAND = "process_worker_pool.py ...  # filled in by Parsl when it submits"
 
@@ -145,10 +151,10 @@ def provider(spec: SiteSpec, launcher: Any, *, nodes_per_block: int, init_blocks
     scheduler = get_scheduler(spec.scheduler)
     cls = getattr(parsl.providers, scheduler.parsl_provider)
     nodes = min(nodes_per_block, scheduler.max_nodes_per_block or nodes_per_block)
-    settings = dataclasses.replace(spec.provider, queue=queue) if queue else spec.provider
+    provider = dataclasses.replace(spec.provider, queue=queue) if queue else spec.provider
     return cls(nodes_per_block=nodes, init_blocks=init_blocks, max_blocks=max_blocks,
                worker_init=worker_init(spec, stage_python=stage_python), launcher=launcher,
-               **scheduler.provider_options(settings))
+               **scheduler.provider_options(provider))
 
 
 def mpi_provider(spec: SiteSpec) -> Any:
@@ -292,12 +298,12 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
     return _site_executor_classes()[1](label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
 
 
-def site_executors(spec: SiteSpec, prefix: str = "", quarantine: str | None = None,
+def site_executors(spec: SiteSpec, site: str | None = None, quarantine: str | None = None,
                    import_path: Sequence[str] = ()) -> list[Any]:
-    """The site's executors, labelled ``prefix + "mpi"`` and ``prefix + "htex"`` (a prefix lets
-    several sites' executors sit in one parsl.Config)."""
-    mpi = mpi_executor(spec, prefix + MPI_LABEL, quarantine, import_path)
-    htex = htex_executor(spec, prefix + HTEX_LABEL) if spec.htex.enabled else None
+    """The site's executors, labelled by ``executor_label`` (``site``: the name that lets several
+    sites' executors sit in one parsl.Config)."""
+    mpi = mpi_executor(spec, executor_label(MPI_LABEL, site), quarantine, import_path)
+    htex = htex_executor(spec, executor_label(HTEX_LABEL, site)) if spec.htex.enabled else None
     mpi.single_process = htex
     if htex is not None:
         htex.multi_process = mpi
@@ -339,15 +345,15 @@ def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_execut
     executors = []
     for spec in specs:
         require_account(spec, "submit jobs")
-        prefix = f"{spec.name}." if prefixed else ""
+        site = spec.name if prefixed else None
         if get_scheduler(spec.scheduler).remote:
-            executors.append(globus_executor(spec, gc_executor, prefix + MPI_LABEL))
+            executors.append(globus_executor(spec, gc_executor, executor_label(MPI_LABEL, site)))
         else:
-            executors += site_executors(spec, prefix, str(Path(run_dir) / QUARANTINE_FILE), import_path)
+            executors += site_executors(spec, site, str(Path(run_dir) / QUARANTINE_FILE), import_path)
     if warm:  # each thread waits for one stage's call in its warm ranks
         executors.append(ThreadPoolExecutor(label=WARM_LABEL, max_threads=WARM_THREADS))
-    settings = {"usage_tracking": 0, "strategy_period": min(s.strategy_period for s in specs), **config_kwargs}
-    return Config(executors=executors, run_dir=str(run_dir), **settings)
+    options = {"usage_tracking": 0, "strategy_period": min(s.strategy_period for s in specs), **config_kwargs}
+    return Config(executors=executors, run_dir=str(run_dir), **options)
 
 
 def render(spec: SiteSpec, executor: str = MPI_LABEL) -> str:

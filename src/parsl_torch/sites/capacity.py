@@ -20,7 +20,7 @@ def node_accelerators(spec: SiteSpec, env: Mapping[str, str] | None = None) -> t
         return spec.launch.accelerators, variable
     if machine:
         return tuple(map(str, range(machine.accelerators_per_node))), variable
-    if get_scheduler(spec.scheduler).max_nodes_per_block == 1:
+    if get_scheduler(spec.scheduler).one_machine:
         return visible_ids(env)
     return (), variable
 
@@ -29,7 +29,7 @@ def stages_at_once(spec: SiteSpec, shared: bool = True) -> int:
     """The MPI stages a block may run at once (its workers): the site's setting (``local_slots`` on the
     local site), or as many as its nodes have accelerators where stages share nodes (``shared``:
     the block runs parsl-torch's pool, which places them)."""
-    local = get_scheduler(spec.scheduler).max_nodes_per_block == 1
+    local = get_scheduler(spec.scheduler).one_machine
     configured = spec.local_slots if local else spec.mpi.max_workers_per_block
     ids, _ = node_accelerators(spec)
     if not shared or not ids:

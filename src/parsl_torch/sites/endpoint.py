@@ -40,7 +40,7 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
         "worker_init": worker_init(spec, python_env, stage_python=True),
         "launcher": {"type": "SimpleLauncher"},  # the MPI engine launches ranks itself
     }
-    this_host = scheduler.max_nodes_per_block == 1  # the local site: an engine for this machine alone
+    this_host = scheduler.one_machine  # the local site: an engine for this machine alone
     engine: dict[str, Any] = {"type": "GlobusMPIEngine", "mpi_launcher": spec.mpi.launcher,
                               "max_workers_per_block": spec.local_slots if this_host else spec.mpi.max_workers_per_block,
                               "provider": provider}

@@ -217,7 +217,6 @@ def code_components(opts: Any, cache: DigestCache, roots: Sequence[tuple[str, st
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
     parts[ENV_NAMES] = json.dumps(sorted(env | set(opts.env_reads)))
-    cache.save()
     return parts
 
 
@@ -239,7 +238,6 @@ def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cach
     for path, digest in given.items():
         if not os.path.abspath(path).startswith(stage_dir):  # its own files are outputs
             parts[f"input {path}"] = digest if digest is not None else cache.file_digest(path)
-    cache.save()
     return parts
 
 
@@ -373,5 +371,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
     else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
         code_parts = {**code, **argument_modules(arguments, opts.import_path, cache)}
     env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
-    return {**code_parts, "runtime": runtime_digest(cache), **env_components(env_names, opts.environment),
-            **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
+    parts = {**code_parts, "runtime": runtime_digest(cache), **env_components(env_names, opts.environment),
+             **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
+    cache.save()  # once per call: what was hashed, for the next call and the next run
+    return parts

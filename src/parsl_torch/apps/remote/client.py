@@ -46,6 +46,7 @@ def remote_job(call: StageCall, fn: Callable | None, python: str | None, digests
     if fn is None:
         return RemoteJob(there, python, memoize=memoize)
     code = identity.code_components(call.opts, digests)
+    digests.save()
     sources = _sources([key[len("module "):] for key in code if key.startswith("module ")], call.opts.import_path,
                        call.stage)
     return RemoteJob(replace(there, fn=ShippedFunction.of(fn)), code=tuple(sorted(code.items())), sources=sources,
@@ -83,7 +84,7 @@ def submit_remote(wf: Any, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any
     RemoteAnswer). The call's own arguments travel beside the job, so Parsl resolves the futures among
     them first."""
     future = _job_app(job.call.executor)(job, *args, inputs=list(inputs), outputs=list(outputs),
-                                         parsl_resource_specification=job.call.spec, **kwargs)
+                                         parsl_resource_specification=job.call.resource_specification, **kwargs)
     future.add_done_callback(functools.partial(_say_why, wf.log, job.stage))
     return future
 

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import json
 import shutil
 import tempfile
 import threading
@@ -31,8 +30,8 @@ from typing import Any
 from ...common import settings
 from ...common.files import write_atomic
 from ...common.outcome import Cause, Outcome, read_outcome, write_outcome
-from ...common.stagedir import ENV as ENV_FILE
-from ...common.stagedir import PAYLOAD, RESULT, STDERR, STDOUT
+from ...common import stagedir
+from ...common.stagedir import RESULT, STDERR, STDOUT
 from ...core.log import get_logger
 from ...sites.build import WARM_LABEL
 from ...sites.capacity import stages_at_once
@@ -162,7 +161,7 @@ class WarmGroups:
         serving = StageCall(group_opts, call.executor, call.resources, fn=_serve(), id="warm-group")
         future = bash_app_for(call.executor, cache=False)(
             serving, str(directory), stdout=str(directory / STDOUT), stderr=str(directory / STDERR),
-            parsl_resource_specification=call.spec)
+            parsl_resource_specification=call.resource_specification)
         self.never_retry(future.tid)
         self.log.info("warm ranks: group %s starts (%d node(s) x %d rank(s))", directory.name,
                       group_opts.num_nodes, group_opts.ranks_per_node)
@@ -173,11 +172,8 @@ class WarmGroups:
         n = next(group.jobs)
         said = _size(group.directory / STDERR) if n else 0  # a new group's start lines are the call's
         stage_dir = Path(opts.stage_dir)
-        job = {"stage_dir": str(stage_dir), "payload": str(stage_dir / PAYLOAD), "result": str(stage_dir / RESULT),
-               "env": str(stage_dir / ENV_FILE), "stdout": str(stage_dir / STDOUT), "stderr": str(stage_dir / STDERR),
-               "walltime": opts.walltime}
         started = time.monotonic()
-        write_atomic(job_path(group.directory, n), json.dumps(job))
+        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime))
         done, taken = job_path(group.directory, n, "done"), job_path(group.directory, n, "started")
         while not done.exists():
             if group.future.done() and not done.exists():

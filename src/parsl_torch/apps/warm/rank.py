@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ...common import settings
+from ...common import settings, stagedir
 from ...common.files import write_atomic
 from ..stage_main import write_result
 
@@ -256,23 +256,23 @@ def _output_to(stdout: str, stderr: str):
             os.close(old)
 
 
-def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> bool:
+def _run(job: stagedir.WarmJob, baseline: _Baseline, rank: int) -> bool:
     """One call, as ``stage_main`` runs it; a failure ends this rank (exit 1, or 124 past its walltime)."""
     import dill
 
-    with open(job["env"]) as f:
+    with open(job.file(stagedir.ENV)) as f:
         env = json.load(f)
     groups = _process_groups()
-    with _output_to(job["stdout"], job["stderr"]):
-        os.chdir(job["stage_dir"])
+    with _output_to(job.file(stagedir.STDOUT), job.file(stagedir.STDERR)):
+        os.chdir(job.stage_dir)
         os.environ.update(env)
         sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        timer = threading.Timer(job["walltime"], os._exit, (124,)) if job.get("walltime") else None
+        timer = threading.Timer(job.walltime, os._exit, (124,)) if job.walltime else None
         if timer is not None:
             timer.daemon = True
             timer.start()
         try:
-            with open(job["payload"], "rb") as f:
+            with open(job.file(stagedir.PAYLOAD), "rb") as f:
                 shipped, args, kwargs = dill.load(f)
             value = shipped.load()(*args, **kwargs)
         except BaseException:  # noqa: BLE001 - as stage_main: report any failure, then end this rank
@@ -282,7 +282,7 @@ def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> bool:
         if timer is not None:
             timer.cancel()
         if rank == 0:
-            write_result(value, job["result"])
+            write_result(value, job.file(stagedir.RESULT))
     import torch.distributed as dist
 
     for group in _process_groups() - groups:
@@ -298,13 +298,13 @@ def _run(job: dict[str, Any], baseline: _Baseline, rank: int) -> bool:
     return not left
 
 
-def _next_job(group_dir: str, n: int) -> dict[str, Any] | str | None:
+def _next_job(group_dir: str, n: int) -> stagedir.WarmJob | str | None:
     """Rank 0: job ``n`` when it is there, "stop" when asked (or the block is about to end), None after TICK_S."""
     waited = time.monotonic() + TICK_S
     path, stop = job_path(group_dir, n), Path(group_dir, STOP)
     while time.monotonic() < waited:
         if path.exists():
-            job = json.loads(path.read_text())
+            job = stagedir.read(path, stagedir.WarmJob)
             write_atomic(job_path(group_dir, n, "started"), "")
             return job
         deadline = settings.DEADLINE.get()
