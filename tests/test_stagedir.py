@@ -15,6 +15,7 @@ from parsl_torch.common.outcome import Cause, Outcome, read_outcome, write_outco
     stagedir.ContinuationRecord("call-1", 1.5e9, step=40, save_seconds=2.5, grace=120.0),
     stagedir.BlockRecord("3", 1.7e9, 1.6e9, 1.5e9, skipped=True),
     stagedir.ProgressRecord(9, 100, "loss", 0.25, 1.5e9),
+    stagedir.WarmJob("/runs/r/train", 600.0),
 ])
 def test_a_record_reads_back_as_written(tmp_path, record):
     path = tmp_path / "r.json"
