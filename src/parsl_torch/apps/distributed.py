@@ -83,21 +83,25 @@ class DistributedApp:
         placement.check_min_nodes(asked, min_nodes, nodes)
         placement.check_inputs(asked, list(inputs), wf.made_on)
         if not placement.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
-            # a Path argument names a file placement the workflow runs; the ranks start in the stage's directory
+            # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
         self._check_arguments(asked, args, kwargs)
         call = self._call(wf, placement, wf.stage_name(asked, explicit=stage is not None), nodes, ppn, walltime,
                           stage_env, min_nodes)
         outputs = [wf.place(o, Path(call.opts.stage_dir)) for o in outputs]
-        route = _remote if placement.remote else _warm if wf.warm is not None and self.fn is not None else _cold
-        future = route(wf, call, self, args, kwargs, list(inputs), outputs)
+        if placement.remote:
+            future = _remote(wf, call, self.fn, self.python, args, kwargs, list(inputs), outputs)
+        elif wf.warm is not None and self.fn is not None:  # (a script owns its process: it runs cold)
+            future = _warm(wf, call, args, kwargs, list(inputs), outputs)
+        else:
+            future = _cold(wf, call, args, kwargs, list(inputs), outputs)
         wf.track(future, nodes * ppn, placement)
         return future
 
     def _call(self, wf: Any, placement: Placement, stage: str, nodes: int, ppn: int, walltime: float | None,
               stage_env: dict[str, str], min_nodes: int | None) -> StageCall:
-        """The call's record: its options (code identity read now), its function, placement it runs."""
+        """The call's record: its options (code identity read now), its function, where it runs."""
         code, roots, code_files, env_reads = self._code(stage)
         stage_dir = placement.stage_dir(wf.run_dir, stage)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
@@ -136,7 +140,7 @@ class DistributedApp:
         return code, tuple(sorted(fp.roots)), tuple(sorted(fp.files)), tuple(sorted(fp.env_names))
 
 
-def _cold(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
+def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
           outputs: list) -> StageFuture:
     """A stage whose ranks start for this call: an MPI task on the site's executor (``stagecmd``)."""
     stage_dir = Path(call.opts.stage_dir)
@@ -147,19 +151,20 @@ def _cold(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: di
     return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT if call.returns else None)
 
 
-def _warm(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
+def _warm(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
           outputs: list) -> StageFuture:
-    """A function stage in ranks already up (``warm``: a script owns its process, so it runs cold)."""
+    """A function stage in ranks already up (``warm``)."""
     stage_dir = Path(call.opts.stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     app_future = wf.warm.app(wf.memoize)(call, *args, inputs=inputs, outputs=outputs, **kwargs)
     return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
 
 
-def _remote(wf: Any, call: StageCall, app: DistributedApp, args: tuple, kwargs: dict[str, Any], inputs: list,
-            outputs: list) -> StageFuture:
-    """A stage on a Globus Compute endpoint: one task there (``remote.client``, ``remote.job``)."""
-    job = remote_job(call, app.fn, app.python, wf.digests, wf.memoize)
+def _remote(wf: Any, call: StageCall, fn: Callable | None, python: str | None, args: tuple,
+            kwargs: dict[str, Any], inputs: list, outputs: list) -> StageFuture:
+    """A stage on a Globus Compute endpoint: one task there (``remote.client``, ``remote.job``); ``fn``
+    is shipped with the job, ``python`` is a script's there."""
+    job = remote_job(call, fn, python, wf.digests, wf.memoize)
     return StageFuture(call.stage, submit_remote(wf, job, args, kwargs, inputs, outputs), None, None)
 
 

@@ -23,7 +23,6 @@ from typing import Any
 from ..common import settings
 from ..common.entrypoints import NODE_PYTHON
 from ..errors import SiteError
-from ..launch.packing import MIN_NODES_KEY
 from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
 from .capacity import node_accelerators, stages_at_once
@@ -175,75 +174,6 @@ def htex_provider(spec: SiteSpec) -> Any:
 #: the executor of the apps that hand stages to warm ranks, and how many stages it holds at once
 WARM_LABEL, WARM_THREADS = "warm", 256
 
-#: the keys of a resource specification that HighThroughputExecutor takes; any other asks for MPI ranks
-HTEX_RESOURCE_KEYS = frozenset({"priority"})
-
-
-@functools.lru_cache(maxsize=1)
-def _site_executor_classes() -> tuple[type, type]:
-    """(MPI executor, single-process executor) classes that hand each other the apps Parsl gives
-    the wrong one: Parsl sends an app without ``executors=`` to any executor of the config, so a
-    site's config runs a Parsl user's apps as Parsl's own MPI config would."""
-    from parsl.executors import HighThroughputExecutor, MPIExecutor
-
-    class SiteMPIExecutor(MPIExecutor):
-        """An ordinary app (no resource specification), which a plain MPIExecutor fails, goes to the
-        site's single-process executor when there is one, else runs as one process on one node."""
-
-        single_process: Any = None
-
-        def submit(self, func, resource_specification, *args, **kwargs):
-            if not resource_specification:
-                if self.single_process is not None:
-                    return self.single_process.submit(func, resource_specification, *args, **kwargs)
-                resource_specification = {"num_nodes": 1, "ranks_per_node": 1, "num_ranks": 1}
-            return super().submit(func, resource_specification, *args, **kwargs)
-
-        def validate_resource_spec(self, resource_specification):
-            """Parsl's own check, on the specification itself: it completes it in place (``num_ranks``
-            from ``num_nodes`` x ``ranks_per_node``, which ``PARSL_NUM_RANKS`` and the launch prefixes
-            are made from); a stage's min_nodes, which parsl-torch-pool reads (``launch.pool``) and
-            Parsl does not know, is set aside meanwhile."""
-            min_nodes = resource_specification.pop(MIN_NODES_KEY, None)
-            try:
-                complete_mpi_spec(resource_specification)
-                return super().validate_resource_spec(resource_specification)
-            finally:
-                if min_nodes is not None:
-                    resource_specification[MIN_NODES_KEY] = min_nodes
-
-    class SiteHighThroughputExecutor(HighThroughputExecutor):
-        """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor
-        refuses (InvalidResourceSpecification), goes to the site's MPI executor."""
-
-        multi_process: Any = None
-
-        def submit(self, func, resource_specification, *args, **kwargs):
-            if self.multi_process is not None and set(resource_specification or ()) - HTEX_RESOURCE_KEYS:
-                return self.multi_process.submit(func, resource_specification, *args, **kwargs)
-            return super().submit(func, resource_specification, *args, **kwargs)
-
-    return SiteMPIExecutor, SiteHighThroughputExecutor
-
-
-def complete_mpi_spec(spec: dict[str, Any]) -> None:
-    """``num_ranks`` or ``ranks_per_node`` from the other two, in place and as integers (Parsl divides
-    ``num_ranks / num_nodes`` into ``2.0``, which becomes ``-ppn 2.0``); ranks that do not divide
-    evenly over the nodes get the ranks per node rounded up (4 over 3 nodes: 2, 2 and 0, as
-    ``parsl-torch launch`` places them)."""
-    from parsl.executors.errors import InvalidResourceSpecification
-
-    nodes, ppn, ranks = (spec.get(k) for k in ("num_nodes", "ranks_per_node", "num_ranks"))
-    try:
-        if nodes and ppn and not ranks:
-            spec["num_ranks"] = int(nodes) * int(ppn)
-        elif nodes and ranks and not ppn:
-            spec["ranks_per_node"] = -(-int(ranks) // int(nodes))
-    except (TypeError, ValueError):
-        raise InvalidResourceSpecification({"num_nodes", "ranks_per_node", "num_ranks"},
-                                           f"num_nodes, ranks_per_node and num_ranks must be integers: {spec}") from None
-
-
 def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None = None,
                  import_path: Sequence[str] = ()) -> Any:
     """The site's MPI executor; with ``quarantine`` (a workflow's file of lost nodes) its blocks run
@@ -252,9 +182,11 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
     prov = mpi_provider(spec)
     extra = {"launch_cmd": pool_command(quarantine, spec, import_path)} if quarantine else {}
     max_workers = stages_at_once(spec, shared=quarantine is not None)  # (only parsl-torch's pool shares nodes)
-    return _site_executor_classes()[0](label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
-                                      max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
-                                      drain_period=drain_period(spec), **_address(spec), **extra)
+    from .executors import SiteMPIExecutor
+
+    return SiteMPIExecutor(label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
+                           max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
+                           drain_period=drain_period(spec), **_address(spec), **extra)
 
 
 #: parsl-torch's worker pool (``launch.pool``), installed beside Parsl's process_worker_pool.py
@@ -295,7 +227,9 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
         kwargs["available_accelerators"] = list(h.accelerators)
     if h.max_workers_per_node:
         kwargs["max_workers_per_node"] = h.max_workers_per_node
-    return _site_executor_classes()[1](label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
+    from .executors import SiteHighThroughputExecutor
+
+    return SiteHighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
 
 
 def site_executors(spec: SiteSpec, site: str | None = None, quarantine: str | None = None,

@@ -27,10 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...common import settings
+from ...common import settings, stagedir
 from ...common.files import write_atomic
 from ...common.outcome import Cause, Outcome, read_outcome, write_outcome
-from ...common import stagedir
 from ...common.stagedir import RESULT, STDERR, STDOUT
 from ...core.log import get_logger
 from ...sites.build import WARM_LABEL
@@ -70,25 +69,26 @@ def shape(call: StageCall) -> tuple:
     """What must be equal for two calls to share ranks: where and how they start (its resource
     specification: nodes, ranks, and ``min_nodes``: a group may start on fewer nodes)."""
     opts = call.opts
-    env = tuple((k, v) for k, v in opts.env if k not in (settings.RUN_DIR.name, settings.STAGE_DIR.name))  # (hashable)
+    own = (settings.RUN_DIR.name, settings.STAGE_DIR.name)  # each call's own, not the shape's
+    env = tuple((k, v) for k, v in opts.env if k not in own)
     return call.executor, tuple(sorted(call.resources)), opts.launcher_args, opts.preflight, env, opts.import_path
 
 
 class WarmGroups:
     """One workflow's groups. ``never_retry``: told each group's task id (a failed group is not run again)."""
 
-    def __init__(self, run_dir: Path, where: dict[str, Placement], never_retry: Any) -> None:
+    def __init__(self, run_dir: Path, placements: dict[str, Placement], never_retry: Any) -> None:
         self.never_retry = never_retry
         groups_dir = run_dir / GROUPS_DIR
         # what is there is runs' that were killed (the run lock lets one workflow at a time in)
         shutil.rmtree(groups_dir, ignore_errors=True)
         groups_dir.mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="run-", dir=groups_dir))
-        self.slots = {p.mpi_label: stages_at_once(p.site.spec) for p in where.values()}
+        self.slots = {p.mpi_label: stages_at_once(p.site.spec) for p in placements.values()}
         self._groups: list[_Group] = []  # those that take calls
         self._started: list[_Group] = []  # every one, for the end
         self._made = itertools.count()
-        self._apps: dict[str, Any] = {}
+        self._apps: dict[bool, Any] = {}  # memoized or not -> the app
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self.log = get_logger("parsl_torch.workflow")
@@ -97,16 +97,15 @@ class WarmGroups:
     def app(self, cache: bool):
         """This workflow's Parsl app of a warm stage (on the ``warm`` thread executor: nothing is pickled):
         its arguments are a cold stage's bash app's, so its identity is the same."""
-        key = "app" if cache else "uncached"
-        if key not in self._apps:
+        if cache not in self._apps:
             from parsl import python_app
 
             def warm_stage(call: StageCall, *args: Any, inputs: Sequence = (), outputs: Sequence = (),
                            **kwargs: Any) -> int:
                 return self.run(call, args, kwargs, inputs, outputs)
 
-            self._apps[key] = python_app(warm_stage, executors=[WARM_LABEL], cache=cache)
-        return self._apps[key]
+            self._apps[cache] = python_app(warm_stage, executors=[WARM_LABEL], cache=cache)
+        return self._apps[cache]
 
     def run(self, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: Sequence, outputs: Sequence) -> int:
         """One call in a group of its shape (one is started if none is free); raises as its bash app would."""
@@ -250,9 +249,9 @@ def _serve() -> ShippedFunction:
 
 
 @contextlib.contextmanager
-def warm_groups(run_dir: Path, where: dict[str, Placement], never_retry: Any):
+def warm_groups(run_dir: Path, placements: dict[str, Placement], never_retry: Any):
     """The workflow's groups for the duration of the block; all are stopped when it ends."""
-    groups = WarmGroups(run_dir, where, never_retry)
+    groups = WarmGroups(run_dir, placements, never_retry)
     try:
         yield groups
     finally:

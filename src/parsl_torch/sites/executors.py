@@ -1,0 +1,73 @@
+"""The site's executor classes: Parsl's MPIExecutor and HighThroughputExecutor, each of which hands
+the other the apps Parsl gives the wrong one (Parsl sends an app without ``executors=`` to any
+executor of the config, so a site's config runs a Parsl user's apps as Parsl's own MPI config
+would), and a resource specification completed before Parsl checks it. Imports Parsl: ``build``
+loads it when it makes a site's executors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from parsl.executors import HighThroughputExecutor, MPIExecutor
+from parsl.executors.errors import InvalidResourceSpecification
+
+from ..launch.packing import MIN_NODES_KEY
+
+#: the keys of a resource specification that HighThroughputExecutor takes; any other asks for MPI ranks
+HTEX_RESOURCE_KEYS = frozenset({"priority"})
+
+
+class SiteMPIExecutor(MPIExecutor):
+    """An ordinary app (no resource specification), which a plain MPIExecutor fails, goes to the
+    site's single-process executor when there is one, else runs as one process on one node."""
+
+    single_process: Any = None
+
+    def submit(self, func, resource_specification, *args, **kwargs):
+        if not resource_specification:
+            if self.single_process is not None:
+                return self.single_process.submit(func, resource_specification, *args, **kwargs)
+            resource_specification = {"num_nodes": 1, "ranks_per_node": 1, "num_ranks": 1}
+        return super().submit(func, resource_specification, *args, **kwargs)
+
+    def validate_resource_spec(self, resource_specification):
+        """Parsl's own check, on the specification itself: it completes it in place (``num_ranks``
+        from ``num_nodes`` x ``ranks_per_node``, which ``PARSL_NUM_RANKS`` and the launch prefixes
+        are made from); a stage's min_nodes, which parsl-torch-pool reads (``launch.pool``) and
+        Parsl does not know, is set aside meanwhile."""
+        min_nodes = resource_specification.pop(MIN_NODES_KEY, None)
+        try:
+            complete_mpi_spec(resource_specification)
+            return super().validate_resource_spec(resource_specification)
+        finally:
+            if min_nodes is not None:
+                resource_specification[MIN_NODES_KEY] = min_nodes
+
+
+class SiteHighThroughputExecutor(HighThroughputExecutor):
+    """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor
+    refuses (InvalidResourceSpecification), goes to the site's MPI executor."""
+
+    multi_process: Any = None
+
+    def submit(self, func, resource_specification, *args, **kwargs):
+        if self.multi_process is not None and set(resource_specification or ()) - HTEX_RESOURCE_KEYS:
+            return self.multi_process.submit(func, resource_specification, *args, **kwargs)
+        return super().submit(func, resource_specification, *args, **kwargs)
+
+
+def complete_mpi_spec(resources: dict[str, Any]) -> None:
+    """``num_ranks`` or ``ranks_per_node`` from the other two, in place and as integers (Parsl divides
+    ``num_ranks / num_nodes`` into ``2.0``, which becomes ``-ppn 2.0``); ranks that do not divide
+    evenly over the nodes get the ranks per node rounded up (4 over 3 nodes: 2, 2 and 0, as
+    ``parsl-torch launch`` places them)."""
+    nodes, ppn, ranks = (resources.get(k) for k in ("num_nodes", "ranks_per_node", "num_ranks"))
+    try:
+        if nodes and ppn and not ranks:
+            resources["num_ranks"] = int(nodes) * int(ppn)
+        elif nodes and ranks and not ppn:
+            resources["ranks_per_node"] = -(-int(ranks) // int(nodes))
+    except (TypeError, ValueError):
+        raise InvalidResourceSpecification({"num_nodes", "ranks_per_node", "num_ranks"},
+                                           f"num_nodes, ranks_per_node and num_ranks must be integers: "
+                                           f"{resources}") from None
