@@ -4,13 +4,18 @@
 #   make docs   build the manual (docs/) into site/ (CI runs it)
 #   make test-lowest   the fast tests and one 2-rank workflow with the lowest versions
 #                      pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
-# TORCH picks the torch build: the default is the CPU wheel used here; on a GPU
-# machine use e.g. `make demo TORCH=torch` or preinstall your site's torch.
+# TORCH picks the torch build, from the package index pip uses (TORCH_INDEX: another index).
+# On Linux, PyPI's torch==2.13.0 is the CUDA build (GBs); the CPU build is on PyTorch's CPU index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# A change of TORCH or TORCH_INDEX installs that torch into the existing .venv.
 
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 BIN    := $(VENV)/bin
+# which torch was asked for: a stamp per request, so that another request installs again
+TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s|%s' '$(TORCH)' '$(TORCH_INDEX)' | cksum | cut -d' ' -f1)
 # Parsl, mpiexec and torchrun are found by name: the venv's bin goes first
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
@@ -19,13 +24,17 @@ RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
 
-$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+$(TORCH_STAMP): | $(BIN)/python
+	rm -f $(VENV)/.torch-*
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
+	touch $@
+
+$(VENV)/.installed-demo: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history]"
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test,endpoint]"
 	touch $@
 
@@ -35,7 +44,7 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python -m pytest
 
-$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-docs: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[docs]"
 	touch $@
 

@@ -189,6 +189,9 @@ def test_foreign_or_corrupt_files_are_named(tmp_path, capsys):
         pt.load_history(tmp_path / "other.h5")
     with pytest.raises(ConfigError, match="does not exist"):
         pt.read_history(tmp_path / "nope.h5")
+    assert cli(["history", "show", str(tmp_path / "nope.h5")]) == 2  # missing, not "damaged"
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nope.h5'} does not exist" in err and "damaged" not in err
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from parsl_torch.sites import detect_job
 from .conftest import BIN, RANKS_DIR, clean_env
 
 PY = "/venv/bin/python"
-SHIM = [PY, "-m", "parsl_torch.launch.shim", "--", "python", "train.py"]
+SHIM = [PY, "-m", "parsl_torch.launch.shim", "--", PY, "train.py"]  # `python`: the Python that runs parsl-torch
 CMD = ("python", "train.py")
 
 
@@ -165,6 +165,34 @@ def test_cli_errors_exit_2_and_start_nothing(capsys, monkeypatch):
     monkeypatch.setenv("PARSL_TORCH_SCHEDULER", "local")
     assert cli(["launch", "-n", "2"]) == 2
     assert "no command to launch" in capsys.readouterr().err
+
+
+def test_python_in_a_launch_command_is_the_python_that_runs_parsl_torch_not_paths():
+    """Without an activated venv, PATH's `python` may be another interpreter, without torch: the ranks
+    run this one (as `-m MODULE` does); other programs, and a Python given by its path, are as given."""
+    d = detect_job({}, "laptop")
+    for command, runs in ((("python3", "-c", "x"), (PY, "-c", "x")), (("bash", "-c", "python x"), None),
+                          (("/opt/py/bin/python", "x.py"), None)):
+        argv = plan_launch(LaunchRequest(command, 1, None, None, None), d, {}, python=PY).argv
+        assert tuple(argv[argv.index("--") + 1:]) == (runs or command)
+
+
+def test_run_without_a_script_says_what_to_give_and_its_flags_are_options_before_or_after_it(tmp_path, capsys,
+                                                                                             monkeypatch):
+    for name in ("argv", "path"):  # (run changes them for the script, as `python SCRIPT` has them)
+        monkeypatch.setattr(sys, name, list(getattr(sys, name)))
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    assert cli(["run"]) == 2
+    assert "give the workflow script, e.g. parsl-torch run workflows/train_eval.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert all(flag in shown for flag in ("--site", "--run-dir", "--fresh", "SCRIPT --help shows the script's own"))
+    script = tmp_path / "wf.py"
+    script.write_text("import sys\nfrom parsl_torch.apps.request import _cli_flags\n"
+                      "f = _cli_flags.get()\nprint(f.site, f.run_dir, f.fresh, sys.argv[1:])\n")
+    assert cli(["run", "--site", "a", "--fresh", str(script), "--run-dir", "r", "--lr", "3"]) == 0
+    assert capsys.readouterr().out.strip() == "a r True ['--lr', '3']"
 
 
 def test_dry_run_prints_the_command(capsys, monkeypatch):

@@ -117,3 +117,27 @@ def test_readme_example_runs_as_written(workdir, index):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=workdir)
     assert out.returncode == 0, f"{where}:\n{code}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
     assert expected in out.stdout, f"{where}: {expected!r} not in {out.stdout[-2000:]!r}"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_another_torch_for_make_demo_is_installed_into_the_existing_venv(tmp_path):
+    """`make demo TORCH=...` (or TORCH_INDEX=...) after a first demo installs that torch: the venv is
+    there, but the torch asked for is not the one installed (the stages then rerun: torch's version is
+    in their identity)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()  # a venv that exists
+
+    def planned(*variables: str) -> str:
+        out = subprocess.run(["make", "-n", "-C", str(REPO), f"VENV={venv}", *variables, "demo"],
+                             capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():  # what make would do, done for the stamps (the rest is not run)
+            if line.startswith(("touch ", "rm -f")):
+                subprocess.run(line, shell=True, check=True)
+        return out
+
+    assert 'pip install -q  "torch==2.13.0"' in planned()  # the first demo
+    assert "pip install -q  \"torch" not in planned()  # the same torch: nothing to install
+    assert 'pip install -q  "torch"' in planned("TORCH=torch")  # another one: installed
+    cpu = planned("TORCH_INDEX=https://download.pytorch.org/whl/cpu")
+    assert '--index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"' in cpu

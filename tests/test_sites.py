@@ -83,6 +83,18 @@ def test_overrides_from_arguments_env_and_cli(monkeypatch, capsys):
     assert shown["provider"]["walltime"] == "00:30:00" and shown["provider"]["account"] == "FromEnv"
 
 
+def test_sites_alone_lists_them_and_show_says_what_the_ranks_get_even_when_nothing(capsys):
+    from parsl_torch.cli.commands import main as cli
+
+    assert cli(["sites"]) == 0
+    listed = capsys.readouterr().out
+    assert "local" in listed and "aurora" in listed and "auto picks" in listed
+    assert cli(["sites", "show", "local"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert not shown[-1].endswith(":"), shown[-1]  # no header with nothing under it
+    assert any("exported to every rank" in line for line in shown)
+
+
 def normalized(script: str) -> str:
     script = re.sub(r"parsl\.(mpi|htex)\.block-0\.\d+(\.\d+)?", r"parsl.\1.block-0.<time>", script)
     return script.replace(sys.prefix, "<python_env>")

@@ -72,3 +72,27 @@ def test_fuzzed_train_values_give_a_config_or_a_config_error(top, model, data):
         assert str(exc).startswith("stage 'train': config: ")
         return
     assert 0 < cfg.lr < math.inf and cfg.steps >= 1 and cfg.seed >= 0 and cfg.data.seed >= 0
+
+
+@pytest.mark.parametrize("config_class, name", [(TrainConfig, "train.yaml"), (EvalConfig, "eval.yaml")])
+def test_the_shipped_configs_spell_out_every_field(config_class, name):
+    """configs/train.yaml says "the defaults spelled out": every field of the stage's config (and of its
+    model and data sections) is there, so a reader sees what can be set."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    text = yaml.safe_load((Path(__file__).parent.parent / "configs" / name).read_text())
+
+    def fields(record: object, data: dict, prefix: str = "") -> list[str]:
+        left = []
+        for f in dataclasses.fields(record):
+            if f.name not in data:
+                left.append(prefix + f.name)
+            elif dataclasses.is_dataclass(section := getattr(record, f.name)):
+                left += fields(section, data[f.name], f"{prefix}{f.name}.")
+        return left
+
+    assert not fields(config_class(), text), f"configs/{name} leaves out these fields"
+    assert load_config(Path(__file__).parent.parent / "configs" / name, config_class, "s") is not None

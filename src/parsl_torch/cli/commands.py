@@ -34,7 +34,7 @@ from ..launch.supervise import supervise
 from ..sites.build import drain_period
 from ..sites.endpoint import render_endpoint_config
 from ..sites.schema import block_seconds
-from . import remote_cmds
+from . import file_cmds, remote_cmds
 from .doctor import as_json, run_checks
 
 
@@ -47,46 +47,6 @@ def _info(args: argparse.Namespace) -> int:
     else:
         for key, value in info.items():
             print(f"{key:>17}: {value}")
-    return 0
-
-
-def _history_show(args: argparse.Namespace) -> int:
-    """A table of last/min/max/mean per metric, with the file's status and steps."""
-    from ..history.h5file import read_history, summarize
-
-    data = read_history(args.file)
-    a = data.attrs
-    print(f"{data.path}: stage {a.get('stage')!r}, status {a.get('status')}, {len(data.steps)} steps, "
-          f"{a.get('world_size')} rank(s) on {a.get('num_nodes')} node(s), {a.get('start_time')} .. "
-          f"{a.get('end_time') or '-'}")
-    width = max([len(m) for m in data.metrics] + [6])
-    print(f"{'metric':<{width}} {'last':>12} {'min':>12} {'max':>12} {'mean':>12}  of")
-    for metric, row in summarize(data).items():
-        print(f"{metric:<{width}} " + " ".join(f"{row[k]:>12.6g}" for k in ("last", "min", "max", "mean"))
-              + f"  {row['of']}")
-    return 0
-
-
-def _checkpoint_export(args: argparse.Namespace) -> int:
-    from ..stages import checkpoint
-
-    try:
-        out = checkpoint.export(args.checkpoint, args.out)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"checkpoint export: {exc}") from None
-    print(out)
-    return 0
-
-
-def _history_plot(args: argparse.Namespace) -> int:
-    from ..history.plots import plot_history
-
-    try:
-        written = plot_history(args.file, args.out)
-    except ImportError:
-        raise ConfigError("plots need matplotlib: pip install 'parsl-torch[history]'") from None
-    for path in written:
-        print(path)
     return 0
 
 
@@ -168,11 +128,13 @@ def _sites_show(args: argparse.Namespace) -> int:
               f"continue in the next block; a block takes no new stage in its last {timing[0] - drain_period(spec):g} s")
     else:
         print("# blocks have no walltime: they last as long as the workflow")
-    print("# exported to every rank (stages: through the workers; parsl-torch launch: unless already set):")
-    for key, value in redact(dict(spec.environment)).items():
-        print(f"#   {key}={value}  ({origins[f'environment.{key}']})")
-    for key, value in (machine.rank_env() if machine else {}).items():
-        print(f"#   {key}={value}  (machine {machine.name})")
+    exported = [f"{key}={value}  ({origins[f'environment.{key}']})"
+                 for key, value in redact(dict(spec.environment)).items()]
+    exported += [f"{key}={value}  (machine {machine.name})" for key, value in (machine.rank_env() if machine else {}).items()]
+    print("# exported to every rank (stages: through the workers; parsl-torch launch: unless already set):"
+          if exported else "# exported to every rank: nothing beyond the environment the workflow runs in")
+    for line in exported:
+        print(f"#   {line}")
     if machine and spec.launch.extra_args is None:
         ppn = site.ranks_per_node
         print(f"# launch flags for {ppn} ranks per node (machine {machine.name}): "
@@ -210,10 +172,15 @@ def split_run_flags(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
 
 def _run(args: argparse.Namespace) -> int:
     """Run a workflow script as __main__ with the rest of the arguments."""
+    if args.script is None:
+        raise ConfigError("run: give the workflow script, e.g. parsl-torch run workflows/train_eval.py "
+                          "(parsl-torch run SCRIPT --help: the script's own options)")
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"workflow script {script} does not exist")
+    given = {k: v for k, v in (("site", args.site), ("run_dir", args.run_dir), ("fresh", args.fresh)) if v is not None}
     flags, script_args = split_run_flags(args.script_args)
+    flags = {**given, **flags}
     # Parsl starts its workers by name: this environment's bin must come first
     os.environ["PATH"] = path_with_python_bin()
     sys.argv = [str(script), *script_args]
@@ -282,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=_doctor)
     _add_sites(sub)
     remote_cmds.add_commands(sub)
-    _add_files(sub)
+    file_cmds.add_commands(sub)
     return parser
 
 
@@ -314,8 +281,12 @@ def _add_run(sub: Any) -> None:
                                "[-- ARGS FOR THE SCRIPT ONLY]",
                          description="--site, --run-dir and --fresh are run's own, wherever they stand before a "
                                      "`--`: every pt.workflow in the script takes them over what the script "
-                                     "passes. Other arguments, and all after `--`, are the script's.")
-    run.add_argument("script")
+                                     "passes. Other arguments, and all after `--`, are the script's.",
+                         epilog="parsl-torch run SCRIPT --help shows the script's own options.")
+    run.add_argument("script", nargs="?", help="the workflow script (a Python file)")
+    run.add_argument("--site", help="the site every pt.workflow of the script runs on (default: the script's)")
+    run.add_argument("--run-dir", metavar="D", help="the run directory (default: the script's)")
+    run.add_argument("--fresh", action="store_true", default=None, help="run every stage again")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
     run.set_defaults(func=_run)
     status = sub.add_parser("status", help="the stages of a run (running or finished) and their progress",
@@ -326,8 +297,9 @@ def _add_run(sub: Any) -> None:
 
 
 def _add_sites(sub: Any) -> None:
-    site_cmds = sub.add_parser("sites", help="machines this package knows").add_subparsers(
-        dest="action", required=True)
+    sites_cmd = sub.add_parser("sites", help="machines this package knows (alone: the list)")
+    sites_cmd.set_defaults(func=_sites_list)
+    site_cmds = sites_cmd.add_subparsers(dest="action")
     site_cmds.add_parser("list", help="known sites and which one auto picks here").set_defaults(func=_sites_list)
     for action, func, what in (("show", _sites_show, "the resolved settings of a site"),
                                ("render", _sites_render, "the batch script Parsl would submit (not submitted)"),
@@ -345,26 +317,6 @@ def _add_sites(sub: Any) -> None:
             cmd.add_argument("--python-env", default="$HOME/parsl-torch-env",
                              help="the environment on the machine that holds parsl-torch")
         cmd.set_defaults(func=func)
-
-
-def _add_files(sub: Any) -> None:
-    """``history`` and ``checkpoint``: the files stages leave."""
-    history = sub.add_parser("history", help="inspect history files").add_subparsers(dest="action", required=True)
-    show = history.add_parser("show", help="summary table of a history file")
-    show.add_argument("file")
-    show.set_defaults(func=_history_show)
-    plot = history.add_parser("plot", help="write a PNG per metric")
-    plot.add_argument("file")
-    plot.add_argument("--out", help="directory for the PNGs (default: <file stem>-plots beside it)")
-    plot.set_defaults(func=_history_plot)
-
-    checkpoint = sub.add_parser("checkpoint", help="built-in stages' checkpoints").add_subparsers(
-        dest="action", required=True)
-    export = checkpoint.add_parser("export", help="a sharded (fsdp) checkpoint as one file every strategy reads",
-                                   usage="parsl-torch checkpoint export CHECKPOINT OUT.pt")
-    export.add_argument("checkpoint", help="the train stage's checkpoint (a link to its sharded directory)")
-    export.add_argument("out", help="the single file to write")
-    export.set_defaults(func=_checkpoint_export)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,7 +188,10 @@ def _open_checked(path: str | os.PathLike):
 
 
 def read_history(path: str | os.PathLike) -> HistoryData:
-    """Read a history file with h5py alone; a clear ConfigError for foreign or damaged files."""
+    """Read a history file with h5py alone; a clear ConfigError for missing, foreign or damaged files."""
+    if not Path(path).is_file():
+        what = "is a directory, not a history file" if Path(path).is_dir() else "does not exist"
+        raise ConfigError(f"{path} {what}: give the .h5 file a stage wrote (e.g. runs/train_eval/train/train.h5)")
     try:
         return _read(path)
     except (OSError, KeyError, ValueError) as exc:  # h5py's errors for a file damaged inside

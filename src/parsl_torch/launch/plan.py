@@ -111,9 +111,20 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
     extra = {k: v for k, v in {**(machine.rank_env() if machine else {}), **start.env}.items() if k not in env}
     if "MASTER_PORT" not in env:
         extra["MASTER_PORT"] = str(free_port())
-    command = (python or sys.executable, "-m", SHIM, "--", *request.command)
+    python = python or sys.executable
+    command = (python, "-m", SHIM, "--", *_this_python(request.command, python))
     return LaunchPlan((*start.argv, *command), start.program, detection.scheduler, detection.machine,
                       num_nodes, ppn, n, nodes, extra)
+
+
+#: a command that starts with one of these means the Python that runs parsl-torch (not PATH's)
+PYTHON_NAMES = ("python", "python3")
+
+
+def _this_python(command: tuple[str, ...], python: str) -> tuple[str, ...]:
+    """``python train.py`` runs ``python``, the Python that runs parsl-torch (its venv, activated or
+    not), as ``-m`` does: PATH's ``python`` may be another interpreter, without torch."""
+    return (python, *command[1:]) if command[0] in PYTHON_NAMES else command
 
 
 def _check_executable(program: str) -> None:

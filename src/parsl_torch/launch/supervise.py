@@ -188,6 +188,10 @@ class _Watch:
         if cause := _node_loss_within(self.events, 1.0):
             _say(str(report))
             return self._node_lost(cause)
+        if self.plan.num_ranks == 1:  # no other rank to stop, no launcher verdict on them to explain
+            _say(str(report))
+            stop(self.proc, self.grace)
+            return _rank_outcome(report)
         _say(f"{report}; stopping {self.others}")
         stop(self.proc, self.grace)
         # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
