@@ -56,6 +56,13 @@ def test_train_eval_workflow_then_rerun_does_no_training(tmp_path):
         assert f.attrs["stage"] == "evaluate" and "eval_acc" in f
     assert ckpt.stat().st_size > 0 and (run_dir / "report.md").exists()
     assert "evaluate" in first.stdout and "eval_acc=" in first.stdout
+    # the report says what ran (site, when, versions, configs), states a constant lr, plots what changes,
+    # and gives the evaluation's numbers, not plots of its batches
+    report = (run_dir / "report.md").read_text()
+    assert "Site `local`" in report and "Versions: " in report and "torch " in report and "Config:" in report
+    assert "lr = 0.003" in report and not (run_dir / "train" / "train-plots" / "lr.png").exists()
+    train_part, eval_part = report.split("## evaluate")
+    assert "![loss]" in train_part and "![" not in eval_part and "eval_acc=" in eval_part
 
     mtime = train_h5.stat().st_mtime
     again = run_script(REPO / "workflows" / "train_eval.py", *args)
@@ -63,6 +70,8 @@ def test_train_eval_workflow_then_rerun_does_no_training(tmp_path):
     assert "[train] skipped: finished in an earlier run" in again.stderr
     assert "[evaluate] skipped" in again.stderr
     assert train_h5.stat().st_mtime == mtime  # no training happened
+    status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True)
+    assert "[train] skipped" in status.stdout and "done by an earlier run" in status.stdout  # its result kept
 
 
 @pytest.mark.slow
@@ -450,3 +459,29 @@ def test_a_symlinked_run_directory_is_used_and_fresh_keeps_the_link(tmp_path):
         with pt.workflow(site="local", run_dir=tmp_path / "runs", fresh=fresh):
             pass
     assert (tmp_path / "runs").is_symlink() and (tmp_path / "scratch" / "status.json").exists()
+
+
+def test_the_status_of_a_rerun_that_skipped_keeps_the_result_of_the_run_that_did_the_stage(tmp_path):
+    """`parsl-torch status` after a rerun that skipped everything still shows the stage's last step,
+    loss and time, said to be the earlier run's (the rerun's own times would say nothing)."""
+    import time
+
+    from parsl_torch.apps import status
+    from parsl_torch.common import stagedir
+
+    first = status.StatusFile(tmp_path, "local")
+    first.stage("train", state="waiting", submitted_at=time.time())
+    first.stage("train", state="done", seconds=6.2)
+    first.finish()
+    (tmp_path / "train").mkdir()
+    stagedir.write(tmp_path / "train" / f"train{stagedir.PROGRESS_SUFFIX}",
+                   stagedir.ProgressRecord(199, 200, "loss", 0.05, time.time()))
+    for _ in range(2):  # skipped, then skipped again: still that run's result
+        rerun = status.StatusFile(tmp_path, "local")
+        rerun.stage("train", state="waiting", submitted_at=time.time())
+        rerun.skipped("train")
+        rerun.finish()
+        _, rows = status.read(tmp_path)
+        assert rows[0].state == "skipped"
+        assert "step 200/200 loss=0.05" in rows[0].progress and "done by an earlier run" in rows[0].progress
+        assert "in 6.2 s" in rows[0].progress

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigError
 
 COLUMNS = ("stage", "ranks", "result", "history")
 
@@ -37,15 +40,63 @@ def table(summaries: Sequence[dict[str, Any]], run_dir: Path) -> str:
 
 
 def write_report(summaries: Sequence[dict[str, Any]], run_dir: Path, title: str) -> Path:
-    """``<run_dir>/report.md``: the table and every stage's plots."""
-    lines = [f"# {title}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """``<run_dir>/report.md``: what ran (site, when, versions), the table, and per stage its config,
+    its constant settings as numbers, and plots of what changed; an evaluation's numbers, not plots
+    of its batches."""
+    lines = [f"# {title}", "", *_provenance(summaries, run_dir), "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(summaries, run_dir)]
     for s in summaries:
-        history = Path(s.get("history", ""))
-        plots = sorted(history.with_name(f"{history.stem}-plots").glob("*.png"))
-        if plots:
-            lines += ["", f"## {s.get('stage')}", ""]
-            lines += [f"![{p.stem}]({p.relative_to(run_dir) if p.is_relative_to(run_dir) else p})" for p in plots]
+        lines += ["", f"## {s.get('stage')}", "", *_stage_section(s, run_dir)]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _history(summary: dict[str, Any]) -> Any:
+    """The stage's history file, read (None without one)."""
+    from ..history.h5file import read_history
+
+    try:
+        return read_history(summary["history"]) if summary.get("history") else None
+    except (ConfigError, OSError):
+        return None
+
+
+def _provenance(summaries: Sequence[dict[str, Any]], run_dir: Path) -> list[str]:
+    """Where and when it ran, and with what (the run's status file, the first history's versions)."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    lines = [f"Site `{status.get('site', '?')}` on host `{status.get('host', '?')}`, started "
+             f"{status.get('started', '?')}, finished {status.get('finished') or '(running)'}; run directory "
+             f"`{run_dir}`."]
+    data = next((d for d in map(_history, summaries) if d is not None), None)
+    versions = data.attrs.get("versions") if data is not None else None
+    if isinstance(versions, dict):
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + "."]
+    return lines
+
+
+def _stage_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
+    import yaml
+
+    from ..history.plots import constant, plots_dir
+
+    data = _history(summary)
+    lines = [f"Result: {_result(summary) or 'none recorded'}."]
+    if data is None:
+        return lines
+    if isinstance(data.attrs.get("config"), dict):
+        lines += ["", "Config:", "", "```yaml", yaml.safe_dump(data.attrs["config"], sort_keys=False).strip(), "```"]
+    fixed = {m: v for m, v in ((m, constant(vals)) for m, vals in data.metrics.items()) if v is not None}
+    if fixed:
+        lines += ["", "The same at every step: " + ", ".join(
+            f"{m} = {v:.4g}{' ' + data.units[m] if data.units.get(m, '1') != '1' else ''}" for m, v in fixed.items())
+            + "."]
+    if any(key.startswith("eval_") for key in summary):  # its batches are samples of one number: that number
+        return lines
+    plots = sorted(plots_dir(data.path).glob("*.png"))
+    lines += ["", *(f"![{p.stem}]({p.relative_to(run_dir) if p.is_relative_to(run_dir) else p})" for p in plots)]
+    return lines

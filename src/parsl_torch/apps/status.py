@@ -34,6 +34,7 @@ class StatusFile:
 
     def __init__(self, run_dir: Path, site: str) -> None:
         self.path = run_dir / STATUS
+        self._earlier = _earlier_results(self.path)
         self.data: dict[str, Any] = {"site": site, "host": os.uname().nodename, "pid": os.getpid(),
                                      "started": _now(), "finished": None, "stages": {}}
         self._write()
@@ -43,6 +44,10 @@ class StatusFile:
             self.data["stages"].setdefault(name, {}).update(fields, updated=_now())
             self._write()
 
+    def skipped(self, name: str) -> None:
+        """A stage whose files are an earlier run's: it keeps that run's result (when and how long)."""
+        self.stage(name, state="skipped", earlier=self._earlier.get(name))
+
     def finish(self) -> None:
         with _lock:
             self.data["finished"] = _now()
@@ -50,6 +55,21 @@ class StatusFile:
 
     def _write(self) -> None:
         write_atomic(self.path, json.dumps(self.data, indent=1))
+
+
+def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
+    """Stage -> {finished, seconds} of its last run that did it, from the status file a run leaves."""
+    try:
+        stages = json.loads(path.read_text()).get("stages", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    found = {}
+    for name, s in stages.items() if isinstance(stages, dict) else ():
+        if isinstance(s, dict) and s.get("state") == "done":
+            found[name] = {"finished": s.get("updated"), "seconds": s.get("seconds")}
+        elif isinstance(s, dict) and s.get("state") == "skipped" and isinstance(s.get("earlier"), dict):
+            found[name] = s["earlier"]  # (skipped again: still that run's)
+    return found
 
 
 @dataclass
@@ -78,6 +98,13 @@ def _progress(stage_dir: Path, started: float | None, first_step: int = 0) -> st
         rate = (p.time - started) / (step + 1 - first_step)
         text += f" ETA {int(rate * (total - step - 1)) // 60}:{int(rate * (total - step - 1)) % 60:02d}"
     return text
+
+
+def _earlier(earlier: dict[str, Any] | None) -> str:
+    if not earlier:
+        return "done by an earlier run"
+    took = f" in {earlier['seconds']} s" if earlier.get("seconds") is not None else ""
+    return f"done by an earlier run ({earlier.get('finished')}{took})"
 
 
 def _continued(stage_dir: Path, s: dict[str, Any], state: str) -> str:
@@ -122,6 +149,8 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
             state = "running"
         first_step = s.get("continued_at_step") or 0  # where a continuation resumed
         progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done") else ""
+        if state == "skipped":  # its files, and its result, are those of the run that did it
+            progress = "; ".join(filter(None, (_progress(stage_dir, None), _earlier(s.get("earlier")))))
         if s.get("continuations"):
             progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
         if state == "running":

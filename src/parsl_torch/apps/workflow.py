@@ -160,27 +160,38 @@ class Workflow:
             with contextlib.suppress(Exception):
                 future.exception()
 
+    def _ran_for(self, stage: str, submitted: float) -> float:
+        """Seconds since the stage's last attempt started (not since it was submitted: it may have
+        waited for the stages it depends on, and for a slot)."""
+        started = self.run_dir / stage / stagedir.STARTED
+        with contextlib.suppress(OSError):
+            submitted = max(submitted, started.stat().st_mtime)
+        return time.time() - submitted
+
     def track(self, future: Any, ranks: int, where: Placement | None = None) -> None:
         self._futures.append(future)
         for output in future.outputs:
             self.made_on[id(output)] = (output, future.stage, where or self.home)
-        self._submitted[future.stage] = time.time() - 1.0  # mtimes may be coarser than time()
+        self._submitted[future.stage] = submitted = time.time() - 1.0  # mtimes may be coarser than time()
         self.continuations.watch(future.app_future.tid, future.stage, self.run_dir / future.stage)
-        started = time.monotonic()
-        self.log.info("[%s] submitted: %d rank(s)", future.stage, ranks)
-        self.status.stage(future.stage, state="waiting", submitted_at=time.time(), ranks=ranks)
+        # (debug: a stage that is skipped says so, one that runs says why, when it is ready)
+        self.log.debug("[%s] submitted: %d rank(s)", future.stage, ranks)
+        self.status.stage(future.stage, state="waiting", submitted_at=submitted, ranks=ranks)
 
         def done(f: Any) -> None:
-            took = time.monotonic() - started
+            took = self._ran_for(f.stage, submitted)
             if f.exception() is not None:
                 line = str(f.exception()).splitlines()[0]
                 self.log.error("[%s] FAILED after %.1f s: %s", f.stage, took, line)
                 self.status.stage(f.stage, state="failed", error=line)
             elif f.from_cache:
                 self.log.info("[%s] skipped: finished in an earlier run of %s", f.stage, self.run_dir)
-                self.status.stage(f.stage, state="skipped")
+                self.status.skipped(f.stage)
             else:
-                self.log.info("[%s] done in %.1f s", f.stage, took)
+                since = time.time() - submitted - 1.0
+                waited = f" (submitted {since:.1f} s before: it waited for its inputs or a slot)" \
+                    if since - took > 1.0 else ""
+                self.log.info("[%s] done in %.1f s%s", f.stage, took, waited)
                 self.status.stage(f.stage, state="done", seconds=round(took, 1))
 
         future.add_done_callback(done)

@@ -166,6 +166,7 @@ class HistoryData:
     steps: np.ndarray
     metrics: dict[str, np.ndarray] = field(default_factory=dict)
     stats: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)  # metric -> its unit, where the stage gave one
 
 
 def _open_checked(path: str | os.PathLike):
@@ -189,11 +190,10 @@ def _open_checked(path: str | os.PathLike):
 
 def read_history(path: str | os.PathLike) -> HistoryData:
     """Read a history file with h5py alone; a clear ConfigError for missing, foreign or damaged files."""
-    if not Path(path).is_file():
-        what = "is a directory, not a history file" if Path(path).is_dir() else "does not exist"
-        raise ConfigError(f"{path} {what}: give the .h5 file a stage wrote (e.g. runs/train_eval/train/train.h5)")
     try:
         return _read(path)
+    except ConfigError:  # (a ValueError too) missing, not HDF5, not a history: said as such
+        raise
     except (OSError, KeyError, ValueError) as exc:  # h5py's errors for a file damaged inside
         raise ConfigError(f"{path} is damaged and cannot be read ({type(exc).__name__}: {exc}); an earlier "
                           f"copy may be beside it (.partial)") from None
@@ -212,6 +212,8 @@ def _read(path: str | os.PathLike) -> HistoryData:
                 continue
             metric = ds.attrs.get("long_name", name)
             data.metrics[metric] = ds[:]
+            if "units" in ds.attrs:
+                data.units[metric] = str(ds.attrs["units"])
             stats = {s: f[f"{name}_{s}"][:] for s in ("mean", "min", "max", "std") if f"{name}_{s}" in stat_names}
             if stats:
                 data.stats[metric] = stats

@@ -19,9 +19,17 @@ def plots_dir(path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.stem}-plots")
 
 
+def constant(values: np.ndarray) -> float | None:
+    """The one value a metric holds at every step (a fixed learning rate), else None."""
+    finite = values[np.isfinite(values)]
+    return float(finite[0]) if len(finite) and np.all(finite == finite[0]) else None
+
+
 def plot_history(path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write ``<metric>.png`` for every metric; returns the files written."""
+    """Write ``<metric>.png`` for every metric that changes (a constant one is a number, not a plot);
+    returns the files written."""
     from matplotlib.figure import Figure  # object API: no pyplot state, no display
+    from matplotlib.ticker import MaxNLocator
 
     data = read_history(path)
     out = Path(out_dir) if out_dir is not None else plots_dir(path)
@@ -30,6 +38,8 @@ def plot_history(path: str | os.PathLike, out_dir: str | os.PathLike | None = No
     steps = data.steps[::stride]
     written = []
     for metric, values in data.metrics.items():
+        if constant(values) is not None:
+            continue
         fig = Figure(figsize=(6, 3.5), layout="constrained")
         ax = fig.add_subplot()
         stats = data.stats.get(metric)
@@ -38,7 +48,10 @@ def plot_history(path: str | os.PathLike, out_dir: str | os.PathLike | None = No
                             label=f"min-max over {data.attrs.get('world_size', '?')} ranks")
             ax.plot(steps, stats["mean"][::stride], label="mean over ranks")
         ax.plot(steps, values[::stride], lw=0.8, label="rank 0" if stats else metric)
-        ax.set(xlabel="step", ylabel=metric, title=f"{data.attrs.get('stage', '')}: {metric}")
+        unit = data.units.get(metric, "1")
+        ax.set(xlabel="step", ylabel=metric if unit == "1" else f"{metric} ({unit})",
+               title=f"{data.attrs.get('stage', '')}: {metric}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         if np.isfinite(values).any() or stats:
             ax.legend(loc="best", fontsize="small")
         target = out / f"{dataset_name(metric)}.png"
