@@ -189,7 +189,7 @@ class Workflow:
                 self.status.skipped(f.stage)
             else:
                 since = time.time() - submitted - 1.0
-                waited = f" (submitted {since:.1f} s before: it waited for its inputs or a slot)" \
+                waited = f" ({since:.1f} s after it was submitted)" \
                     if since - took > 1.0 else ""
                 self.log.info("[%s] done in %.1f s%s", f.stage, took, waited)
                 self.status.stage(f.stage, state="done", seconds=round(took, 1))
