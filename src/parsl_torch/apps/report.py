@@ -43,11 +43,12 @@ def write_report(summaries: Sequence[dict[str, Any]], run_dir: Path, title: str)
     """``<run_dir>/report.md``: what ran (site, when, versions), the table, and per stage its config,
     its constant settings as numbers, and plots of what changed; an evaluation's numbers, not plots
     of its batches."""
-    lines = [f"# {title}", "", *_provenance(summaries, run_dir), "",
+    histories = [_history(s) for s in summaries]  # (each file read once)
+    lines = [f"# {title}", "", *_provenance(histories, run_dir), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(summaries, run_dir)]
-    for s in summaries:
-        lines += ["", f"## {s.get('stage')}", "", *_stage_section(s, run_dir)]
+    for s, data in zip(summaries, histories):
+        lines += ["", f"## {s.get('stage')}", "", *_stage_section(s, data, run_dir)]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -63,7 +64,7 @@ def _history(summary: dict[str, Any]) -> Any:
         return None
 
 
-def _provenance(summaries: Sequence[dict[str, Any]], run_dir: Path) -> list[str]:
+def _provenance(histories: Sequence[Any], run_dir: Path) -> list[str]:
     """Where and when it ran, and with what (the run's status file, the first history's versions)."""
     try:
         status = json.loads((run_dir / "status.json").read_text())
@@ -72,19 +73,18 @@ def _provenance(summaries: Sequence[dict[str, Any]], run_dir: Path) -> list[str]
     lines = [f"Site `{status.get('site', '?')}` on host `{status.get('host', '?')}`, started "
              f"{status.get('started', '?')}, finished {status.get('finished') or '(running)'}; run directory "
              f"`{run_dir}`."]
-    data = next((d for d in map(_history, summaries) if d is not None), None)
+    data = next((d for d in histories if d is not None), None)
     versions = data.attrs.get("versions") if data is not None else None
     if isinstance(versions, dict):
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + "."]
     return lines
 
 
-def _stage_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
+def _stage_section(summary: dict[str, Any], data: Any, run_dir: Path) -> list[str]:
     import yaml
 
     from ..history.plots import constant, plots_dir
 
-    data = _history(summary)
     lines = [f"Result: {_result(summary) or 'none recorded'}."]
     if data is None:
         return lines

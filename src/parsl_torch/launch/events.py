@@ -4,6 +4,7 @@ line in a stage's stderr and its error read the same."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,8 +16,6 @@ NODE_LOST_EXIT = 75
 
 def describe_exit(code: int) -> str:
     """``exited with code 3``, ``was killed by SIGKILL`` (a negative code: the signal)."""
-    import signal
-
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
