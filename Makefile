@@ -2,6 +2,7 @@
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
 #   make test   install into .venv (with the test extras) and run every test
 #   make docs   build the manual (docs/) into site/ (CI runs it)
+#   make gpu-check   on a GPU machine: doctor, the gpu tests, the main job and bench_gpu, one log each
 #   make test-lowest   the fast tests and one 2-rank workflow with the lowest versions
 #                      pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
 # TORCH picks the torch build, from the package index pip uses (TORCH_INDEX: another index).
@@ -19,7 +20,7 @@ TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s|%s' '$(TORCH)' '$(TORCH_INDEX)'
 # Parsl, mpiexec and torchrun are found by name: the venv's bin goes first
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: demo test test-lowest docs bench clean
+.PHONY: demo test test-lowest docs bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +80,9 @@ bench: $(VENV)/.installed-test
 	@if [ "$$(id -u)" = 0 ]; then for b in multinode node_loss preflight node_python; do \
 		$(RUN) $(BIN)/python benchmarks/bench_$$b.py || exit 1; done; \
 	else echo "bench_multinode, bench_node_loss, bench_preflight, bench_node_python skipped: the test cluster needs root"; fi
+
+gpu-check: $(VENV)/.installed-test
+	$(RUN) bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) $(LOWEST) build src/*.egg-info .pytest_cache runs

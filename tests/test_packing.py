@@ -184,3 +184,30 @@ def test_a_blocks_pool_knows_its_nodes_accelerators_and_machine():
 
     command = pool_command("/runs/q.json", sites.load("polaris", account="X").spec)
     assert "--accelerators 0,1,2,3 --visibility CUDA_VISIBLE_DEVICES --machine polaris " in command
+
+
+@pt.distributed_app(ranks_per_node=1)
+def gpu_trial(i: int, hold: float):
+    import time
+
+    import torch
+
+    start = time.time()
+    x = torch.ones(1024, 1024, device="cuda")  # holds the GPU: a real allocation on it
+    time.sleep(hold)
+    return {"i": i, "gpus": torch.cuda.device_count(), "sum": float(x.sum()), "start": start, "end": time.time(),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_two_one_gpu_stages_on_a_one_gpu_machine_run_one_after_the_other(tmp_path, monkeypatch):
+    import torch
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip("needs a machine with exactly one GPU")
+    monkeypatch.chdir(tmp_path)
+    with pt.workflow(site="local", run_dir="runs"):
+        a, b = (f.result(timeout=300) for f in [gpu_trial(i, 3.0, stage=f"g{i}") for i in range(2)])
+    assert a["gpus"] == b["gpus"] == 1 and a["sum"] == b["sum"] == 1024.0 * 1024
+    assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)  # never both on the GPU at once
