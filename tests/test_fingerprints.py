@@ -4,8 +4,10 @@ only with that, and the user modules a stage reaches are found through its impor
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import pytest
 from parsl_torch.apps import identity
 from parsl_torch.apps.identity import usercode
 from parsl_torch.apps.identity.fingerprint import Fingerprinter, Unidentifiable
+from parsl_torch.apps.identity.namedfiles import named_files
 
 from .conftest import clean_env
 
@@ -103,9 +106,10 @@ def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
     (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "sub" / "deep.py").write_text("import numpy\n")
     (tmp_path / "unused.py").write_text("")
-    found, _ = usercode.user_modules([(str(tmp_path / "main.py"), "__main__")], [], identity.DigestCache(None))
-    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in found) == [
+    found = usercode.user_modules([(str(tmp_path / "main.py"), "__main__")], [], identity.DigestCache(None))
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in found.digests) == [
         "late.py", "main.py", "pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/deep.py", "pkg/tool.py"]
+    assert {"json", "numpy"} <= found.packages and "pkg" not in found.packages  # what is not the user's
     roots = usercode.module_origin("pkg", [str(tmp_path)])
     assert [m for _, m in roots] == ["pkg"]  # no __main__.py: the package itself
     assert not usercode.is_user_file(np.__file__) and not usercode.is_user_file(identity.__file__)
@@ -140,6 +144,73 @@ def test_strings_that_name_existing_files_or_directories_are_inputs(tmp_path, mo
     assert fp.files == {str(tmp_path / "data" / "x.txt")}
 
 
+def test_files_a_user_module_or_script_names_are_inputs_and_scratch_and_system_folders_are_not(tmp_path,
+                                                                                               monkeypatch):
+    """A module's (or a script's) path literals, and the paths its globals hold once imported, are inputs
+    of the stages that reach it; docstrings, f-string pieces, the temporary folders and /proc are not."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for name in ("literal.csv", "global.csv", "listed.csv", "fpiece.csv", "doc.csv", "script.csv"):
+        (tmp_path / "data" / name).write_text(name)
+    source = textwrap.dedent(f'''
+        """data/doc.csv"""
+        import os
+        from pathlib import Path
+        LITERAL = "data/literal.csv"
+        GLOBAL = Path(__file__).parent / "data" / ("glo" + "bal.csv")
+        LISTED = {{"a": [str(Path(__file__).parent / "data" / "list" "ed.csv")]}}
+        SCRATCH = os.environ.get("TMPDIR", "{tempfile.gettempdir()}")
+        def f(name):
+            return open(f"data/{{name}}.csv"), open("data/fpiece" + ".csv"), open("/proc/cpuinfo")
+    ''')
+    (tmp_path / "projmod.py").write_text(source)
+    (tmp_path / "job.py").write_text("print(open('data/script.csv').read())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "projmod", None)  # (gone again after the test)
+    del sys.modules["projmod"]
+    import projmod  # noqa: F401 - imported, as the workflow imports it: its globals are seen
+
+    cache = identity.DigestCache(None)
+    reached = usercode.user_modules([(str(tmp_path / "projmod.py"), "projmod")], [], cache)
+    assert {Path(p).name for p in named_files(reached)} == {"literal.csv", "global.csv", "listed.csv"}
+    reached = usercode.user_modules([(str(tmp_path / "job.py"), "__main__")], [], cache)
+    assert {Path(p).name for p in named_files(reached)} == {"script.csv"}  # not imported: its literals
+
+
+def test_an_installed_package_joins_by_its_version_and_files(tmp_path, monkeypatch):
+    """``package <name>``: a reinstall with other files or another version changes it, the same files do
+    not; the standard library and torch (the runtime's) are no packages."""
+    from parsl_torch.apps.identity import packages
+
+    site = tmp_path / "site"
+    (site / "fakepkg").mkdir(parents=True)
+    (site / "fakepkg" / "__init__.py").write_text("X = 1\n")
+
+    def install(version: str, record: str) -> None:
+        for old in site.glob("fakepkg-*.dist-info"):
+            shutil.rmtree(old)
+        info = site / f"fakepkg-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakepkg\nVersion: {version}\n")
+        (info / "top_level.txt").write_text("fakepkg\n")
+        (info / "RECORD").write_text(record)
+
+    monkeypatch.syspath_prepend(str(site))
+    packages._distributions.cache_clear()
+    install("1.0", "fakepkg/__init__.py,sha256=aaa,6\n")
+    first = packages.package_components(["fakepkg", "os", "json", "torch"])
+    assert list(first) == ["package fakepkg"] and first["package fakepkg"].startswith("1.0 ")
+    install("1.0", "fakepkg/__init__.py,sha256=aaa,6\n")
+    assert packages.package_components(["fakepkg"]) == first  # the same files again
+    install("1.0", "fakepkg/__init__.py,sha256=bbb,6\n")
+    again = packages.package_components(["fakepkg"])["package fakepkg"]
+    assert packages.package_change(first["package fakepkg"], again) == "reinstalled with other files (1.0)"
+    install("1.1", "fakepkg/__init__.py,sha256=bbb,6\n")
+    newer = packages.package_components(["fakepkg"])["package fakepkg"]
+    assert packages.package_change(again, newer) == "changed (1.0 -> 1.1)"
+    packages._distributions.cache_clear()
+
+
 def test_environment_reads_and_literal_imports_are_found_in_functions_and_modules():
     import importlib
     import os
@@ -162,7 +233,7 @@ def test_environment_reads_and_literal_imports_are_found_in_functions_and_module
     source = (b"import os, importlib\nfrom os import environ, getenv\nX = os.environ['A'] + environ.get('B')\n"
               b"def f():\n    return getenv('C'), 'D' in os.environ, importlib.import_module('pkg.mod'), "
               b"os.environ.get(name)\n")
-    _, imports, env = usercode.parse_module(source, "m.py")
+    _, imports, env, _ = usercode.parse_module(source, "m.py")
     assert env == ["A", "B", "C", "D"] and [0, "pkg.mod", []] in imports
 
 

@@ -1,8 +1,8 @@
 """Reruns of a multi-file project, as a user runs one: a workflow script beside its own
 modules, a script stage importing a sibling, a package run with ``-m``, data files named
 in arguments (as Paths and as strings), in a global and in a built-in stage's config, an
-environment variable and a module imported by name, objects of the project's own classes as
-arguments, outputs and return values deleted. Each row edits the project and runs
+environment variable and a module imported by name, a data file a module's global names,
+objects of the project's own classes as arguments, outputs changed and deleted, return values deleted. Each row edits the project and runs
 ``python wf.py`` again in a new process; exactly the stages that can see the edit run
 again, the log names the file, and every other stage is skipped with its old result."""
 
@@ -34,6 +34,7 @@ import numpy as np
 import parsl_torch as pt
 import helpers
 import mymod
+import projconf
 from parsl_torch.stages.train import train
 
 SETTINGS = {"b": 2, "a": 1, "c": {3, 1, 2}}  # a dict and a set: their order follows the hash seed
@@ -70,7 +71,8 @@ def inner(x):
 def extras(path, cfg, fn, outputs=()):
     Path(outputs[0]).write_text("written")
     return {"path": open(path).read(), "table": open(TABLE).read(), "scale": os.environ.get("SCALE", "1"),
-            "loaded": importlib.import_module("helpermod").value(), "cfg": fn(cfg.n), "run": uuid.uuid4().hex}
+            "loaded": importlib.import_module("helpermod").value(), "cfg": fn(cfg.n), "run": uuid.uuid4().hex,
+            "conf": projconf.DATA.read_text()}
 
 
 def text(future):
@@ -105,6 +107,8 @@ FILES = {
     "helpers.py": "from dataclasses import dataclass\n\n\n@dataclass\nclass Cfg:\n    n: int\n\n\n"
                   "def triple(n):\n    return n * 3\n",
     "helpermod.py": "def value():\n    return 'loaded-v1'\n",
+    "projconf.py": "from pathlib import Path\n\nDATA = Path(__file__).parent / 'data' / 'conf.txt'\n",
+    "data/conf.txt": "conf-v1\n",
     "data/path.txt": "path-v1\n",
     "data/table.csv": "a,b\n",
     "innermod.py": "def value(x):\n    return x + 1\n",
@@ -181,6 +185,10 @@ EDITS = [
      "extras", "helpermod.py changed", ("extras", "loaded-v2", "loaded")),
     ("the module of an argument's class and function", lambda p, env: edit(p, "helpers.py", "n * 3", "n * 4"),
      "extras", "helpers.py changed", ("extras", 12, "cfg")),
+    ("a data file a user module's global names", lambda p, env: (p / "data/conf.txt").write_text("conf-v2\n"),
+     "extras", "input {p}/data/conf.txt changed", ("extras", "conf-v2\n", "conf")),
+    ("a declared output changed by hand", lambda p, env: (p / "runs/extras/extras.txt").write_text("mine"),
+     "extras", "the output extras.txt of its finished run was changed since that run wrote it", None),
     ("a declared output deleted", lambda p, env: (p / "runs/extras/extras.txt").unlink(), "extras",
      "the output extras.txt of its finished run is missing", None),
     ("a function stage's return value deleted", lambda p, env: (p / "runs/extras/result.pkl").unlink(), "extras",
@@ -191,7 +199,7 @@ EDITS = [
 #: in warm ranks (function stages only: scripts run cold), under one other seed, the rows where what a warm
 #: process has seen could differ from a fresh one's: code it imported, env, modules, the files left (input
 #: files are digested in the workflow, the same warm or cold: their rows run cold only, for CI's time)
-WARM_ROWS = (0, 1, 8, 11, 12, 13, 14, 15)
+WARM_ROWS = (0, 1, 8, 11, 12, 13, 16, 17)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
@@ -210,7 +218,7 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
     assert (first["app"], first["reader"], first["mypkg"]) == ("50", "tokens-v1:m1", "pkg-v1")
     assert isinstance(first["train"], float)
     assert {k: v for k, v in first["extras"].items() if k != "run"} == {
-        "path": "path-v1\n", "table": "a,b\n", "scale": "1", "loaded": "loaded-v1", "cfg": 9}
+        "path": "path-v1\n", "table": "a,b\n", "scale": "1", "loaded": "loaded-v1", "cfg": 9, "conf": "conf-v1\n"}
 
     # the same project under other hash seeds, a comment and blank lines moving every function down,
     # a comment in a module, another walltime: nothing can change, nothing runs

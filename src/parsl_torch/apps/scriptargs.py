@@ -4,13 +4,25 @@ call that names an existing file or directory (``PathNames``: an input of the ca
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
 #: strings longer than this are not looked up as paths
 PATH_MAX = 4096
+
+
+#: the machine's own folders: what is in them changes by itself (``/proc/cpuinfo``), never an input
+SYSTEM_DIRS = ("/proc/", "/sys/", "/dev/", "/run/")
+
+
+@functools.lru_cache(maxsize=1)
+def _scratch_dirs() -> frozenset[str]:
+    """The temporary folders themselves (not what is in them)."""
+    return frozenset(os.path.realpath(d) for d in ("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir()))
 
 
 #: script stems that say nothing about the script: the stage is named after its folder
@@ -57,8 +69,11 @@ class PathNames:
     ``data/x.txt``, ``x.csv``, ``./data``; a bare word such as ``data`` or ``train`` is a word),
     looked up only when its first part is an entry of the working directory (one listing, so a
     list of 50,000 words costs no 50,000 look-ups on a parallel file system). Not paths: a special
-    file (a device, a pipe: it is never read), and a directory that holds the working directory
-    (``/``, ``.``, ``..``: a separator or a folder of everything)."""
+    file (a device, a pipe: it is never read), a directory that holds the working directory
+    (``/``, ``.``, ``..``: a separator or a folder of everything), the machine's own folders (under
+    ``/proc``, ``/sys``, ``/dev``, ``/run``: they change by themselves) and the temporary folders
+    themselves (``os.environ.get("TMPDIR", "/tmp")`` is a scratch place, not an input; a file in
+    one is)."""
 
     def __init__(self) -> None:
         self._cwd: str | None = None
@@ -81,6 +96,9 @@ class PathNames:
             mode = os.stat(path).st_mode
         except (OSError, ValueError):
             return None
-        if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)):
+        if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)
+                                   or path in _scratch_dirs()):
+            return None
+        if path.startswith(SYSTEM_DIRS):
             return None
         return path if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else None

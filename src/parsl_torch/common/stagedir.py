@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +50,8 @@ class DamagedRecord(ParslTorchError):
 class CallRecord:
     memo_key: str
     components: dict[str, str]
+    #: each declared output's digest when the call finished (an older record has none: not compared)
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ with these rules. A call's components, each a digest:
 * ``code``: the function (``fingerprint``: its code and the values of the
   globals it uses, without positions), or the script's syntax tree;
 * ``module <file>``: every user module that code can import (``usercode``);
+* ``package <name>``: every installed package that code imports, by its version
+  and files (``packages``);
 * ``runtime``: parsl-torch's version and sources, and torch's version;
 * ``options``: nodes, ranks per node, environment, launcher flags, stage directory;
 * ``env <NAME>``: each environment variable the code reads by a literal name,
@@ -16,7 +18,9 @@ with these rules. A call's components, each a digest:
 * ``input <path>``: the content of each file the stage is told about:
   ``inputs=``, ``Path``/File arguments, strings (in arguments, in the globals
   its function uses) that name an existing file or directory, files named in
-  a script's ``args``, files named in a built-in stage's config.
+  a script's ``args``, files named in a built-in stage's config, and the
+  files its user modules and script name (``namedfiles``: their literals,
+  the paths their globals hold).
 
 Not compared: ``walltime`` and ``retries`` (they cannot change a result).
 A file is hashed (SHA-256) when its size, mtime or inode differ from the last
@@ -49,6 +53,9 @@ from ...errors import ConfigError
 from ..call import StageCall
 from . import usercode
 from .fingerprint import Fingerprinter, Unidentifiable
+from .namedfiles import named_files
+from .outputs import output_digests, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
+from .packages import package_change, package_components
 
 #: in a stage directory: the call whose files are there (written when it succeeds)
 DIGESTS = "input-digests.json"
@@ -138,16 +145,17 @@ class DigestCache:
                     found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
         return found
 
-    def module(self, path: str) -> tuple[str, list[list[Any]], list[str]]:
-        """(digest of the module's syntax tree, its imports, the variables it reads): ``usercode.parse_module``,
-        cached."""
+    def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
+        """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
+        name a file): ``usercode.parse_module``, cached."""
         st = os.stat(path)
         entry = self._entry("py:" + path, _stat_key(st))
-        if entry is not None and "env" in entry:
-            return entry["ast"], entry["imports"], entry["env"]
-        digest, imports, env = usercode.parse_module(Path(path).read_bytes(), path)
-        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports, "env": env})
-        return digest, imports, env
+        if entry is not None and "literals" in entry:
+            return entry["ast"], entry["imports"], entry["env"], entry["literals"]
+        digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
+        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports, "env": env,
+                                      "literals": literals})
+        return digest, imports, env, literals
 
     def save(self) -> None:
         with self._lock:
@@ -187,6 +195,7 @@ class Arguments:
     digest: str
     files: dict[str, str]
     roots: tuple[tuple[str, str], ...]
+    packages: tuple[str, ...] = ()
 
 
 def arguments_digest(command: Sequence[str], args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -200,45 +209,53 @@ def arguments_digest(command: Sequence[str], args: Sequence[Any], kwargs: Mappin
     tokens += [(k, fp.token(kwargs[k], f"argument {k!r}")) for k in sorted(kwargs)]
     tokens.append(("outputs", [str(getattr(o, "url", o)) for o in outputs]))
     return Arguments(_sha(repr(tokens).encode()), {path: cache.file_digest(path) for path in sorted(fp.files)},
-                     tuple(sorted(fp.roots)))
+                     tuple(sorted(fp.roots)), tuple(sorted(fp.packages)))
 
 
-def code_components(opts: Any, cache: DigestCache, roots: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
-    """``code`` and ``module <file>``: what the stage runs (read where its code is); ``roots``: more
-    user modules it reaches (those of its arguments' functions and classes)."""
+def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None = None) -> dict[str, str]:
+    """``code``, ``module <file>``, ``package <name>`` and the ``input <path>`` its modules name: what the
+    stage runs (read where its code is); ``arguments``: their functions and classes reach more."""
     parts = {"code": opts.code}
-    roots = [*opts.code_roots, *roots]
+    roots = [*opts.code_roots, *(arguments.roots if arguments else ())]
     if opts.module:
         roots += usercode.module_origin(opts.module, opts.import_path)
     if opts.script:
         roots.append((opts.script, "__main__"))
-    modules, env = usercode.user_modules(roots, opts.import_path, cache)
+    reached = usercode.user_modules(roots, opts.import_path, cache)
+    modules = reached.digests
     if opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
-    parts[ENV_NAMES] = json.dumps(sorted(env | set(opts.env_reads)))
+    parts.update(package_components({*reached.packages, *opts.packages, *(arguments.packages if arguments else ())}))
+    parts.update(_inputs(dict.fromkeys(named_files(reached)), opts.stage_dir, cache))
+    parts[ENV_NAMES] = json.dumps(sorted(reached.env | set(opts.env_reads)))
     return parts
 
 
 def argument_modules(arguments: Arguments, import_path: Sequence[str], cache: DigestCache) -> dict[str, str]:
-    """``module <file>`` for the user modules of the arguments' functions and classes (read where the
-    arguments are: a remote stage's code components were read elsewhere)."""
-    modules, _ = usercode.user_modules(arguments.roots, import_path, cache)
-    return {f"module {path}": digest for path, digest in modules.items()}
+    """``module <file>`` and ``package <name>`` for the code of the arguments' functions and classes (read
+    where the arguments are: a remote stage's code components were read elsewhere)."""
+    reached = usercode.user_modules(arguments.roots, import_path, cache)
+    return {**{f"module {path}": digest for path, digest in reached.digests.items()},
+            **package_components({*reached.packages, *arguments.packages})}
+
+
+def _inputs(given: Mapping[str, str | None], stage_dir: str, cache: DigestCache) -> dict[str, str]:
+    """``input <path>`` for each file given (with its digest, or None: read now), but the stage's own
+    (its outputs)."""
+    inside = os.path.join(stage_dir, "")
+    return {f"input {path}": digest if digest is not None else cache.file_digest(path)
+            for path, digest in given.items() if not os.path.abspath(path).startswith(inside)}
 
 
 def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cache: DigestCache) -> dict[str, str]:
     """``options``, ``arguments`` and ``input <path>``: what the stage is given (read where its files are)."""
     options = json.dumps([opts.stage_dir, opts.num_nodes, opts.ranks_per_node, list(map(list, opts.env)),
                           list(opts.launcher_args)])
-    parts = {"options": _sha(options.encode()), "arguments": arguments.digest}
-    stage_dir = os.path.join(opts.stage_dir, "")
     given = {**{path: None for path in opts.files}, **{i.filepath: None for i in inputs if hasattr(i, "filepath")},
              **arguments.files}
-    for path, digest in given.items():
-        if not os.path.abspath(path).startswith(stage_dir):  # its own files are outputs
-            parts[f"input {path}"] = digest if digest is not None else cache.file_digest(path)
-    return parts
+    return {"options": _sha(options.encode()), "arguments": arguments.digest,
+            **_inputs(given, opts.stage_dir, cache)}
 
 
 def env_components(names: Sequence[str], stage_env: Mapping[str, str],
@@ -287,33 +304,17 @@ def read_call(stage_dir: str | os.PathLike) -> stagedir.CallRecord | None:
     return stagedir.read_or_none(Path(stage_dir) / stagedir.CALL, stagedir.CallRecord, get_logger("parsl_torch.workflow"))
 
 
-def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, str]) -> None:
-    stagedir.write(Path(stage_dir) / stagedir.CALL, stagedir.CallRecord(memo_key, dict(parts)))
+def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, str], outputs: Sequence[Any],
+               cache: DigestCache) -> None:
+    """The call finished: its identity, and its outputs' digests (a skip stands while they are unchanged)."""
+    stagedir.write(Path(stage_dir) / stagedir.CALL,
+                   stagedir.CallRecord(memo_key, dict(parts), output_digests(outputs, cache)))
+    cache.save()
 
 
 def forget_call(stage_dir: str | os.PathLike) -> None:
     """A run of the stage starts: its directory no longer holds the last finished call's files."""
     stagedir.forget(Path(stage_dir) / stagedir.CALL)
-
-
-def missing_files(stage_dir: str | os.PathLike, function: bool, outputs: Sequence[Any]) -> list[str]:
-    """The files of a finished call that are gone (a skip returns them): each declared output and, for
-    a function stage, rank 0's result; named relative to the stage directory where they are in it."""
-    gone = [_shown(o.filepath, stage_dir) for o in outputs
-            if getattr(o, "scheme", "file") == "file" and not os.path.exists(o.filepath)]
-    if function and not Path(stage_dir, stagedir.RESULT).exists():
-        gone.append(f"return value ({stagedir.RESULT})")
-    return gone
-
-
-def missing_said(gone: Sequence[str]) -> str:
-    """Why a stage whose files are gone runs again (``missing_files``)."""
-    return f"the {' and the '.join(gone)} of its finished run {'is' if len(gone) == 1 else 'are'} missing"
-
-
-def _shown(path: str, stage_dir: str | os.PathLike) -> str:
-    relative = os.path.relpath(path, stage_dir)
-    return f"output {path if relative.startswith('..') else relative}"
 
 
 def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],
@@ -331,6 +332,9 @@ def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now
             name = usercode.display_name(key[len("module "):])
             changed.append(f"{name} changed" if key in old and key in now else
                            f"{name} {'now imported' if key in now else 'no longer imported'}")
+    for key in sorted(set(old) | set(now)):
+        if key.startswith("package ") and old.get(key) != now.get(key):
+            changed.append(f"{key} {package_change(old.get(key), now.get(key))}")
     if old.get("runtime") != now.get("runtime"):
         changed.append("parsl-torch or torch changed")
     if old.get("arguments") != now.get("arguments"):
@@ -367,7 +371,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
     except Unidentifiable as exc:
         raise ConfigError(f"stage {call.stage!r}: {exc}") from None
     if code is None:
-        code_parts = code_components(opts, cache, arguments.roots)
+        code_parts = code_components(opts, cache, arguments)
     else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
         code_parts = {**code, **argument_modules(arguments, opts.import_path, cache)}
     env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))

@@ -23,7 +23,8 @@ their body), so a value is turned into a canonical token instead:
   is kept in ``env_names`` (its value joins the identity);
 * a function, class or module of a user module (``usercode``) by name, and
   the module's file is added to the stage's code roots (its digest covers it);
-  anything from an installed package by name (its version is the installation's).
+  anything from an installed package by name, the package kept in ``packages``
+  (its version and files join the identity: ``identity.packages``).
 
 An argument that has no such token is an error naming it (``Unidentifiable``);
 a global of the workflow script that has none is fingerprinted by its dill
@@ -79,6 +80,8 @@ class Fingerprinter:
         self.files: set[str] = set()
         #: the environment variables the functions read by a literal name
         self.env_names: set[str] = set()
+        #: top-level names of the installed modules the tokens reached (``identity.packages``)
+        self.packages: set[str] = set()
         self._paths = PathNames()
         self._active: set[int] = set()
 
@@ -157,6 +160,8 @@ class Fingerprinter:
         file = getattr(mod, "__file__", None)
         if mod is not None and module_name != _MAIN and is_user_file(file):
             self.roots.add((os.path.realpath(file), module_name))
+        elif module_name and module_name != _MAIN:
+            self.packages.add(module_name.partition(".")[0])
 
     @staticmethod
     def _type_name(kind: type) -> str:
@@ -199,7 +204,10 @@ class Fingerprinter:
         cells = [self.token(c.cell_contents, f"a closure variable of {fn.__qualname__}")
                  for c in fn.__closure__ or () if _cell_set(c)]
         for name in _imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
-            self.roots.update(user_files(name, sys.path))
+            found = user_files(name, sys.path)
+            self.roots.update(found)
+            if not found:
+                self.packages.add(name.partition(".")[0])
         self.env_names |= _env_reads(code)
         self.files.update(p for c in _string_constants(code) if (p := self._paths.named(c)) is not None)
         parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),

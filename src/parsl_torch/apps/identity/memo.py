@@ -75,12 +75,12 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             result = self.memo_lookup_table.get(key)
             before = identity.read_call(call.opts.stage_dir)
             hit = result is not None and before is not None and before.memo_key == key
-            gone = identity.missing_files(call.opts.stage_dir, call.returns, kwargs.get("outputs", ())) \
-                if hit else []
-            if hit and not gone:
+            gone, changed = identity.spoiled_files(call.opts.stage_dir, call.returns, kwargs.get("outputs", ()),
+                                                   before, cache) if hit else ([], [])
+            if hit and not gone and not changed:
                 return result
             if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
-                why = identity.missing_said(gone) if gone else \
+                why = identity.spoiled_said(gone, changed) if gone or changed else \
                     identity.why_rerun(call.stage, call.name, before, now, result is not None)
                 get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", call.stage,
                                                         " again" if before or result else "", why)
@@ -90,7 +90,8 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             super().update_memo_result(task, r)
             call, parts = StageCall.of_task(task), checked.pop(task["id"], None)
             if call is not None and parts is not None and task.get("hashsum"):
-                identity.write_call(call.opts.stage_dir, task["hashsum"], parts)
+                identity.write_call(call.opts.stage_dir, task["hashsum"], parts, task["kwargs"].get("outputs", ()),
+                                    cache)
 
         def update_memo_exception(self, task, e):
             checked.pop(task["id"], None)

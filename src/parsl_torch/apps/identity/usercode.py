@@ -14,7 +14,11 @@ finds the environment variables a module reads by a literal name
 
 A module's digest is that of its syntax tree (``ast.dump`` without
 positions): comments, blank lines and code moving to other lines do not
-change it; any change of what runs does.
+change it; any change of what runs does. The same reading keeps the module's
+string literals that may name a file (``"/data/x.csv"``, ``"data/table.csv"``:
+not docstrings, nor the pieces of an f-string or a ``+``), and the top-level
+names of the modules it imports that are not the user's (an installed
+package's version and files join the identity: ``identity.packages``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from importlib.machinery import PathFinder
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 #: the package itself is the runtime, not the user's code (its version and sources are in every
@@ -43,7 +48,7 @@ MODULE_IMPORTERS = ("import_module", "__import__")
 class ModuleCache(Protocol):
     """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``."""
 
-    def module(self, path: str) -> tuple[str, list[list[Any]], list[str]]: ...
+    def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]: ...
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,13 +95,13 @@ def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]], list[str]]:
+def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
     """(digest of the syntax tree, its imports as ``[level, module or "", [names]]``, the environment
-    variables it reads by a literal name)."""
+    variables it reads by a literal name, its string literals that may name a file)."""
     try:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError):  # the ranks will say what is wrong; any byte change reruns it
-        return "bytes:" + hashlib.sha256(source).hexdigest(), [], []
+        return "bytes:" + hashlib.sha256(source).hexdigest(), [], [], []
     imports: list[list[Any]] = []
     env: set[str] = set()
     for node in ast.walk(tree):
@@ -109,7 +114,24 @@ def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]], li
             imports.append([level, name[level:], []])
         if (name := _env_read(node)) is not None:
             env.add(name)
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env)
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env), _path_literals(tree)
+
+
+def _path_literals(tree: ast.AST) -> list[str]:
+    """String literals that may name a file: one line, a ``/`` or a ``.`` in it; not a docstring (a
+    statement of its own) nor a piece of an f-string or of a ``+`` (``f"/lus/{x}"``: "/lus/" is no input)."""
+    pieces: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            pieces.update(map(id, node.values))
+        elif isinstance(node, ast.BinOp):
+            pieces.update((id(node.left), id(node.right)))
+        elif isinstance(node, ast.Expr):
+            pieces.add(id(node.value))
+    return sorted({node.value for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and type(node.value) is str and id(node) not in pieces
+                   and 0 < len(node.value) <= 1024 and "\n" not in node.value
+                   and ("/" in node.value or "." in node.value)})
 
 
 def _name_of(node: ast.AST) -> str | None:
@@ -182,27 +204,42 @@ def _targets(imports: list[list[Any]], module: str, is_package: bool) -> list[st
     return names
 
 
-def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str],
-                 cache: ModuleCache) -> tuple[dict[str, str], set[str]]:
-    """Digest of each user module the ``roots`` ((file, module name) pairs) can import, themselves
-    included, following imports transitively on ``search`` (the ranks' ``sys.path``); and the
-    environment variables they read by a literal name."""
-    digests: dict[str, str] = {}
-    env: set[str] = set()
+@dataclass
+class Reached:
+    """What a stage's code can run: each user module's digest and name (by file), the environment variables
+    they read, their string literals that may name a file, and the installed top-level modules they import."""
+
+    digests: dict[str, str] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    env: set[str] = field(default_factory=set)
+    literals: set[str] = field(default_factory=set)
+    packages: set[str] = field(default_factory=set)
+
+
+def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache: ModuleCache) -> Reached:
+    """Each user module the ``roots`` ((file, module name) pairs) can import, themselves included,
+    following imports transitively on ``search`` (the ranks' ``sys.path``)."""
+    reached = Reached()
     todo = [(os.path.realpath(f), m, os.path.basename(f) == "__init__.py") for f, m in roots if os.path.isfile(f)]
     queued = {f for f, _, _ in todo}
     # a script's own folder comes first on its sys.path, for every module it imports
     search = [*(os.path.dirname(f) for f, m, _ in todo if m == "__main__"), *search]
     while todo:
         path, module, is_package = todo.pop()
-        digests[path], imports, reads = cache.module(path)
-        env.update(reads)
+        reached.digests[path], imports, reads, literals = cache.module(path)
+        reached.names[path] = module
+        reached.env.update(reads)
+        reached.literals.update(literals)
         for name in _targets(imports, module, is_package):
-            for file, found_name, package in _find(name, search):
+            found = _find(name, search)
+            if not found:  # the standard library, an installed package (or nothing: the ranks will say)
+                reached.packages.add(name.partition(".")[0])
+            for file, found_name, package in found:
                 if file not in queued:
                     queued.add(file)
                     todo.append((file, found_name, package))
-    return dict(sorted(digests.items())), env
+    reached.digests = dict(sorted(reached.digests.items()))
+    return reached
 
 
 def module_origin(name: str, search: Sequence[str]) -> list[tuple[str, str]]:

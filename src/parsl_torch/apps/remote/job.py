@@ -92,17 +92,18 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     kwargs = {**kwargs, "inputs": list(inputs), "outputs": list(outputs)}
     try:
         call = _here(job)
-        parts = identity.stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(stage_dir.parent),
-                                 None if job.code is None else dict(job.code))
+        digests = identity.DigestCache.of_run_dir(stage_dir.parent)
+        parts = identity.stage_components(call, args, kwargs, digests, None if job.code is None else dict(job.code))
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
     key, before = identity.call_id(parts), identity.read_call(stage_dir)
     hit = job.memoize and before is not None and before.memo_key == key
-    gone = identity.missing_files(stage_dir, call.returns, outputs) if hit else []
-    if hit and not gone and (stored := _value(stage_dir, call)) is not False:
+    gone, changed = identity.spoiled_files(stage_dir, call.returns, outputs, before, digests) if hit else ([], [])
+    if hit and not gone and not changed and (stored := _value(stage_dir, call)) is not False:
         return RemoteAnswer(job.stage, stored)
     name = call.fn.name if call.fn is not None else job.stage
-    why = identity.missing_said(gone) if gone else identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
+    why = identity.spoiled_said(gone, changed) if gone or changed else \
+        identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
             shipped = str(_unpack(stage_dir / SOURCES, job.sources))
@@ -123,7 +124,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
             f"stage {job.stage!r} returned {len(value) / 2**20:.1f} MiB, more than Globus Compute carries back "
             f"({RESULT_LIMIT // 2**20} MiB): write it to a file in outputs= (it stays on the endpoint, in "
             f"{stage_dir}) and return its path or a summary"))
-    identity.write_call(stage_dir, key, parts)
+    identity.write_call(stage_dir, key, parts, outputs, digests)
     return RemoteAnswer(job.stage, value, why)
 
 

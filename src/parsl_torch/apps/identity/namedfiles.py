@@ -1,0 +1,47 @@
+"""Files a stage's user modules name: what the code reads without being told (``open(config.DATA)``).
+
+A module's string literals that name an existing file or directory (``"/data/table.csv"``,
+``"data/vocab.json"``), and, for a module the workflow has imported, the paths its globals hold
+(``DATA = Path(__file__).parent / "data" / "table.csv"``; in a list, tuple, set or dict too). Each
+is an input of the stage: its content joins the identity, so a regenerated data file reruns the
+stages whose modules name it. A path built inside a function at run time cannot be seen: name it in
+``inputs=``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import PurePath
+from typing import Any
+
+from ..scriptargs import PathNames
+from .usercode import Reached
+
+#: a container global holding more values than this is data, not a list of paths: looked at no further
+MAX_ITEMS = 1000
+
+
+def named_files(reached: Reached) -> set[str]:
+    """The existing files and directories (absolute paths) that the reached user modules name."""
+    paths = PathNames()
+    found = {p for text in reached.literals if (p := paths.named(text)) is not None}
+    for file, name in reached.names.items():
+        module = sys.modules.get(name)
+        if module is None or os.path.realpath(getattr(module, "__file__", None) or "") != file:
+            continue  # not imported here (only the ranks import it), or another module of that name
+        for key, value in list(vars(module).items()):
+            if not key.startswith("__"):
+                found.update(p for text in _path_texts(value, 0) if (p := paths.named(text)) is not None)
+    return found
+
+
+def _path_texts(value: Any, depth: int) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, PurePath):
+        yield str(value)
+    elif depth < 2 and isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) <= MAX_ITEMS:
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _path_texts(item, depth + 1)

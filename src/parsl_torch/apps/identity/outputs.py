@@ -1,0 +1,54 @@
+"""The files a finished call left. A skip returns them, so it stands only while they are there and
+as that call wrote them: an output deleted, or changed since (a checkpoint overwritten by hand, a
+file copied over it), reruns the stage, which writes it again."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...common import stagedir
+
+
+def _local(output: Any) -> bool:
+    return getattr(output, "scheme", "file") == "file"
+
+
+def output_digests(outputs: Sequence[Any], cache: Any) -> dict[str, str]:
+    """Each declared output's digest as the call leaves it (``DigestCache.file_digest``: cached, so a
+    stage that takes it as an input does not read it again)."""
+    return {o.filepath: cache.file_digest(o.filepath) for o in outputs if _local(o)}
+
+
+def spoiled_files(stage_dir: str | os.PathLike, function: bool, outputs: Sequence[Any],
+                  before: stagedir.CallRecord, cache: Any) -> tuple[list[str], list[str]]:
+    """(gone, changed): the finished call's files that are missing, and its outputs that differ from
+    what it left (each declared output; for a function stage, rank 0's result too, which must be there),
+    named relative to the stage directory where they are in it."""
+    gone, changed = [], []
+    for output in filter(_local, outputs):
+        if not os.path.exists(output.filepath):
+            gone.append(_shown(output.filepath, stage_dir))
+        elif (left := before.outputs.get(output.filepath)) is not None and cache.file_digest(output.filepath) != left:
+            changed.append(_shown(output.filepath, stage_dir))
+    if function and not Path(stage_dir, stagedir.RESULT).exists():
+        gone.append(f"return value ({stagedir.RESULT})")
+    return gone, changed
+
+
+def spoiled_said(gone: Sequence[str], changed: Sequence[str]) -> str:
+    """Why a stage whose files are gone or changed runs again (``spoiled_files``)."""
+    said = []
+    if gone:
+        said.append(f"the {' and the '.join(gone)} of its finished run {'is' if len(gone) == 1 else 'are'} missing")
+    if changed:
+        said.append(f"the {' and the '.join(changed)} of its finished run {'was' if len(changed) == 1 else 'were'} "
+                    f"changed since that run wrote {'it' if len(changed) == 1 else 'them'}")
+    return "; ".join(said)
+
+
+def _shown(path: str, stage_dir: str | os.PathLike) -> str:
+    relative = os.path.relpath(path, stage_dir)
+    return f"output {path if relative.startswith('..') else relative}"
