@@ -301,6 +301,21 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
     assert parts()["code"] != first["code"]
     helper.write_text("import os\nX = os.environ.get('SEED', 2)\n")
     assert parts()[f"module {helper}"] != first[f"module {helper}"]
+    # the site's worker_init (its module loads: the software the ranks get) is compared, alone
+    setup = parts(site_setup="module load frameworks/2025.0")
+    assert setup["site setup"] != parts(site_setup="module load frameworks/2025.2")["site setup"]
+    assert {k: v for k, v in setup.items() if k != "site setup"} == parts()
+
+
+def test_a_file_named_by_an_environment_variable_the_code_reads_is_an_input(tmp_path, monkeypatch):
+    from parsl_torch.apps import identity
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.bin").write_text("v1")
+    env = {"DATA": str(tmp_path / "data.bin"), "SCRATCH": str(tmp_path), "WORD": "fast", "RANK": "data.bin"}
+    names = ["DATA", "SCRATCH", "WORD", "RANK", "UNSET"]
+    assert identity.env_files(names, {}, env) == {str(tmp_path / "data.bin"): None}  # a folder is a place
+    assert identity.env_files(names, {"DATA": "data.bin"}, {}) == {str(tmp_path / "data.bin"): None}  # env= first
 
 
 @pytest.mark.slow

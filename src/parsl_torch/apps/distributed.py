@@ -104,12 +104,14 @@ class DistributedApp:
         """The call's record: its options (code identity read now), its function, where it runs."""
         code, roots, code_files, env_reads, packages = self._code(stage)
         stage_dir = placement.stage_dir(wf.run_dir, stage)
+        # (the site's environment reaches the ranks through the workers too: given here, it is compared)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
-               **placement.site.rank_env(), **stage_env}
+               **placement.site.spec.environment, **placement.site.rank_env(), **stage_env}
         script, module = _script_target(self.script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
                             code=code, code_roots=roots, script=script, module=module,
                             files=(*self.files, *code_files), env_reads=env_reads, packages=packages,
+                            site_setup=placement.site.spec.provider.worker_init,
                             import_path=rank_import_path(),
                             preflight=placement.site.spec.mpi.preflight)
         resources = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}

@@ -84,6 +84,7 @@ class StageOptions:
     files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs= (or its code names)
     env_reads: tuple[str, ...] = ()  # the variables its function reads by a literal name (apps.identity.fingerprint)
     packages: tuple[str, ...] = ()  # installed top-level modules its function reaches (apps.identity.packages)
+    site_setup: str = ""  # the site's provider.worker_init (module loads: the software the ranks get)
     import_path: tuple[str, ...] = ()  # the ranks' PYTHONPATH: what the workflow imports from (not compared)
     preflight: float = 0.0  # seconds each node has to answer before a multi-node launch (not compared)
 

@@ -11,7 +11,8 @@ with these rules. A call's components, each a digest:
 * ``package <name>``: every installed package that code imports, by its version
   and files (``packages``);
 * ``runtime``: parsl-torch's version and sources, and torch's version;
-* ``options``: nodes, ranks per node, environment, launcher flags, stage directory;
+* ``options``: nodes, ranks per node, environment (the site's too), launcher flags, stage directory;
+* ``site setup``: the site's ``provider.worker_init`` (the modules the ranks load);
 * ``env <NAME>``: each environment variable the code reads by a literal name,
   as the stage's ranks will see it (its ``env=``, else this process's);
 * ``arguments``: the call's own arguments and output names (``fingerprint``);
@@ -33,32 +34,28 @@ which the workflow and its workers share.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-import stat
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...common import settings, stagedir
-from ...common.files import write_atomic
+from ...common import stagedir
 from ...core.claim import VISIBILITY
 from ...core.log import get_logger
 from ...errors import ConfigError
 from ..call import StageCall
+from ..scriptargs import PathNames
 from . import usercode
+from .digests import DIGESTS, DigestCache, file_digest  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
 from .namedfiles import named_files
 from .outputs import output_digests, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
 from .packages import package_change, package_components
 
-#: in a stage directory: the call whose files are there (written when it succeeds)
-DIGESTS = "input-digests.json"
 #: keyword arguments of a stage's app that are Parsl's, not the call's own
 PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
 #: the code components' list of the environment variables the code reads (``env <NAME>`` once resolved)
@@ -72,119 +69,6 @@ LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _stat_key(st: os.stat_result) -> str:
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
-
-
-class DigestCache:
-    """File digests and parsed modules of one run directory, remembered by size, mtime and inode.
-
-    Read once, written once per ``save`` (merged with what another process wrote meanwhile)."""
-
-    def __init__(self, path: str | os.PathLike | None, run_dir: str | os.PathLike | None = None) -> None:
-        self.path = Path(path) if path is not None else None
-        #: left out of a directory's digest: the run's own files are outputs, and change on every run
-        self.run_dir = os.path.realpath(run_dir) if run_dir is not None else None
-        self._known: dict[str, Any] | None = None
-        self._dirty: dict[str, Any] = {}
-        self._lock = threading.RLock()
-
-    @classmethod
-    def of_run_dir(cls, run_dir: str | os.PathLike) -> DigestCache:
-        return cls(Path(run_dir) / "parsl" / DIGESTS, run_dir)
-
-    def _entry(self, key: str, stat: str) -> Any:
-        with self._lock:
-            if self._known is None:
-                self._known = _read_json(self.path)
-            entry = self._known.get(key)
-            return entry if isinstance(entry, dict) and entry.get("stat") == stat else None
-
-    def _remember(self, key: str, entry: dict[str, Any]) -> None:
-        with self._lock:
-            assert self._known is not None
-            self._known[key] = self._dirty[key] = entry
-
-    def file_digest(self, path: str | os.PathLike) -> str:
-        """The content digest of a file (stat-based for a directory, or with PARSL_TORCH_INPUT_HASH=stat);
-        "missing" if it does not exist; a device or pipe by its kind (it is never read)."""
-        path = os.path.abspath(path)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return "missing"
-        if stat.S_ISDIR(st.st_mode):
-            return "dir:" + _sha(json.dumps(self._tree(path)).encode())
-        if not stat.S_ISREG(st.st_mode):
-            return f"special:{stat.S_IFMT(st.st_mode)}"
-        key = _stat_key(st)
-        if settings.INPUT_HASH.get() == "stat":
-            return f"stat:{key}"
-        entry = self._entry(path, key)
-        if entry is not None:
-            return entry["sha256"]
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        self._remember(path, {"stat": key, "sha256": h.hexdigest()})
-        return h.hexdigest()
-
-    def _tree(self, path: str) -> list[tuple[str, int, int]]:
-        """(relative path, size, mtime) of each file under a directory, in order; hidden folders,
-        ``__pycache__`` and the run directory left out."""
-        found = []
-        for top, dirs, files in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
-                             and os.path.realpath(os.path.join(top, d)) != self.run_dir)
-            for name in sorted(files):
-                with contextlib.suppress(OSError):
-                    st = os.stat(os.path.join(top, name))
-                    found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
-        return found
-
-    def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
-        """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
-        name a file): ``usercode.parse_module``, cached."""
-        st = os.stat(path)
-        entry = self._entry("py:" + path, _stat_key(st))
-        if entry is not None and "literals" in entry:
-            return entry["ast"], entry["imports"], entry["env"], entry["literals"]
-        digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
-        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports, "env": env,
-                                      "literals": literals})
-        return digest, imports, env, literals
-
-    def save(self) -> None:
-        with self._lock:
-            if not self._dirty or self.path is None:
-                return
-            merged = {**_read_json(self.path), **self._dirty}
-            with contextlib.suppress(OSError):  # a cache: a read-only run directory only costs time
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(self.path, json.dumps(merged, indent=0, sort_keys=True))
-                self._dirty = {}
-
-
-def _read_json(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> str:
-    """One file's digest, cached in the file ``cache`` (a DIGESTS file)."""
-    digests = DigestCache(cache)
-    try:
-        return digests.file_digest(path)
-    finally:
-        digests.save()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +138,8 @@ def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cach
                           list(opts.launcher_args)])
     given = {**{path: None for path in opts.files}, **{i.filepath: None for i in inputs if hasattr(i, "filepath")},
              **arguments.files}
-    return {"options": _sha(options.encode()), "arguments": arguments.digest,
+    setup = {"site setup": _sha(opts.site_setup.encode())} if opts.site_setup else {}
+    return {"options": _sha(options.encode()), **setup, "arguments": arguments.digest,
             **_inputs(given, opts.stage_dir, cache)}
 
 
@@ -263,14 +148,24 @@ def env_components(names: Sequence[str], stage_env: Mapping[str, str],
     """``env <NAME>`` for each variable the code reads: its value as the ranks get it (the stage's
     ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
     variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
+    return {f"env {name}": "unset" if value is None else _sha(f"{name}={value}".encode())
+            for name, value in _env_values(names, stage_env, environ).items()}
+
+
+def env_files(names: Sequence[str], stage_env: Mapping[str, str],
+              environ: Mapping[str, str] | None = None) -> dict[str, None]:
+    """The files the values of those variables name (``open(os.environ["DATA"])``: the file is an input,
+    not only its name); a folder named so is compared by its name alone (``HOME``, ``SCRATCH``: places)."""
+    paths = PathNames()
+    named = (paths.named(value) for value in _env_values(names, stage_env, environ).values() if value)
+    return {path: None for path in named if path is not None and os.path.isfile(path)}
+
+
+def _env_values(names: Sequence[str], stage_env: Mapping[str, str],
+                environ: Mapping[str, str] | None) -> dict[str, str | None]:
     environ = os.environ if environ is None else environ
-    parts = {}
-    for name in names:
-        if name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES):
-            continue
-        value = stage_env.get(name, environ.get(name))
-        parts[f"env {name}"] = "unset" if value is None else _sha(f"{name}={value}".encode())
-    return parts
+    return {name: stage_env.get(name, environ.get(name)) for name in names
+            if not (name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES))}
 
 
 @functools.lru_cache(maxsize=1)
@@ -341,6 +236,8 @@ def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now
         changed.append("arguments changed")
     if old.get("options") != now.get("options"):
         changed.append("stage options changed")
+    if old.get("site setup") != now.get("site setup"):
+        changed.append("the site's provider.worker_init changed")
     for key in sorted(set(old) | set(now)):
         if key.startswith("env ") and old.get(key) != now.get(key):
             changed.append(f"environment variable {key[4:]} changed" if key in old and key in now else
@@ -376,6 +273,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
         code_parts = {**code, **argument_modules(arguments, opts.import_path, cache)}
     env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
     parts = {**code_parts, "runtime": runtime_digest(cache), **env_components(env_names, opts.environment),
-             **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
+             **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache),
+             **_inputs(env_files(env_names, opts.environment), opts.stage_dir, cache)}
     cache.save()  # once per call: what was hashed, for the next call and the next run
     return parts

@@ -31,9 +31,9 @@ import site
 import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from importlib.machinery import PathFinder
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 #: the package itself is the runtime, not the user's code (its version and sources are in every

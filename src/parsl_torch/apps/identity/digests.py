@@ -1,0 +1,137 @@
+"""File digests and parsed modules of one run directory, remembered by size, mtime and inode
+(``<run_dir>/parsl/input-digests.json``, shared by the workflow and its workers)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+from ...common import settings
+from ...common.files import write_atomic
+from . import usercode
+
+#: in a run's parsl/ folder: the digests of its files and modules
+DIGESTS = "input-digests.json"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _stat_key(st: os.stat_result) -> str:
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+class DigestCache:
+    """File digests and parsed modules of one run directory, remembered by size, mtime and inode.
+
+    Read once, written once per ``save`` (merged with what another process wrote meanwhile)."""
+
+    def __init__(self, path: str | os.PathLike | None, run_dir: str | os.PathLike | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        #: left out of a directory's digest: the run's own files are outputs, and change on every run
+        self.run_dir = os.path.realpath(run_dir) if run_dir is not None else None
+        self._known: dict[str, Any] | None = None
+        self._dirty: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def of_run_dir(cls, run_dir: str | os.PathLike) -> DigestCache:
+        return cls(Path(run_dir) / "parsl" / DIGESTS, run_dir)
+
+    def _entry(self, key: str, stat: str) -> Any:
+        with self._lock:
+            if self._known is None:
+                self._known = _read_json(self.path)
+            entry = self._known.get(key)
+            return entry if isinstance(entry, dict) and entry.get("stat") == stat else None
+
+    def _remember(self, key: str, entry: dict[str, Any]) -> None:
+        with self._lock:
+            assert self._known is not None
+            self._known[key] = self._dirty[key] = entry
+
+    def file_digest(self, path: str | os.PathLike) -> str:
+        """The content digest of a file (stat-based for a directory, or with PARSL_TORCH_INPUT_HASH=stat);
+        "missing" if it does not exist; a device or pipe by its kind (it is never read)."""
+        path = os.path.abspath(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return "missing"
+        if stat.S_ISDIR(st.st_mode):
+            return "dir:" + _sha(json.dumps(self._tree(path)).encode())
+        if not stat.S_ISREG(st.st_mode):
+            return f"special:{stat.S_IFMT(st.st_mode)}"
+        key = _stat_key(st)
+        if settings.INPUT_HASH.get() == "stat":
+            return f"stat:{key}"
+        entry = self._entry(path, key)
+        if entry is not None:
+            return entry["sha256"]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        self._remember(path, {"stat": key, "sha256": h.hexdigest()})
+        return h.hexdigest()
+
+    def _tree(self, path: str) -> list[tuple[str, int, int]]:
+        """(relative path, size, mtime) of each file under a directory, in order; hidden folders,
+        ``__pycache__`` and the run directory left out."""
+        found = []
+        for top, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                             and os.path.realpath(os.path.join(top, d)) != self.run_dir)
+            for name in sorted(files):
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(top, name))
+                    found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
+        return found
+
+    def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
+        """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
+        name a file): ``usercode.parse_module``, cached."""
+        st = os.stat(path)
+        entry = self._entry("py:" + path, _stat_key(st))
+        if entry is not None and "literals" in entry:
+            return entry["ast"], entry["imports"], entry["env"], entry["literals"]
+        digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
+        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports, "env": env,
+                                      "literals": literals})
+        return digest, imports, env, literals
+
+    def save(self) -> None:
+        with self._lock:
+            if not self._dirty or self.path is None:
+                return
+            merged = {**_read_json(self.path), **self._dirty}
+            with contextlib.suppress(OSError):  # a cache: a read-only run directory only costs time
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.path, json.dumps(merged, indent=0, sort_keys=True))
+                self._dirty = {}
+
+
+def _read_json(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> str:
+    """One file's digest, cached in the file ``cache`` (a DIGESTS file)."""
+    digests = DigestCache(cache)
+    try:
+        return digests.file_digest(path)
+    finally:
+        digests.save()
