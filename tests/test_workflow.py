@@ -292,7 +292,9 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
         return {**identity.code_components(o, cache), **identity.data_components(o, identity.Arguments("args", {}, ()), [], cache)}
 
     first = parts()
-    assert set(first) == {"code", "options", "arguments", f"module {helper}", identity.ENV_NAMES}
+    assert set(first) == {"code", "options", "arguments", f"module {helper}", identity.ENV_NAMES, identity.PACKAGES,
+                          identity.NAMED_FILES}
+    assert first[identity.PACKAGES] == '["os"]'  # (no distribution: no package component)
     assert first[identity.ENV_NAMES] == '["SEED"]'  # the variables its modules read, resolved per call
     assert parts(walltime=60.0) == first and parts(import_path=("/elsewhere",)) == first  # not compared
     script.write_text("# a comment\n\nimport helper\nprint(helper.X)  # moved down\n")

@@ -14,14 +14,15 @@ with these rules. A call's components, each a digest:
 * ``options``: nodes, ranks per node, environment (the site's too), launcher flags, stage directory;
 * ``site setup``: the site's ``provider.worker_init`` (the modules the ranks load);
 * ``env <NAME>``: each environment variable the code reads by a literal name,
-  as the stage's ranks will see it (its ``env=``, else this process's);
+  as the stage's ranks will see it (its ``env=``, the site's ``environment``,
+  else this process's);
 * ``arguments``: the call's own arguments and output names (``fingerprint``);
 * ``input <path>``: the content of each file the stage is told about:
   ``inputs=``, ``Path``/File arguments, strings (in arguments, in the globals
   its function uses) that name an existing file or directory, files named in
   a script's ``args``, files named in a built-in stage's config, and the
   files its user modules and script name (``namedfiles``: their literals,
-  the paths their globals hold).
+  the paths their globals hold), and a file an ``env`` variable's value names.
 
 Not compared: ``walltime`` and ``retries`` (they cannot change a result).
 A file is hashed (SHA-256) when its size, mtime or inode differ from the last
@@ -58,8 +59,10 @@ from .packages import package_change, package_components
 
 #: keyword arguments of a stage's app that are Parsl's, not the call's own
 PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
-#: the code components' list of the environment variables the code reads (``env <NAME>`` once resolved)
-ENV_NAMES = "reads environment"
+#: the code components' lists, resolved where the stage runs (a remote stage's on its endpoint): the
+#: environment variables the code reads (``env <NAME>``), the installed modules it imports (``package
+#: <name>``), the files its modules name (``input <path>``)
+ENV_NAMES, PACKAGES, NAMED_FILES = "reads environment", "imports packages", "names files"
 #: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
 LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HYDRA_", "SLURM_", "PBS_", "PARSL_",
                    "TORCHELASTIC_", *VISIBILITY)
@@ -97,8 +100,9 @@ def arguments_digest(command: Sequence[str], args: Sequence[Any], kwargs: Mappin
 
 
 def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None = None) -> dict[str, str]:
-    """``code``, ``module <file>``, ``package <name>`` and the ``input <path>`` its modules name: what the
-    stage runs (read where its code is); ``arguments``: their functions and classes reach more."""
+    """``code`` and ``module <file>``: what the stage runs (read where its code is), and the lists
+    resolved where it runs (``ENV_NAMES``, ``PACKAGES``, ``NAMED_FILES``); ``arguments``: their functions
+    and classes reach more code."""
     parts = {"code": opts.code}
     roots = [*opts.code_roots, *(arguments.roots if arguments else ())]
     if opts.module:
@@ -110,18 +114,18 @@ def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None =
     if opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
-    parts.update(package_components({*reached.packages, *opts.packages, *(arguments.packages if arguments else ())}))
-    parts.update(_inputs(dict.fromkeys(named_files(reached)), opts.stage_dir, cache))
     parts[ENV_NAMES] = json.dumps(sorted(reached.env | set(opts.env_reads)))
+    parts[PACKAGES] = json.dumps(sorted({*reached.packages, *opts.packages, *(arguments.packages if arguments else ())}))
+    parts[NAMED_FILES] = json.dumps(sorted(named_files(reached)))
     return parts
 
 
 def argument_modules(arguments: Arguments, import_path: Sequence[str], cache: DigestCache) -> dict[str, str]:
-    """``module <file>`` and ``package <name>`` for the code of the arguments' functions and classes (read
-    where the arguments are: a remote stage's code components were read elsewhere)."""
+    """``module <file>`` for the code of the arguments' functions and classes, and the installed modules it
+    imports (read where the arguments are: a remote stage's code components were read elsewhere)."""
     reached = usercode.user_modules(arguments.roots, import_path, cache)
     return {**{f"module {path}": digest for path, digest in reached.digests.items()},
-            **package_components({*reached.packages, *arguments.packages})}
+            PACKAGES: json.dumps(sorted({*reached.packages, *arguments.packages}))}
 
 
 def _inputs(given: Mapping[str, str | None], stage_dir: str, cache: DigestCache) -> dict[str, str]:
@@ -267,13 +271,17 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
                                      list(kwargs.get("outputs", ())), cache)
     except Unidentifiable as exc:
         raise ConfigError(f"stage {call.stage!r}: {exc}") from None
-    if code is None:
-        code_parts = code_components(opts, cache, arguments)
-    else:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
-        code_parts = {**code, **argument_modules(arguments, opts.import_path, cache)}
+    code_parts = dict(code_components(opts, cache, arguments) if code is None else code)
+    packages = set(json.loads(code_parts.pop(PACKAGES, "[]")))
+    if code is not None:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
+        more = argument_modules(arguments, opts.import_path, cache)
+        packages.update(json.loads(more.pop(PACKAGES)))
+        code_parts.update(more)
     env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
-    parts = {**code_parts, "runtime": runtime_digest(cache), **env_components(env_names, opts.environment),
+    named = dict.fromkeys([*json.loads(code_parts.pop(NAMED_FILES, "[]")), *env_files(env_names, opts.environment)])
+    parts = {**code_parts, **package_components(packages), "runtime": runtime_digest(cache),
+             **env_components(env_names, opts.environment),
              **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache),
-             **_inputs(env_files(env_names, opts.environment), opts.stage_dir, cache)}
+             **_inputs(named, opts.stage_dir, cache)}
     cache.save()  # once per call: what was hashed, for the next call and the next run
     return parts

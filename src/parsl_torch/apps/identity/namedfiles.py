@@ -10,6 +10,7 @@ stages whose modules name it. A path built inside a function at run time cannot 
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from .usercode import Reached
 
 #: a container global holding more values than this is data, not a list of paths: looked at no further
 MAX_ITEMS = 1000
+#: the most strings of one module's globals looked up (a module of tables costs no more than this)
+MAX_TEXTS = 10_000
 
 
 def named_files(reached: Reached) -> set[str]:
@@ -31,9 +34,9 @@ def named_files(reached: Reached) -> set[str]:
         module = sys.modules.get(name)
         if module is None or os.path.realpath(getattr(module, "__file__", None) or "") != file:
             continue  # not imported here (only the ranks import it), or another module of that name
-        for key, value in list(vars(module).items()):
-            if not key.startswith("__"):
-                found.update(p for text in _path_texts(value, 0) if (p := paths.named(text)) is not None)
+        texts = (text for key, value in list(vars(module).items()) if not key.startswith("__")
+                 for text in _path_texts(value, 0))
+        found.update(p for text in itertools.islice(texts, MAX_TEXTS) if (p := paths.named(text)) is not None)
     return found
 
 
