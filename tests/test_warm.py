@@ -71,6 +71,13 @@ def sleeps():
     time.sleep(60)
 
 
+@pt.distributed_app(ranks_per_node=2)
+def from_helper(x: int):
+    import warmhelper  # a module of the user's, imported by the warm ranks at their first call
+
+    return warmhelper.VALUE + x, os.getpid()
+
+
 def _chain(n: int):
     results, previous = [], None
     for i in range(n):
@@ -105,6 +112,24 @@ def test_a_chain_runs_in_the_same_ranks_each_call_as_clean_as_a_cold_one_and_rer
         changed = probe(9, None, stage="p1").result(timeout=300)
     assert changed["step"] == 9 and changed["pid"] != warm[0]["pid"] and changed["cwd"] == str(wf.run_dir / "p1")
     assert not list((wf.run_dir / ".warm").iterdir()), "a run's warm groups are its own, removed at its end"
+
+
+def test_a_module_edited_while_warm_ranks_are_up_is_not_run_as_it_was(tmp_path, monkeypatch):
+    """The edit reruns the stage (its identity has the new file), so the ranks must run the new file: the
+    group that imported the old one stops and fresh ranks take the call."""
+    helper = tmp_path / "lib" / "warmhelper.py"
+    helper.parent.mkdir()
+    helper.write_text("VALUE = 10\n")
+    monkeypatch.syspath_prepend(str(helper.parent))
+    monkeypatch.chdir(tmp_path)
+    with pt.workflow(site="local", run_dir="runs", warm=True):
+        first = from_helper(1, stage="a").result(timeout=300)
+        same = from_helper(2, stage="b").result(timeout=300)
+        helper.write_text("VALUE = 20\n")  # (as an editor saves it: same size, new mtime)
+        edited = from_helper(3, stage="c").result(timeout=300)
+        after = from_helper(4, stage="d").result(timeout=300)
+    assert (first[0], same[0], edited[0], after[0]) == (11, 12, 23, 24)
+    assert same[1] == first[1] and edited[1] != first[1] and after[1] == edited[1]  # fresh ranks, warm again
 
 
 def test_a_failed_call_fails_its_stage_as_a_cold_one_and_the_next_call_gets_fresh_ranks(tmp_path, monkeypatch):

@@ -10,10 +10,11 @@ put back as it started: working directory, environment, ``sys.path``, root loggi
 filters, umask, the default socket timeout, RNG seeds, default dtype and device, grad mode,
 deterministic algorithms and the backends' TF32/cuDNN flags, the process groups the call made,
 the accelerator's cached memory.
-Module state the call changed is its own. A call that leaves a thread running (it cannot be
-undone) is answered, then its group stops: the next call gets fresh ranks. A call that raises
-ends its rank (as in ``stage_main``): the supervisor ends the group, and the workflow starts
-fresh ranks for the next call.
+Module state the call changed is its own; a user module whose file changed since the group imported
+it (``imports``) ends the group before the next call, which fresh ranks take. A call that leaves a
+thread running (it cannot be undone) is answered, then its group stops: the next call gets fresh
+ranks. A call that raises ends its rank (as in ``stage_main``): the supervisor ends the group, and
+the workflow starts fresh ranks for the next call.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from ...common import settings, stagedir
 from ...common.files import write_atomic
 from ..stage_main import write_result
+from .imports import ImportWatch
 
 #: how often rank 0 looks for the next job
 POLL_S = 0.002
@@ -298,12 +300,17 @@ def _run(job: stagedir.WarmJob, baseline: _Baseline, rank: int) -> bool:
     return not left
 
 
-def _next_job(group_dir: str, n: int) -> stagedir.WarmJob | str | None:
-    """Rank 0: job ``n`` when it is there, "stop" when asked (or the block is about to end), None after TICK_S."""
+def _next_job(group_dir: str, n: int, imports: ImportWatch) -> stagedir.WarmJob | str | None:
+    """Rank 0: job ``n`` when it is there, "stop" when asked (or the block is about to end), None after TICK_S;
+    "stop" too, leaving the job untaken for fresh ranks, when a user module changed since it was imported."""
     waited = time.monotonic() + TICK_S
     path, stop = job_path(group_dir, n), Path(group_dir, STOP)
     while time.monotonic() < waited:
         if path.exists():
+            if (changed := imports.changed()) is not None:
+                print(f"parsl-torch: {changed} changed since these warm ranks imported it: they stop, and fresh "
+                      f"ranks take the next call", file=sys.stderr, flush=True)
+                return "stop"
             job = stagedir.read(path, stagedir.WarmJob)
             write_atomic(job_path(group_dir, n, "started"), "")
             return job
@@ -322,9 +329,10 @@ def serve(group_dir: str) -> str:
     meeting = _Meeting(rank, dist.get_world_size())  # (its thread is part of the baseline)
     baseline = _Baseline()
     _keep_the_default_group()
+    imports = ImportWatch()
     n = 0
     while True:
-        box = [_next_job(group_dir, n) if rank == 0 else None]
+        box = [_next_job(group_dir, n, imports) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         job = box[0]
         if job is None:

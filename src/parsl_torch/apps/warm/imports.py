@@ -1,0 +1,44 @@
+"""Rank 0 of a warm group: the user modules its process imported, with their file's size and mtime as
+they were imported. A call's identity reads the module files as they are when the call is ready; a
+warm rank runs the code it imported, maybe hours before. Should they differ (a helper edited while a
+long sweep runs), the group must not take the call: its result would be recorded under code it did
+not run, and the next run would skip it. Fresh ranks take it instead."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from importlib.machinery import PathFinder
+from typing import Any
+
+from ..identity.usercode import is_user_file
+
+
+class ImportWatch:
+    """Put first on ``sys.meta_path``: sees each import as it is found (it finds nothing itself) and keeps
+    the user's module files' (size, mtime) of that moment."""
+
+    def __init__(self) -> None:
+        self.imported: dict[str, tuple[int, int] | None] = {}
+        sys.meta_path.insert(0, self)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        with contextlib.suppress(Exception):  # (an import this cannot follow is the import system's to fail)
+            spec = PathFinder.find_spec(name, path)
+            origin = getattr(spec, "origin", None)
+            if origin and is_user_file(origin):
+                self.imported[os.path.realpath(origin)] = _stat(origin)
+        return None
+
+    def changed(self) -> str | None:
+        """A user module file this process imported that is not as it was then (None: none)."""
+        return next((file for file, seen in self.imported.items() if _stat(file) != seen), None)
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
