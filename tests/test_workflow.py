@@ -333,10 +333,15 @@ def test_values_that_would_reach_a_shell_are_refused_with_the_field_named(tmp_pa
     assert not (tmp_path / "PWNED").exists()
 
 
+#: a token in the code of this module (path-like, as base64 and JWTs are): never written by a run
+MODULE_SECRET = "MODSECRET42/eyJhbGciOi.J9"
+
+
 @pytest.mark.slow
 def test_secrets_given_to_a_stage_are_in_no_file_a_run_writes_but_its_private_ones(tmp_path, monkeypatch):
-    """A secret in a stage's arguments and in its environment, a failing stage: grep every file the
-    run wrote (parsl.log included) and the error text; only the 0600 call files may hold them."""
+    """A secret in a stage's arguments, in its environment and in the module of its code (a literal, which
+    the stage's identity reads), a failing stage: grep every file the run wrote (parsl.log included) and
+    the error text; only the 0600 call files may hold them."""
     import stat
 
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
@@ -357,6 +362,7 @@ def test_secrets_given_to_a_stage_are_in_no_file_a_run_writes_but_its_private_on
                 assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
             else:
                 assert b"ARGSECRET42" not in data and b"ENVSECRET42" not in data, path
+                assert MODULE_SECRET.encode() not in data, path
     assert "SECRET42" not in str(failed.value)
     assert (tmp_path / "run" / "parsl").is_dir()
 

@@ -1,9 +1,11 @@
-"""File digests and parsed modules of one run directory, remembered by size, mtime and inode
-(``<run_dir>/parsl/input-digests.json``, shared by the workflow and its workers)."""
+"""File digests of one run directory, remembered by size, mtime and inode
+(``<run_dir>/parsl/input-digests.json``, shared by the workflow and its workers), and user modules
+parsed once per process."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -29,7 +31,7 @@ def _stat_key(st: os.stat_result) -> str:
 
 
 class DigestCache:
-    """File digests and parsed modules of one run directory, remembered by size, mtime and inode.
+    """File digests of one run directory, remembered by size, mtime and inode; parsed modules.
 
     Read once, written once per ``save`` (merged with what another process wrote meanwhile)."""
 
@@ -97,15 +99,8 @@ class DigestCache:
 
     def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
         """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
-        name a file): ``usercode.parse_module``, cached."""
-        st = os.stat(path)
-        entry = self._entry("py:" + path, _stat_key(st))
-        if entry is not None and "literals" in entry:
-            return entry["ast"], entry["imports"], entry["env"], entry["literals"]
-        digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
-        self._remember("py:" + path, {"stat": _stat_key(st), "ast": digest, "imports": imports, "env": env,
-                                      "literals": literals})
-        return digest, imports, env, literals
+        name a file): ``usercode.parse_module``, once per process and version of the file."""
+        return _parsed(path, _stat_key(os.stat(path)))
 
     def save(self) -> None:
         with self._lock:
@@ -135,3 +130,10 @@ def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None)
         return digests.file_digest(path)
     finally:
         digests.save()
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(path: str, stat_key: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
+    """A module file parsed (``stat_key``: as it is now), once per process. Its literals stay in memory and
+    are never written to the run directory: a module's literals may be a token or a password."""
+    return usercode.parse_module(Path(path).read_bytes(), path)

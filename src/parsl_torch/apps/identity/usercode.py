@@ -46,7 +46,8 @@ MODULE_IMPORTERS = ("import_module", "__import__")
 
 
 class ModuleCache(Protocol):
-    """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``."""
+    """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``, whose
+    ``module`` returns ``parse_module``'s answer."""
 
     def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]: ...
 
