@@ -147,10 +147,10 @@ def test_strings_that_name_existing_files_or_directories_are_inputs(tmp_path, mo
 def test_files_a_user_module_or_script_names_are_inputs_and_scratch_and_system_folders_are_not(tmp_path,
                                                                                                monkeypatch):
     """A module's (or a script's) path literals, and the paths its globals hold once imported, are inputs
-    of the stages that reach it; docstrings, f-string pieces, the temporary folders and /proc are not."""
+    of the stages that reach it; folders, docstrings, f-string pieces, the temporary folders and /proc are not."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    for name in ("literal.csv", "global.csv", "listed.csv", "fpiece.csv", "doc.csv", "script.csv"):
+    for name in ("literal.csv", "global.csv", "listed.csv", "fpiece.csv", "doc.csv", "script.csv", "fstr.csv"):
         (tmp_path / "data" / name).write_text(name)
     source = textwrap.dedent(f'''
         """data/doc.csv"""
@@ -160,8 +160,9 @@ def test_files_a_user_module_or_script_names_are_inputs_and_scratch_and_system_f
         GLOBAL = Path(__file__).parent / "data" / ("glo" + "bal.csv")
         LISTED = {{"a": [str(Path(__file__).parent / "data" / "list" "ed.csv")]}}
         SCRATCH = os.environ.get("TMPDIR", "{tempfile.gettempdir()}")
+        LOGS = "data/"  # a folder a module names is a place, not an input
         def f(name):
-            return open(f"data/{{name}}.csv"), open("data/fpiece" + ".csv"), open("/proc/cpuinfo")
+            return open(f"{{name}}data/fstr.csv"), open("data/fpiece" + ".csv"), open("/proc/cpuinfo")
     ''')
     (tmp_path / "projmod.py").write_text(source)
     (tmp_path / "job.py").write_text("print(open('data/script.csv').read())\n")

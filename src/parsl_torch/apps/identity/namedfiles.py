@@ -1,11 +1,12 @@
 """Files a stage's user modules name: what the code reads without being told (``open(config.DATA)``).
 
-A module's string literals that name an existing file or directory (``"/data/table.csv"``,
-``"data/vocab.json"``), and, for a module the workflow has imported, the paths its globals hold
-(``DATA = Path(__file__).parent / "data" / "table.csv"``; in a list, tuple, set or dict too). Each
-is an input of the stage: its content joins the identity, so a regenerated data file reruns the
-stages whose modules name it. A path built inside a function at run time cannot be seen: name it in
-``inputs=``.
+A module's string literals that name an existing file (``"/data/table.csv"``, ``"data/vocab.json"``),
+and, for a module the workflow has imported, the files its globals hold (``DATA =
+Path(__file__).parent / "data" / "table.csv"``; in a list, tuple, set or dict too). Each is an input
+of the stage: its content joins the identity, so a regenerated data file reruns the stages whose
+modules name it. A folder a module names is a place (``LOG_DIR``, ``CKPT_DIR``, a run directory:
+what is in it changes with every run), not an input; a data folder, or a path built inside a
+function at run time, must be named in ``inputs=``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ MAX_TEXTS = 10_000
 
 
 def named_files(reached: Reached) -> set[str]:
-    """The existing files and directories (absolute paths) that the reached user modules name."""
+    """The existing files (absolute paths) that the reached user modules name."""
     paths = PathNames()
     found = {p for text in reached.literals if (p := paths.named(text)) is not None}
     for file, name in reached.names.items():
@@ -37,7 +38,7 @@ def named_files(reached: Reached) -> set[str]:
         texts = (text for key, value in list(vars(module).items()) if not key.startswith("__")
                  for text in _path_texts(value, 0))
         found.update(p for text in itertools.islice(texts, MAX_TEXTS) if (p := paths.named(text)) is not None)
-    return found
+    return {path for path in found if os.path.isfile(path)}
 
 
 def _path_texts(value: Any, depth: int) -> Iterator[str]:
