@@ -62,7 +62,7 @@ class Workflow:
         self.memoize = memoize
         self._futures: list[Any] = []
         self._submitted: dict[str, float] = {}
-        #: file digests, shared by the stage calls and the memoizer
+        #: file digests and parsed modules, shared by the stage calls and the memoizer
         self.digests = identity.DigestCache.of_run_dir(run_dir)
         #: set when the workflow script raised: no stage starts after it (the memoizer refuses them)
         self.stopping = threading.Event()

@@ -29,7 +29,7 @@ A file is hashed (SHA-256) when its size, mtime or inode differ from the last
 time; ``PARSL_TORCH_INPUT_HASH=stat`` uses those alone (for huge inputs), and
 a directory is always compared by the size and mtime of its files (not those
 under hidden folders or ``__pycache__``, nor the run directory's own). Digests
-are cached in ``<run_dir>/parsl/input-digests.json``,
+(and parsed modules) are cached in ``<run_dir>/parsl/input-digests.json``,
 which the workflow and its workers share.
 """
 

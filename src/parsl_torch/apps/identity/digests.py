@@ -1,11 +1,9 @@
-"""File digests of one run directory, remembered by size, mtime and inode
-(``<run_dir>/parsl/input-digests.json``, shared by the workflow and its workers), and user modules
-parsed once per process."""
+"""File digests and parsed modules of one run directory, remembered by size, mtime and inode
+(``<run_dir>/parsl/input-digests.json``, shared by the workflow and its workers)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -31,7 +29,7 @@ def _stat_key(st: os.stat_result) -> str:
 
 
 class DigestCache:
-    """File digests of one run directory, remembered by size, mtime and inode; parsed modules.
+    """File digests and parsed modules of one run directory, remembered by size, mtime and inode.
 
     Read once, written once per ``save`` (merged with what another process wrote meanwhile)."""
 
@@ -99,8 +97,15 @@ class DigestCache:
 
     def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
         """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
-        name a file): ``usercode.parse_module``, once per process and version of the file."""
-        return _parsed(path, _stat_key(os.stat(path)))
+        name a file: ``_may_name_a_file``): ``usercode.parse_module``, cached."""
+        key = _stat_key(os.stat(path))
+        entry = self._entry("py:" + path, key)
+        if entry is not None and "paths" in entry:
+            return entry["ast"], entry["imports"], entry["env"], entry["paths"]
+        digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
+        paths = [text for text in literals if _may_name_a_file(text)]
+        self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "paths": paths})
+        return digest, imports, env, paths
 
     def save(self) -> None:
         with self._lock:
@@ -132,8 +137,10 @@ def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None)
         digests.save()
 
 
-@functools.lru_cache(maxsize=4096)
-def _parsed(path: str, stat_key: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
-    """A module file parsed (``stat_key``: as it is now), once per process. Its literals stay in memory and
-    are never written to the run directory: a module's literals may be a token or a password."""
-    return usercode.parse_module(Path(path).read_bytes(), path)
+def _may_name_a_file(text: str) -> bool:
+    """A literal kept with its module: one that names an existing path, or a path in an existing folder
+    other than ``/`` (a data file not written yet). Other strings (a token, a password, a format) are
+    never written to the run directory."""
+    path = os.path.abspath(text)
+    parent = os.path.dirname(path)
+    return os.path.exists(path) or ("/" in text and parent != os.sep and os.path.isdir(parent))
