@@ -115,6 +115,31 @@ def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
     assert not usercode.is_user_file(np.__file__) and not usercode.is_user_file(identity.__file__)
 
 
+def test_a_package_installed_with_pip_install_e_is_the_users_code(tmp_path, monkeypatch):
+    """``pip install -e`` puts an import hook in place of a sys.path entry (setuptools' ``__editable__``
+    finder): the package it maps is found through it, as user modules compared file by file, not as an
+    installed package (whose files pip's RECORD does not list)."""
+    import importlib.util
+
+    src = tmp_path / "src" / "edpkg"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("from .core import f\n")
+    (src / "core.py").write_text("def f():\n    return 1\n")
+
+    class EditableFinder:  # as setuptools' finder: a top-level name -> its sources
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != "edpkg":
+                return None
+            return importlib.util.spec_from_file_location(name, src / "__init__.py",
+                                                          submodule_search_locations=[str(src)])
+
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, EditableFinder])
+    assert [m for _, m in usercode.user_files("edpkg.core", [])] == ["edpkg", "edpkg.core"]
+    reached = usercode.user_modules([(str(src / "__init__.py"), "edpkg")], [], identity.DigestCache(None))
+    assert sorted(Path(p).name for p in reached.digests) == ["__init__.py", "core.py"] and not reached.packages
+
+
 def test_module_digests_ignore_comments_and_follow_code(tmp_path):
     a = usercode.parse_module(b"x = 1\n", "a.py")
     assert usercode.parse_module(b"# c\n\nx = 1  # one\n", "a.py") == a

@@ -3,7 +3,8 @@
 User code is every ``.py`` file outside this Python's installation (the
 standard library, site-packages) and outside parsl-torch itself: the
 workflow script's folder, ``PYTHONPATH`` folders, the sources of editable
-installs (``pip install -e``). A stage can run the user modules its code
+installs (``pip install -e``: a path entry, or an import hook that maps the package to its sources,
+``find_spec``). A stage can run the user modules its code
 imports, and those they import in turn: found by reading each file's
 ``import`` statements (all of them, also inside functions), resolved on the
 import path the ranks get (:func:`rank_import_path`); an import by a literal
@@ -24,6 +25,7 @@ package's version and files join the identity: ``identity.packages``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import os
@@ -162,6 +164,22 @@ def _env_read(node: ast.AST) -> str | None:
     return None
 
 
+def find_spec(name: str, path: Sequence[str] | None, search: Sequence[str] | None = None) -> Any:
+    """Where ``name`` would be imported from, without importing it: on ``path`` (a package's folders), else
+    on ``search`` (``sys.path`` when None) or through an import hook of this Python's (``pip install -e``
+    installs a finder that maps the package to its sources: they are the user's)."""
+    spec = PathFinder.find_spec(name, list(path) if path is not None else search)
+    if spec is None and path is None:
+        for finder in sys.meta_path:
+            if finder is PathFinder or not hasattr(finder, "find_spec") or \
+                    getattr(finder, "__module__", "").startswith(("importlib", "_frozen_importlib")):
+                continue
+            with contextlib.suppress(Exception):  # (a hook that fails here fails the import on the ranks)
+                if (spec := finder.find_spec(name, None)) is not None:
+                    break
+    return spec
+
+
 def _find(name: str, search: Sequence[str]) -> list[tuple[str, str, bool]]:
     """(file, module name, is a package) for ``name`` and each package above it, where they are the
     user's; stops at the first part that is not (an installed package, the standard library)."""
@@ -170,7 +188,7 @@ def _find(name: str, search: Sequence[str]) -> list[tuple[str, str, bool]]:
     for i in range(len(parts)):
         full = ".".join(parts[: i + 1])
         try:
-            spec = PathFinder.find_spec(full, locations)
+            spec = find_spec(full, locations if i else None, search)
         except (ImportError, ValueError):
             return found
         if spec is None or not is_user_file(spec.origin):

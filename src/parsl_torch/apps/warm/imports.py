@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from importlib.machinery import PathFinder
+import threading
 from typing import Any
 
-from ..identity.usercode import is_user_file
+from ..identity.usercode import find_spec, is_user_file
 
 
 class ImportWatch:
@@ -21,14 +21,20 @@ class ImportWatch:
 
     def __init__(self) -> None:
         self.imported: dict[str, tuple[int, int] | None] = {}
+        self._looking = threading.local()  # (looking consults the other import hooks, never itself)
         sys.meta_path.insert(0, self)
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        with contextlib.suppress(Exception):  # (an import this cannot follow is the import system's to fail)
-            spec = PathFinder.find_spec(name, path)
-            origin = getattr(spec, "origin", None)
-            if origin and is_user_file(origin):
-                self.imported[os.path.realpath(origin)] = _stat(origin)
+        if getattr(self._looking, "now", False):
+            return None
+        self._looking.now = True
+        try:
+            with contextlib.suppress(Exception):  # (an import this cannot follow is the import system's to fail)
+                origin = getattr(find_spec(name, path), "origin", None)
+                if origin and is_user_file(origin):
+                    self.imported[os.path.realpath(origin)] = _stat(origin)
+        finally:
+            self._looking.now = False
         return None
 
     def changed(self) -> str | None:
