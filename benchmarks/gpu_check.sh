@@ -17,7 +17,8 @@ step() {  # step NAME SECONDS COMMAND...: runs it, its output to NAME.log, a lin
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS rc=0
     timeout --signal=TERM --kill-after=10 "$limit" "$@" > "$logs/$name.log" 2>&1 || rc=$?
-    local verdict=ok; [ "$rc" = 124 ] && verdict="timed out after ${limit}s"; [ "$rc" != 0 ] && [ "$rc" != 124 ] && verdict=FAILED
+    local verdict=ok
+    if [ "$rc" = 124 ]; then verdict="timed out after ${limit}s"; elif [ "$rc" != 0 ]; then verdict=FAILED; fi
     printf '%-8s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$verdict" | tee -a "$summary"
 }
 

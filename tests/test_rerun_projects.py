@@ -2,9 +2,10 @@
 modules, a script stage importing a sibling, a package run with ``-m``, data files named
 in arguments (as Paths and as strings), in a global and in a built-in stage's config, an
 environment variable and a module imported by name, a data file a module's global names,
-objects of the project's own classes as arguments, outputs changed and deleted, return values deleted. Each row edits the project and runs
-``python wf.py`` again in a new process; exactly the stages that can see the edit run
-again, the log names the file, and every other stage is skipped with its old result."""
+objects of the project's own classes as arguments, outputs changed and deleted, return values
+deleted. Each row edits the project and runs ``python wf.py`` again in a new process; exactly
+the stages that can see the edit run again, the log names the file, and every other stage is
+skipped with its old result."""
 
 from __future__ import annotations
 

@@ -115,7 +115,8 @@ def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None =
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
     parts[ENV_NAMES] = json.dumps(sorted(reached.env | set(opts.env_reads)))
-    parts[PACKAGES] = json.dumps(sorted({*reached.packages, *opts.packages, *(arguments.packages if arguments else ())}))
+    more = arguments.packages if arguments else ()
+    parts[PACKAGES] = json.dumps(sorted({*reached.packages, *opts.packages, *more}))
     parts[NAMED_FILES] = json.dumps(sorted(named_files(reached)))
     return parts
 
