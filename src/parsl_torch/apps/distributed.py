@@ -102,15 +102,13 @@ class DistributedApp:
     def _call(self, wf: Any, placement: Placement, stage: str, nodes: int, ppn: int, walltime: float | None,
               stage_env: dict[str, str], min_nodes: int | None) -> StageCall:
         """The call's record: its options (code identity read now), its function, where it runs."""
-        code, roots, code_files, env_reads, packages = self._code(stage)
         stage_dir = placement.stage_dir(wf.run_dir, stage)
         # (the site's environment reaches the ranks through the workers too: given here, it is compared)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
                **placement.site.spec.environment, **placement.site.rank_env(), **stage_env}
         script, module = _script_target(self.script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
-                            code=code, code_roots=roots, script=script, module=module,
-                            files=(*self.files, *code_files), env_reads=env_reads, packages=packages,
+                            **self._code(stage), script=script, module=module,
                             site_setup=placement.site.spec.provider.worker_init,
                             import_path=rank_import_path(),
                             preflight=placement.site.spec.mpi.preflight)
@@ -133,16 +131,16 @@ class DistributedApp:
             if not isinstance(value, Future):
                 _identifiable(stage, fp, value, f"argument {key!r}")
 
-    def _code(self, stage: str) -> tuple[str, tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...],
-                                         tuple[str, ...]]:
-        """The function's fingerprint, the user modules it reaches, the files its globals name, the
-        environment variables it reads and the installed modules it uses (a script's are read from its file)."""
+    def _code(self, stage: str) -> dict[str, Any]:
+        """The ``StageOptions`` fields of the function's identity, read now: its fingerprint, the user
+        modules it reaches, the files it is told about or its globals name, the environment variables it
+        reads and the installed modules it uses (a script's are read from its file)."""
         if self.fn is None:
-            return "", (), (), (), ()
+            return {"files": tuple(self.files)}
         fp = Fingerprinter(strict=False)
-        code = fp.digest(self.fn, f"stage {stage!r}")
-        return (code, tuple(sorted(fp.roots)), tuple(sorted(fp.files)), tuple(sorted(fp.env_names)),
-                tuple(sorted(fp.packages)))
+        return {"code": fp.digest(self.fn, f"stage {stage!r}"), "code_roots": tuple(sorted(fp.roots)),
+                "files": (*self.files, *sorted(fp.files)), "env_reads": tuple(sorted(fp.env_names)),
+                "packages": tuple(sorted(fp.packages))}
 
 
 def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,

@@ -92,13 +92,13 @@ class PathNames:
                                         or text.split(os.sep, 1)[0] not in self._entries):
             return None
         path = os.path.normpath(os.path.join(self._cwd, text))
+        if path.startswith(SYSTEM_DIRS):
+            return None
         try:
             mode = os.stat(path).st_mode
         except (OSError, ValueError):
             return None
         if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)
                                    or path in _scratch_dirs()):
-            return None
-        if path.startswith(SYSTEM_DIRS):
             return None
         return path if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else None

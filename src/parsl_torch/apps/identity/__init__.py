@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -51,7 +50,7 @@ from ...errors import ConfigError
 from ..call import StageCall
 from ..scriptargs import PathNames
 from . import usercode
-from .digests import DIGESTS, DigestCache, file_digest  # noqa: F401 - (the sub-package's API)
+from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
 from .namedfiles import named_files
 from .outputs import output_digests, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
@@ -68,10 +67,6 @@ LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HY
                    "TORCHELASTIC_", *VISIBILITY)
 LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                           "MASTER_ADDR", "MASTER_PORT"})
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +90,7 @@ def arguments_digest(command: Sequence[str], args: Sequence[Any], kwargs: Mappin
     tokens += [fp.token(v, f"argument {i + 1}") for i, v in enumerate(args)]
     tokens += [(k, fp.token(kwargs[k], f"argument {k!r}")) for k in sorted(kwargs)]
     tokens.append(("outputs", [str(getattr(o, "url", o)) for o in outputs]))
-    return Arguments(_sha(repr(tokens).encode()), {path: cache.file_digest(path) for path in sorted(fp.files)},
+    return Arguments(sha(repr(tokens).encode()), {path: cache.file_digest(path) for path in sorted(fp.files)},
                      tuple(sorted(fp.roots)), tuple(sorted(fp.packages)))
 
 
@@ -143,8 +138,8 @@ def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cach
                           list(opts.launcher_args)])
     given = {**{path: None for path in opts.files}, **{i.filepath: None for i in inputs if hasattr(i, "filepath")},
              **arguments.files}
-    setup = {"site setup": _sha(opts.site_setup.encode())} if opts.site_setup else {}
-    return {"options": _sha(options.encode()), **setup, "arguments": arguments.digest,
+    setup = {"site setup": sha(opts.site_setup.encode())} if opts.site_setup else {}
+    return {"options": sha(options.encode()), **setup, "arguments": arguments.digest,
             **_inputs(given, opts.stage_dir, cache)}
 
 
@@ -153,7 +148,7 @@ def env_components(names: Sequence[str], stage_env: Mapping[str, str],
     """``env <NAME>`` for each variable the code reads: its value as the ranks get it (the stage's
     ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
     variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
-    return {f"env {name}": "unset" if value is None else _sha(f"{name}={value}".encode())
+    return {f"env {name}": "unset" if value is None else sha(f"{name}={value}".encode())
             for name, value in _env_values(names, stage_env, environ).items()}
 
 
@@ -191,11 +186,11 @@ def runtime_digest(cache: DigestCache) -> str:
     torch's version: what runs every stage besides the user's code."""
     package = Path(usercode.PACKAGE_DIR)
     sources = [(str(p.relative_to(package)), cache.file_digest(p)) for p in sorted(package.rglob("*.py"))]
-    return _sha(json.dumps([_versions(), sources]).encode())
+    return sha(json.dumps([_versions(), sources]).encode())
 
 
 def call_id(parts: Mapping[str, str]) -> str:
-    return _sha(json.dumps(dict(parts), sort_keys=True).encode())
+    return sha(json.dumps(dict(parts), sort_keys=True).encode())
 
 
 def read_call(stage_dir: str | os.PathLike) -> stagedir.CallRecord | None:

@@ -20,7 +20,8 @@ from . import usercode
 DIGESTS = "input-digests.json"
 
 
-def _sha(data: bytes) -> str:
+def sha(data: bytes) -> str:
+    """The SHA-256 hex digest every identity component is written as."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -66,7 +67,7 @@ class DigestCache:
         except OSError:
             return "missing"
         if stat.S_ISDIR(st.st_mode):
-            return "dir:" + _sha(json.dumps(self._tree(path)).encode())
+            return "dir:" + sha(json.dumps(self._tree(path)).encode())
         if not stat.S_ISREG(st.st_mode):
             return f"special:{stat.S_IFMT(st.st_mode)}"
         key = _stat_key(st)
