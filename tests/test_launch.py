@@ -519,3 +519,21 @@ def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
     # a workflow's blocks run parsl-torch's pool with the workflow's quarantine file
     mpi = workflow_config([sites.load("local").spec], tmp_path / "parsl").executors[0]
     assert mpi.launch_cmd.startswith(f"parsl-torch-pool --spares 0 {tmp_path / 'parsl' / 'quarantine.json'} -- ")
+
+
+def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves_no_file(tmp_path):
+    """What a failing function stage's rank leaves (``write_raised``) is in its shim's report: one line,
+    a secret flag's value redacted; the node-local file is gone afterwards, whatever the exit."""
+    rank = ("import sys; from parsl_torch.common import settings; from parsl_torch.launch.events import write_raised\n"
+            "write_raised(ValueError('bad lr --token=hunter2\\n  second line'), settings.RAISED.get()); sys.exit(1)")
+    env = clean_env(TMPDIR=str(tmp_path), RANK="0", WORLD_SIZE="1")
+    env.pop("PARSL_TORCH_LAUNCH_NOTIFY", None)  # no launch to tell: the shim says it itself
+    out = subprocess.run([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", rank],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert re.search(r"parsl-torch: rank 0 on \S+ raised ValueError: bad lr --token=\*\*\* second line\n", out.stderr)
+    assert "hunter2" not in out.stderr
+    ok = subprocess.run([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", "pass"],
+                        env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and not ok.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,9 @@ import os
 import sys
 import traceback
 
+from ..common import settings
 from ..core.dist import cleanup, exit_process, setup_torch
+from ..launch.events import write_raised
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(payload, "rb") as f:
             shipped, args, kwargs = dill.load(f)
         value = shipped.load()(*args, **kwargs)
-    except BaseException:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
+    except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
         traceback.print_exc()
+        write_raised(exc, settings.RAISED.get())  # the shim's report names it: the stage's error says it
         sys.stderr.flush()
         os._exit(1)
     if rank == 0:

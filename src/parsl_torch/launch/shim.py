@@ -20,16 +20,18 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 
 from ..common import settings
 from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
-from .events import describe_exit
+from .events import RankReport, read_raised
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0
@@ -131,6 +133,16 @@ def _command(argv: list[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["--"] else argv
 
 
+def _raised_file() -> str | None:
+    """An empty private file for the rank's exception (``events.write_raised``); None where none can be made."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="parsl-torch-raised-")
+    except OSError:
+        return None
+    os.close(fd)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cmd = _command(argv)
@@ -142,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat = Heartbeat(address, topo) if address and topo.local_rank == 0 else None
     stopping: list[int] = []
     pin(topo.local_rank, settings.CPU_SHARE.raw())  # a stage sharing its node: its rank's cores
+    raised = _raised_file()
+    if raised:  # node-local: no shared file system's delay between the rank's write and this read
+        extra[settings.RAISED.name] = raised
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **extra})
     except OSError as exc:
@@ -158,12 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         if (deadline := deadline_from_env(os.environ)) is not None:
             signal_at_deadline(child, deadline)
         code = child.wait()
+    said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
     if code != 0 and not stopping:
-        report = {"rank": topo.rank, "local_rank": topo.local_rank, "host": topo.hostname, "code": code,
-                  "command": cmd}
-        if not (address and notify_failure(address, report)):
-            print(f"parsl-torch: rank {topo.rank} on {topo.hostname} {describe_exit(code)}",
-                  file=sys.stderr, flush=True)
+        report = RankReport(topo.rank, topo.hostname, code, raised=said)
+        if not (address and notify_failure(address, asdict(report))):
+            print(f"parsl-torch: {report}", file=sys.stderr, flush=True)
     if heartbeat is not None:
         heartbeat.close()  # after the report: a failed rank is named as such, not as a lost node
     return code if code >= 0 else 128 - code

@@ -36,6 +36,7 @@ from typing import Any
 
 from ...common import settings, stagedir
 from ...common.files import write_atomic
+from ...launch.events import write_raised
 from ..stage_main import write_result
 from .imports import ImportWatch
 
@@ -277,8 +278,9 @@ def _run(job: stagedir.WarmJob, baseline: _Baseline, rank: int) -> bool:
             with open(job.file(stagedir.PAYLOAD), "rb") as f:
                 shipped, args, kwargs = dill.load(f)
             value = shipped.load()(*args, **kwargs)
-        except BaseException:  # noqa: BLE001 - as stage_main: report any failure, then end this rank
+        except BaseException as exc:  # noqa: BLE001 - as stage_main: report any failure, then end this rank
             traceback.print_exc()
+            write_raised(exc, settings.RAISED.get())
             sys.stderr.flush()
             os._exit(1)
         if timer is not None:
