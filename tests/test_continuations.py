@@ -247,10 +247,18 @@ def test_a_train_stage_longer_than_its_blocks_finishes_in_several_with_every_ste
                       else 1 << 30)  # stderr.1.txt, stderr.2.txt, ... then this attempt's stderr.txt
     ends = re.findall(r"\[train\] block (\S+) ended at step \d+: continuing in the next block", out.stderr)
     assert len(attempts) >= 2 and len(set(ends)) == len(ends) == len(attempts) - 1, out.stderr[-3000:]
-    # each continuation resumed from the checkpoint its block wrote at its deadline
-    for earlier, later in zip(attempts, attempts[1:]):
-        saved = re.search(r"checkpoint of step (\d+) saved, to be continued", earlier.read_text()).group(1)
-        assert f"resumed from the checkpoint of step {saved} " in later.read_text()
+    # each continuation resumed from the last checkpoint a block wrote at its deadline (on a busy machine a
+    # block can end before its ranks got to resume: that attempt saves nothing, the next resumes the same)
+    saved, resumed = None, 0
+    for attempt in attempts:
+        text = attempt.read_text()
+        if saved is not None and f"resumed from the checkpoint of step {saved} " in text:
+            resumed += 1
+        else:
+            assert saved is None or "resumed from" not in text, (saved, attempt.name, text[-2000:])
+        if found := re.search(r"checkpoint of step (\d+) saved, to be continued", text):
+            saved = found.group(1)
+    assert resumed >= 1
     assert 0 < result["train"]["resumed_from"] < steps and result["eval"]["trained_steps"] == steps
     with h5py.File(stage / "train.h5") as f:
         assert np.array_equal(f["step"][:], np.arange(steps))  # every step exactly once

@@ -119,16 +119,24 @@ def main(argv: list[str] | None = None) -> int:
         # resource tracker started inside the block, a notebook's helpers) is its own to end
         noted = {}
         spare = frozenset(pid for pid, (ppid, _) in _processes().items() if ppid == workflow)
-    # twice: a process killed in the first sweep may have started a child meanwhile
-    for _ in range(2):
-        table = _processes()
-        for pid, start in noted.items():
-            if pid in table and table[pid][1] == start and pid != os.getpid():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        reap(f"{settings.WORKFLOW.name}={argv[0]}", spare)
+    # again after a sweep that killed something: it may have started a child meanwhile. A sweep that
+    # finds nothing (a normal end: Parsl ended its processes) ends it at once, the workflow waits for it
+    if _sweep(noted, f"{settings.WORKFLOW.name}={argv[0]}", spare):
         time.sleep(0.5)
+        _sweep(noted, f"{settings.WORKFLOW.name}={argv[0]}", spare)
     return 0
+
+
+def _sweep(noted: dict[int, str], token: str, spare: frozenset[int]) -> int:
+    """SIGKILL the noted processes still running and those carrying ``token``; how many."""
+    killed = 0
+    table = _processes()
+    for pid, start in noted.items():
+        if pid in table and table[pid][1] == start and pid != os.getpid():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed + reap(token, spare)
 
 
 if __name__ == "__main__":
