@@ -4,6 +4,7 @@ only with that, and the user modules a stage reaches are found through its impor
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -201,6 +202,37 @@ def test_files_a_user_module_or_script_names_are_inputs_and_scratch_and_system_f
     assert {Path(p).name for p in named_files(reached)} == {"literal.csv", "global.csv", "listed.csv"}
     reached = usercode.user_modules([(str(tmp_path / "job.py"), "__main__")], [], cache)
     assert {Path(p).name for p in named_files(reached)} == {"script.csv"}  # not imported: its literals
+
+
+def test_files_a_yaml_json_or_toml_input_names_are_inputs_too(tmp_path, monkeypatch):
+    """A config file given to a stage names the data it reads: those files (relative to the working
+    directory or to the config's folder, a config named by a config too, once) are inputs; folders, words,
+    a config that does not parse, one over the size limit, a manifest of many files and a YAML list that holds
+    itself add nothing."""
+    from parsl_torch.apps.identity import configfiles
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("data/a.bin", "data/b.bin", "conf/near.txt", "data/deep.bin", "data/toml.bin", "data/big.bin"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (tmp_path / "conf" / "exp.yaml").write_text(textwrap.dedent("""
+        data: {train: data/a.bin, files: [/nowhere/x.bin, near.txt, data/]}
+        name: data
+        include: inc.json
+        loop: &l [1, *l]
+    """))
+    (tmp_path / "conf" / "inc.json").write_text('{"more": ["../data/b.bin", "deeper.toml"]}')
+    (tmp_path / "conf" / "deeper.toml").write_text('x = "data/deep.bin"\n')  # a third level: not followed
+    (tmp_path / "conf" / "bad.yaml").write_text("data: [data/a.bin\n")
+    (tmp_path / "conf" / "other.toml").write_text('[paths]\ntrain = "data/toml.bin"\n')
+    (tmp_path / "conf" / "big.json").write_text(json.dumps({"d": "data/big.bin", "pad": "x" * (1 << 20)}))
+    for i in range(configfiles.MAX_FILES + 1):  # a manifest: it stands for its files
+        (tmp_path / "data" / f"img{i}.png").write_text(str(i))
+    (tmp_path / "conf" / "list.json").write_text(json.dumps([f"data/img{i}.png" for i in range(configfiles.MAX_FILES + 1)]))
+    found = configfiles.files_named_by_configs(["conf/exp.yaml", "conf/bad.yaml", str(tmp_path / "conf/other.toml"),
+                                                "conf/big.json", "conf/list.json", "data/a.bin"])
+    assert {str(Path(p).relative_to(tmp_path)) for p in found} == {
+        "data/a.bin", "conf/near.txt", "conf/inc.json", "data/b.bin", "conf/deeper.toml", "data/toml.bin"}
 
 
 def test_an_installed_package_joins_by_its_version_and_files(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Reruns of a multi-file project, as a user runs one: a workflow script beside its own
 modules, a script stage importing a sibling, a package run with ``-m``, data files named
-in arguments (as Paths and as strings), in a global and in a built-in stage's config, an
+in arguments (as Paths and as strings), in a global, in a built-in stage's config and in a
+YAML file a script is given, an
 environment variable and a module imported by name, a data file a module's global names,
 objects of the project's own classes as arguments, outputs changed and deleted, return values
 deleted. Each row edits the project and runs ``python wf.py`` again in a new process; exactly
@@ -89,7 +90,7 @@ with pt.workflow(site="local", run_dir=os.environ.get("RUN_DIR", "runs"), warm=o
         "inner": inner(3),
         "flavor": flavor(Path("data/note.txt"), np.arange(4.0), OrderedDict(z=1, a=2), {"x", "y"},
                          Opts(2, ("p",)), env={"FLAVOR": os.environ.get("FLAVOR", "plain")}),
-        "app": pt.script_app("app/main.py", ranks_per_node=1)(outputs=["out.txt"]),
+        "app": pt.script_app("app/main.py", args=["--config", "app/app.yaml"], ranks_per_node=1)(outputs=["out.txt"]),
         "reader": pt.script_app("reader.py", args=["--data", "data/tokens.txt", os.environ.get("MODE", "m1")],
                                 ranks_per_node=1)(outputs=["out.txt"]),
         "mypkg": pt.script_app("mypkg", module=True, ranks_per_node=1)(outputs=["out.txt"]),
@@ -113,7 +114,17 @@ FILES = {
     "data/path.txt": "path-v1\n",
     "data/table.csv": "a,b\n",
     "innermod.py": "def value(x):\n    return x + 1\n",
-    "app/main.py": "from util import factor\nopen('out.txt', 'w').write(str(factor(5)))\n",
+    "app/main.py": textwrap.dedent("""
+        import os, sys
+        import yaml
+        from util import factor
+        config = sys.argv[sys.argv.index("--config") + 1]
+        data = yaml.safe_load(open(config))["data"]  # a path relative to the config's folder
+        text = open(os.path.join(os.path.dirname(config), data)).read().strip()
+        open("out.txt", "w").write(f"{factor(5)}:{text}")
+    """),
+    "app/app.yaml": "name: demo\ndata: ../data/app.txt\n",
+    "data/app.txt": "app-v1\n",
     "app/util.py": "def factor(x):\n    return x * 10\n",
     "reader.py": textwrap.dedent("""
         import sys
@@ -163,7 +174,7 @@ EDITS = [
     ("innermod.py, imported inside a stage's function", lambda p, env: edit(p, "innermod.py", "x + 1", "x + 2"),
      "inner", "innermod.py changed", ("inner", 5)),
     ("app/util.py, imported by the script", lambda p, env: edit(p, "app/util.py", "x * 10", "x * 100"),
-     "app", "app/util.py changed", ("app", "500")),
+     "app", "app/util.py changed", ("app", "500:app-v1")),
     ("a data file named in args", lambda p, env: (p / "data/tokens.txt").write_text("tokens-v2\n"),
      "reader", "input {p}/data/tokens.txt changed", ("reader", "tokens-v2:m1")),
     ("a script's argument", lambda p, env: env.update(MODE="m2"), "reader", "arguments changed",
@@ -194,6 +205,8 @@ EDITS = [
      "the output extras.txt of its finished run is missing", None),
     ("a function stage's return value deleted", lambda p, env: (p / "runs/extras/result.pkl").unlink(), "extras",
      "the return value (result.pkl) of its finished run is missing", None),
+    ("a data file that a config file in a script's args names", lambda p, env: (p / "data/app.txt").write_text(
+        "app-v2\n"), "app", "input {p}/data/app.txt changed", ("app", "500:app-v2")),
 ]
 
 
@@ -216,7 +229,7 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
     assert set(states.values()) == {"no finished run of it in this run directory"}, states
     assert first["helper"] == {"value": 6, "ranks": 2, "globals": "[1, 2, 3]2"} and first["inner"] == 4
     assert first["flavor"] == ["plain", "note\n", 6.0, ["z", "a"], ["x", "y"], 2]  # env= per call reached it
-    assert (first["app"], first["reader"], first["mypkg"]) == ("50", "tokens-v1:m1", "pkg-v1")
+    assert (first["app"], first["reader"], first["mypkg"]) == ("50:app-v1", "tokens-v1:m1", "pkg-v1")
     assert isinstance(first["train"], float)
     assert {k: v for k, v in first["extras"].items() if k != "run"} == {
         "path": "path-v1\n", "table": "a,b\n", "scale": "1", "loaded": "loaded-v1", "cfg": 9, "conf": "conf-v1\n"}

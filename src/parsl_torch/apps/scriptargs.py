@@ -75,15 +75,16 @@ class PathNames:
     themselves (``os.environ.get("TMPDIR", "/tmp")`` is a scratch place, not an input; a file in
     one is)."""
 
-    def __init__(self) -> None:
-        self._cwd: str | None = None
-        self._entries: set[str] = set()
+    def __init__(self, cwd: str | None = None) -> None:
+        """``cwd``: where relative names are looked up (default: the working directory, when first asked)."""
+        self._cwd: str | None = cwd
+        self._entries: set[str] | None = None
 
     def named(self, text: str) -> str | None:
         if not text or len(text) > PATH_MAX or "\0" in text or "\n" in text:
             return None
-        if self._cwd is None:
-            self._cwd = os.getcwd()
+        if self._entries is None:
+            self._cwd = self._cwd or os.getcwd()
             try:
                 self._entries = {*os.listdir(self._cwd), ".", ".."}
             except OSError:

@@ -22,7 +22,8 @@ with these rules. A call's components, each a digest:
   its function uses) that name an existing file or directory, files named in
   a script's ``args``, files named in a built-in stage's config, and the
   files its user modules and script name (``namedfiles``: their literals,
-  the paths their globals hold), and a file an ``env`` variable's value names.
+  the paths their globals hold), a file an ``env`` variable's value names, and
+  the files that the YAML, JSON and TOML files among those name (``configfiles``).
 
 Not compared: ``walltime`` and ``retries`` (they cannot change a result).
 A file is hashed (SHA-256) when its size, mtime or inode differ from the last
@@ -50,6 +51,7 @@ from ...errors import ConfigError
 from ..call import StageCall
 from ..scriptargs import PathNames
 from . import usercode
+from .configfiles import files_named_by_configs
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
 from .namedfiles import named_files
@@ -279,5 +281,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
              **env_components(env_names, opts.environment),
              **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache),
              **_inputs(named, opts.stage_dir, cache)}
+    given = [key[len("input "):] for key in parts if key.startswith("input ")]
+    parts.update(_inputs(dict.fromkeys(files_named_by_configs(given)), opts.stage_dir, cache))
     cache.save()  # once per call: what was hashed, for the next call and the next run
     return parts
