@@ -116,6 +116,32 @@ def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
     assert not usercode.is_user_file(np.__file__) and not usercode.is_user_file(identity.__file__)
 
 
+def test_an_extension_module_built_in_place_is_the_users_code_by_its_bytes(tmp_path):
+    """``python setup.py build_ext --inplace``: a custom kernel beside the sources (``fastops.<abi>.so``, in a
+    package too). It is found without being loaded, and rebuilding it changes the stage's identity."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "main.py").write_text("import fastops\nfrom pkg import _C\n")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    ext, inner = tmp_path / f"fastops{EXTENSION_SUFFIXES[0]}", tmp_path / "pkg" / f"_C{EXTENSION_SUFFIXES[0]}"
+    ext.write_bytes(b"\x7fELF v1\0")
+    inner.write_bytes(b"\x7fELF c1\0")
+
+    def digests() -> dict[str, str]:
+        return usercode.user_modules([(str(tmp_path / "main.py"), "__main__")], [], identity.DigestCache(None)).digests
+
+    before = digests()
+    assert str(ext) in before and str(inner) in before
+    ext.write_bytes(b"\x7fELF v2\0")  # rebuilt
+    after = digests()
+    assert after[str(ext)] != before[str(ext)] and after[str(inner)] == before[str(inner)]
+    import h5py.h5
+
+    assert h5py.h5.__file__.endswith(tuple(EXTENSION_SUFFIXES))
+    assert not usercode.is_user_extension(h5py.h5.__file__)  # an installed one is a package's
+
+
 def test_a_package_installed_with_pip_install_e_is_the_users_code(tmp_path, monkeypatch):
     """``pip install -e`` puts an import hook in place of a sys.path entry (setuptools' ``__editable__``
     finder): the package it maps is found through it, as user modules compared file by file, not as an

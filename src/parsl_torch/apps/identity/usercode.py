@@ -1,6 +1,7 @@
 """Which Python files are the user's, and which of them a stage can run.
 
-User code is every ``.py`` file outside this Python's installation (the
+User code is every ``.py`` file (and compiled extension module: a kernel
+built in place) outside this Python's installation (the
 standard library, site-packages) and outside parsl-torch itself: the
 workflow script's folder, ``PYTHONPATH`` folders, the sources of editable
 installs (``pip install -e``: a path entry, or an import hook that maps the package to its sources,
@@ -34,7 +35,7 @@ import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from importlib.machinery import PathFinder
+from importlib.machinery import EXTENSION_SUFFIXES, PathFinder
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,6 +76,16 @@ def is_user_file(path: str | os.PathLike | None) -> bool:
     real = os.path.realpath(path)
     return (real.endswith(".py") and os.path.isfile(real) and not _under(real, _installation_roots())
             and not _under(real, (PACKAGE_DIR,)))
+
+
+def is_user_extension(path: str | os.PathLike | None) -> bool:
+    """A compiled extension module of the user's (``python setup.py build_ext --inplace``: a custom kernel
+    built beside the sources): its bytes are its code (``parse_module`` digests what does not parse)."""
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return (real.endswith(tuple(EXTENSION_SUFFIXES)) and os.path.isfile(real)
+            and not _under(real, _installation_roots()) and not _under(real, (PACKAGE_DIR,)))
 
 
 def is_user_dir(path: str) -> bool:
@@ -191,7 +202,7 @@ def _find(name: str, search: Sequence[str]) -> list[tuple[str, str, bool]]:
             spec = find_spec(full, locations if i else None, search)
         except (ImportError, ValueError):
             return found
-        if spec is None or not is_user_file(spec.origin):
+        if spec is None or not (is_user_file(spec.origin) or is_user_extension(spec.origin)):
             return found
         package = spec.submodule_search_locations is not None
         found.append((os.path.realpath(spec.origin), full, package))

@@ -2,7 +2,8 @@
 they were imported. A call's identity reads the module files as they are when the call is ready; a
 warm rank runs the code it imported, maybe hours before. Should they differ (a helper edited while a
 long sweep runs), the group must not take the call: its result would be recorded under code it did
-not run, and the next run would skip it. Fresh ranks take it instead."""
+not run, and the next run would skip it. Fresh ranks take it instead. An extension module built in
+place (a custom kernel rebuilt) counts as well: a process cannot load it again."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import threading
 from typing import Any
 
-from ..identity.usercode import find_spec, is_user_file
+from ..identity.usercode import find_spec, is_user_extension, is_user_file
 
 
 class ImportWatch:
@@ -31,7 +32,7 @@ class ImportWatch:
         try:
             with contextlib.suppress(Exception):  # (an import this cannot follow is the import system's to fail)
                 origin = getattr(find_spec(name, path), "origin", None)
-                if origin and is_user_file(origin):
+                if origin and (is_user_file(origin) or is_user_extension(origin)):
                     self.imported[os.path.realpath(origin)] = _stat(origin)
         finally:
             self._looking.now = False
