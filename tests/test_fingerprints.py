@@ -228,6 +228,13 @@ def test_files_a_user_module_or_script_names_are_inputs_and_scratch_and_system_f
     assert {Path(p).name for p in named_files(reached)} == {"literal.csv", "global.csv", "listed.csv"}
     reached = usercode.user_modules([(str(tmp_path / "job.py"), "__main__")], [], cache)
     assert {Path(p).name for p in named_files(reached)} == {"script.csv"}  # not imported: its literals
+    # a literal that names a file beside its module, not where the workflow runs (os.path.join(HERE, ...))
+    (tmp_path / "lib" / "assets").mkdir(parents=True)
+    (tmp_path / "lib" / "assets" / "vocab.json").write_text("{}")
+    (tmp_path / "lib" / "libmod.py").write_text(
+        "import os\nHERE = os.path.dirname(__file__)\ndef f():\n    return open(os.path.join(HERE, 'assets/vocab.json'))\n")
+    reached = usercode.user_modules([(str(tmp_path / "lib" / "libmod.py"), "libmod")], [], cache)
+    assert named_files(reached) == {str(tmp_path / "lib" / "assets" / "vocab.json")}
 
 
 def test_files_a_yaml_json_or_toml_input_names_are_inputs_too(tmp_path, monkeypatch):

@@ -101,11 +101,12 @@ class DigestCache:
         name a file: ``_may_name_a_file``): ``usercode.parse_module``, cached."""
         key = _stat_key(os.stat(path))
         entry = self._entry("py:" + path, key)
-        if entry is not None and "paths" in entry:
-            return entry["ast"], entry["imports"], entry["env"], entry["paths"]
+        if entry is not None and "named" in entry:  # (an older entry's "paths" left out the module's folder)
+            return entry["ast"], entry["imports"], entry["env"], entry["named"]
         digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
-        paths = [text for text in literals if _may_name_a_file(text)]
-        self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "paths": paths})
+        folder = os.path.dirname(path)
+        paths = [text for text in literals if _may_name_a_file(text) or _may_name_a_file(os.path.join(folder, text))]
+        self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "named": paths})
         return digest, imports, env, paths
 
     def save(self) -> None:

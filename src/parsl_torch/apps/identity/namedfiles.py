@@ -1,6 +1,7 @@
 """Files a stage's user modules name: what the code reads without being told (``open(config.DATA)``).
 
-A module's string literals that name an existing file (``"/data/table.csv"``, ``"data/vocab.json"``),
+A module's string literals that name an existing file (``"/data/table.csv"``, ``"data/vocab.json"``: where
+the workflow runs, or else in the module's folder, as ``os.path.join(HERE, "data/vocab.json")`` reads it),
 and, for a module the workflow has imported, the files its globals hold (``DATA =
 Path(__file__).parent / "data" / "table.csv"``; in a list, tuple, set or dict too). Each is an input
 of the stage: its content joins the identity, so a regenerated data file reruns the stages whose
@@ -29,8 +30,9 @@ MAX_TEXTS = 10_000
 
 def named_files(reached: Reached) -> set[str]:
     """The existing files (absolute paths) that the reached user modules name."""
-    paths = PathNames()
-    found = {p for text in reached.literals if (p := paths.named(text)) is not None}
+    paths, near = PathNames(), {}  # a literal names a file where the workflow runs, or beside its module
+    found = {p for folder, text in reached.literals
+             if (p := paths.named(text) or near.setdefault(folder, PathNames(folder)).named(text)) is not None}
     for file, name in reached.names.items():
         module = sys.modules.get(name)
         if module is None or os.path.realpath(getattr(module, "__file__", None) or "") != file:

@@ -237,12 +237,13 @@ def _targets(imports: list[list[Any]], module: str, is_package: bool) -> list[st
 @dataclass
 class Reached:
     """What a stage's code can run: each user module's digest and name (by file), the environment variables
-    they read, their string literals that may name a file, and the installed top-level modules they import."""
+    they read, their string literals that may name a file (with the module's folder), and the installed
+    top-level modules they import."""
 
     digests: dict[str, str] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)
     env: set[str] = field(default_factory=set)
-    literals: set[str] = field(default_factory=set)
+    literals: set[tuple[str, str]] = field(default_factory=set)
     packages: set[str] = field(default_factory=set)
 
 
@@ -259,7 +260,7 @@ def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache:
         reached.digests[path], imports, reads, literals = cache.module(path)
         reached.names[path] = module
         reached.env.update(reads)
-        reached.literals.update(literals)
+        reached.literals.update((os.path.dirname(path), text) for text in literals)
         for name in _targets(imports, module, is_package):
             found = _find(name, search)
             if not found:  # the standard library, an installed package (or nothing: the ranks will say)
