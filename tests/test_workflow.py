@@ -319,6 +319,16 @@ def test_a_file_named_by_an_environment_variable_the_code_reads_is_an_input(tmp_
     names = ["DATA", "SCRATCH", "WORD", "RANK", "UNSET"]
     assert identity.env_files(names, {}, env) == {str(tmp_path / "data.bin"): None}  # a folder is a place
     assert identity.env_files(names, {"DATA": "data.bin"}, {}) == {str(tmp_path / "data.bin"): None}  # env= first
+    # a script the stage's code reading cannot see into (a shell script reads $DATA): a file that a variable the
+    # stage is given (env=) names is an input all the same
+    from parsl_torch.apps.call import StageCall
+    from parsl_torch.apps.payload import StageOptions
+
+    (tmp_path / "run.sh").write_text('cat "$DATA"\n')
+    opts = StageOptions(str(tmp_path / "runs" / "s"), 1, 1, None, (("DATA", "data.bin"),), (), script="run.sh")
+    call = StageCall(opts, "mpi", (), script=("bash", "run.sh"))
+    parts = identity.stage_components(call, (), {}, identity.DigestCache(None))
+    assert f"input {tmp_path / 'data.bin'}" in parts
 
 
 @pytest.mark.slow

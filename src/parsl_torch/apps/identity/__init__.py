@@ -276,7 +276,9 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
         packages.update(json.loads(more.pop(PACKAGES)))
         code_parts.update(more)
     env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
-    named = dict.fromkeys([*json.loads(code_parts.pop(NAMED_FILES, "[]")), *env_files(env_names, opts.environment)])
+    # a file named by a variable the code reads, or by one the stage is given (`env=`: a script's $DATA)
+    given_env = sorted({*env_names, *opts.environment})
+    named = dict.fromkeys([*json.loads(code_parts.pop(NAMED_FILES, "[]")), *env_files(given_env, opts.environment)])
     parts = {**code_parts, **package_components(packages), "runtime": runtime_digest(cache),
              **env_components(env_names, opts.environment),
              **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache),
