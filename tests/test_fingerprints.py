@@ -97,6 +97,26 @@ def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
     with pytest.raises(Unidentifiable, match=r"argument 'cfg'\['lock'\] is a _thread.lock"):
         fp.token({"lock": threading.Lock()}, "argument 'cfg'")
 
+    # a library's mapping and sequence (OmegaConf's DictConfig and ListConfig are such): by their items, and a
+    # path inside one names an input (it was hashed whole before, and the file was not seen)
+    import types
+    from collections import UserDict, UserList
+
+    (tmp_path / "tokens.bin").write_text("t")
+    fp = Fingerprinter(strict=True)
+    cfg = UserDict(data=UserList([str(tmp_path / "tokens.bin")]), lr=0.1)
+    assert fp.token(cfg, "a") == fp.token(UserDict(lr=0.1, data=UserList([str(tmp_path / "tokens.bin")])), "a")
+    assert fp.token(cfg, "a") != fp.token(UserDict(data=UserList([str(tmp_path / "tokens.bin")]), lr=0.2), "a")
+    assert fp.files == {str(tmp_path / "tokens.bin")}
+    assert fp.token(types.MappingProxyType({"a": 1}), "a") != fp.token(types.MappingProxyType({"a": 2}), "a")
+    import argparse  # train(parser.parse_args()): by its attributes, its paths inputs
+
+    (tmp_path / "val.bin").write_text("v")
+    ns = argparse.Namespace(lr=0.1, val=str(tmp_path / "val.bin"))
+    assert fp.token(ns, "a") == fp.token(argparse.Namespace(val=str(tmp_path / "val.bin"), lr=0.1), "a")
+    assert fp.token(ns, "a") != fp.token(argparse.Namespace(lr=0.2, val=str(tmp_path / "val.bin")), "a")
+    assert str(tmp_path / "val.bin") in fp.files
+
 
 def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
     (tmp_path / "pkg" / "sub").mkdir(parents=True)

@@ -7,7 +7,10 @@ their body), so a value is turned into a canonical token instead:
 
 * plain data (numbers, strings, bytes, lists, tuples, dicts, sets, frozensets,
   OrderedDicts, dataclasses, enums, ``Path``, numpy arrays and torch tensors)
-  by value; dicts and sets do not depend on order, OrderedDicts do;
+  by value; dicts and sets do not depend on order, OrderedDicts do; a
+  library's mapping or sequence (OmegaConf's ``DictConfig`` and ``ListConfig``,
+  a ``UserDict``) by its items, as a dict or a list; an ``argparse.Namespace``
+  (``parse_args()``'s) or a ``SimpleNamespace`` by its attributes;
 * a ``Path`` or File by its path, kept in ``files`` (a file the stage is told
   about: its content joins the call's identity where the call is launched);
   so is a string that names an existing file or directory (``PathNames``),
@@ -33,6 +36,8 @@ bytes (which may make a stage rerun needlessly, never skip wrongly).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import dis
 import enum
@@ -42,6 +47,7 @@ import os
 import sys
 import types
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -63,6 +69,10 @@ class Unidentifiable(TypeError):
 _MAIN = "__main__"
 #: strings longer than this are compared by digest
 LONG_STR = 4096
+#: objects that are their attributes: ``train(parser.parse_args())``
+NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
+#: a library's mapping or sequence with more items than this is hashed whole (as other objects)
+MAX_CONTAINER = 100_000
 
 
 def _sha(data: bytes) -> str:
@@ -133,9 +143,22 @@ class Fingerprinter:
         array = _array_token(value)
         if array is not None:
             return array
-        if self._is_users(kind) and hasattr(value, "__dict__"):  # an instance of the user's own class
+        if self._is_users(kind) and hasattr(value, "__dict__") or isinstance(value, NAMESPACES):
+            # an instance of the user's own class, or parse_args()'s Namespace: by its attributes
             return ("object", self.token(kind, where), self.token(dict(vars(value)), where))
-        return self._opaque(value, where)
+        return self._container(value, where) or self._opaque(value, where)
+
+    def _container(self, value: Any, where: str) -> Any:
+        """A library's mapping or sequence (OmegaConf's DictConfig and ListConfig, a UserDict) by its items, as
+        a dict's or a list's: the paths in a Hydra config are inputs, and its identity is its content."""
+        if isinstance(value, Mapping) and len(value) <= MAX_CONTAINER:
+            with contextlib.suppress(Exception):  # (one that cannot be read so is hashed whole)
+                return (self._type_name(type(value)), self.token(dict(value.items()), where)[1])
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes, memoryview)) \
+                and len(value) <= MAX_CONTAINER:
+            with contextlib.suppress(Exception):
+                return (self._type_name(type(value)), [self.token(v, f"{where}[{i}]") for i, v in enumerate(value)])
+        return None
 
     def _opaque(self, value: Any, where: str) -> Any:
         if self.strict:
