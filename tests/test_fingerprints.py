@@ -108,6 +108,8 @@ def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
     assert fp.token(cfg, "a") == fp.token(UserDict(lr=0.1, data=UserList([str(tmp_path / "tokens.bin")])), "a")
     assert fp.token(cfg, "a") != fp.token(UserDict(data=UserList([str(tmp_path / "tokens.bin")]), lr=0.2), "a")
     assert fp.files == {str(tmp_path / "tokens.bin")}
+    with pytest.raises(Unidentifiable, match=r"argument 'cfg'\['lock'\] is a _thread.lock"):  # named inside one too
+        fp.token(UserDict(lock=threading.Lock()), "argument 'cfg'")
     assert fp.token(types.MappingProxyType({"a": 1}), "a") != fp.token(types.MappingProxyType({"a": 2}), "a")
     import argparse  # train(parser.parse_args()): by its attributes, its paths inputs
 

@@ -37,7 +37,6 @@ bytes (which may make a stage rerun needlessly, never skip wrongly).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import dis
 import enum
@@ -151,13 +150,16 @@ class Fingerprinter:
     def _container(self, value: Any, where: str) -> Any:
         """A library's mapping or sequence (OmegaConf's DictConfig and ListConfig, a UserDict) by its items, as
         a dict's or a list's: the paths in a Hydra config are inputs, and its identity is its content."""
-        if isinstance(value, Mapping) and len(value) <= MAX_CONTAINER:
-            with contextlib.suppress(Exception):  # (one that cannot be read so is hashed whole)
+        try:
+            if isinstance(value, Mapping) and len(value) <= MAX_CONTAINER:
                 return (self._type_name(type(value)), self.token(dict(value.items()), where)[1])
-        if isinstance(value, Sequence) and not isinstance(value, (str, bytes, memoryview)) \
-                and len(value) <= MAX_CONTAINER:
-            with contextlib.suppress(Exception):
+            if isinstance(value, Sequence) and not isinstance(value, (str, bytes, memoryview)) \
+                    and len(value) <= MAX_CONTAINER:
                 return (self._type_name(type(value)), [self.token(v, f"{where}[{i}]") for i, v in enumerate(value)])
+        except Unidentifiable:
+            raise  # (an item without an identity is named as such)
+        except Exception:  # noqa: BLE001 - one that cannot be read so is hashed whole
+            return None
         return None
 
     def _opaque(self, value: Any, where: str) -> Any:
