@@ -258,6 +258,11 @@ def test_one_rank_that_fails_is_named_without_talk_of_other_ranks():
     assert out.returncode == 3, out.stderr
     assert "rank 0 on" in out.stderr and "exited with code 3" in out.stderr
     assert "No module named" not in out.stderr and "the other" not in out.stderr and "the cause" not in out.stderr
+    # a script that calls setup_torch and raises: its line names the exception
+    out = parsl_torch("launch", "-n", "1", "--", "python", "-c",
+                      "import parsl_torch as pt\npt.setup_torch()\nraise ValueError('lr must be > 0')", env=env)
+    assert out.returncode == 1 and re.search(r"rank 0 on \S+ raised ValueError: lr must be > 0\n", out.stderr), \
+        out.stderr
 
 
 @pytest.mark.slow
@@ -524,7 +529,7 @@ def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
 def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves_no_file(tmp_path):
     """What a failing function stage's rank leaves (``write_raised``) is in its shim's report: one line,
     a secret flag's value redacted; the node-local file is gone afterwards, whatever the exit."""
-    rank = ("import sys; from parsl_torch.common import settings; from parsl_torch.launch.events import write_raised\n"
+    rank = ("import sys; from parsl_torch.common import settings; from parsl_torch.common.raised import write_raised\n"
             "write_raised(ValueError('bad lr --token=hunter2\\n  second line'), settings.RAISED.get()); sys.exit(1)")
     env = clean_env(TMPDIR=str(tmp_path), RANK="0", WORLD_SIZE="1")
     env.pop("PARSL_TORCH_LAUNCH_NOTIFY", None)  # no launch to tell: the shim says it itself
@@ -533,6 +538,12 @@ def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves
     assert out.returncode == 1
     assert re.search(r"parsl-torch: rank 0 on \S+ raised ValueError: bad lr --token=\*\*\* second line\n", out.stderr)
     assert "hunter2" not in out.stderr
+    # a script's exception that reaches the top (``setup_torch`` adds the hook that writes it)
+    script = "from parsl_torch.common.raised import report_uncaught\nreport_uncaught()\nraise KeyError('no such field')"
+    out = subprocess.run([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", script],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" in out.stderr  # (shown as before)
+    assert re.search(r"parsl-torch: rank 0 on \S+ raised KeyError: 'no such field'\n", out.stderr), out.stderr
     ok = subprocess.run([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", "pass"],
                         env=env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and not ok.stderr

@@ -16,7 +16,7 @@ import traceback
 
 from ..common import settings
 from ..core.dist import cleanup, exit_process, setup_torch
-from ..launch.events import write_raised
+from ..common.raised import write_raised
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import time
 from typing import NoReturn
 
 from ..common import settings
+from ..common.raised import report_uncaught
 from ..errors import ConfigError
 from .claim import SHARING_BACKENDS, claim_device, device_key
 from .device import check_backend, get_backend, get_torch_device, get_torch_device_type
@@ -58,6 +59,7 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
     import torch.distributed as dist
 
     t0 = time.perf_counter()
+    report_uncaught()  # under parsl-torch's shim: the launch's error names the exception that ends this rank
     topo = env_topology()
     device_type = get_torch_device_type()
     backend = check_backend(backend.lower(), device_type) if backend else get_backend(device_type)

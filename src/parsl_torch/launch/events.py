@@ -4,15 +4,12 @@ line in a stage's stderr and its error read the same."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..common.metadata import redact_text
 from ..common.outcome import Cause, Outcome
+from ..common.raised import RAISED_CHARS
 
 #: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
 NODE_LOST_EXIT = 75
@@ -39,7 +36,7 @@ def ranks_text(ranks: tuple[int, ...]) -> str:
 class RankReport:
     """A rank's shim: its command ended with ``code`` (a failure), or, with ``preflight``, the node
     answered a pre-flight check. ``raised``: the exception that ended a function stage's rank, one
-    line (``write_raised``), so that the stage's error names it whatever its stderr's tail holds."""
+    line (``common.raised``), so that the stage's error names it whatever its stderr's tail holds."""
 
     rank: int | None
     host: str
@@ -59,34 +56,6 @@ class RankReport:
         return f"rank {self.rank} on {self.host} {describe_exit(self.code)}"
 
 
-#: the most of an exception's text a report carries (a tensor's repr in a message can be megabytes)
-RAISED_CHARS = 400
-
-
-def raised_line(exc: BaseException) -> str:
-    """``RuntimeError: bad config keys`` as one line, secrets in it redacted, at most RAISED_CHARS."""
-    text = " ".join(" ".join(traceback.format_exception_only(type(exc), exc)).split())
-    text = redact_text(text)
-    return text if len(text) <= RAISED_CHARS else text[:RAISED_CHARS - 1] + "…"
-
-
-def write_raised(exc: BaseException, path: str | None) -> None:
-    """Leave the exception that ends this rank where its shim reads it (``settings.RAISED``); best effort."""
-    if path:
-        with contextlib.suppress(OSError):
-            with open(path, "w") as f:
-                f.write(raised_line(exc))
-
-
-def read_raised(path: str) -> str:
-    """What ``write_raised`` left (removed once read); "" if nothing."""
-    try:
-        with open(path, errors="replace") as f:
-            text = f.read(RAISED_CHARS * 4)
-        os.unlink(path)
-    except OSError:
-        return ""
-    return text[:RAISED_CHARS]
 
 
 @dataclass(frozen=True)

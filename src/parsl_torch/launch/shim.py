@@ -31,7 +31,8 @@ from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
-from .events import RankReport, read_raised
+from ..common.raised import read_raised
+from .events import RankReport
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0

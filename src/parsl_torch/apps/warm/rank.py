@@ -36,7 +36,7 @@ from typing import Any
 
 from ...common import settings, stagedir
 from ...common.files import write_atomic
-from ...launch.events import write_raised
+from ...common.raised import write_raised
 from ..stage_main import write_result
 from .imports import ImportWatch
 

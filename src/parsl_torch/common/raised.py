@@ -1,0 +1,64 @@
+"""A failing rank's exception as one line, for its shim's report (``launch.shim``, ``launch.events``).
+
+The shim makes a private node-local file and names it in ``settings.RAISED``; the rank writes the
+exception that ends it there (a function stage's ``stage_main`` when the function raises; a script,
+through the ``sys.excepthook`` that ``setup_torch`` adds, when an exception reaches the top), and
+the shim puts it in its failure report. So the stage's error names the exception, however the
+tail of its stderr was cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from typing import Any
+
+from . import settings
+from .metadata import redact_text
+
+#: the most of an exception's text a report carries (a tensor's repr in a message can be megabytes)
+RAISED_CHARS = 400
+
+
+def raised_line(exc: BaseException) -> str:
+    """``RuntimeError: bad config keys`` as one line, secrets in it redacted, at most RAISED_CHARS."""
+    text = " ".join(" ".join(traceback.format_exception_only(type(exc), exc)).split())
+    text = redact_text(text)
+    return text if len(text) <= RAISED_CHARS else text[:RAISED_CHARS - 1] + "…"
+
+
+def write_raised(exc: BaseException, path: str | None) -> None:
+    """Leave the exception that ends this rank where its shim reads it (``settings.RAISED``); best effort."""
+    if path:
+        with contextlib.suppress(OSError):
+            with open(path, "w") as f:
+                f.write(raised_line(exc))
+
+
+def read_raised(path: str) -> str:
+    """What ``write_raised`` left (removed once read); "" if nothing."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read(RAISED_CHARS * 4)
+        os.unlink(path)
+    except OSError:
+        return ""
+    return text[:RAISED_CHARS]
+
+
+def report_uncaught() -> None:
+    """Where the shim asks for it: an exception that reaches the top of this process is written for the
+    shim (then shown as before). Added once; for a script that calls ``setup_torch``."""
+    path = settings.RAISED.get()
+    if not path or getattr(sys.excepthook, "parsl_torch_raised", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        write_raised(exc, path)
+        previous(kind, exc, tb)
+
+    hook.parsl_torch_raised = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
