@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,6 +357,26 @@ def test_env_components_take_the_stages_env_over_the_shell_and_leave_launch_vari
     assert set(parts) == {"env SCALE", "env UNSET_ONE", "env MODE"} and parts["env UNSET_ONE"] == "unset"
     assert parts["env MODE"] == identity.env_components(["MODE"], {}, {"MODE": "b"})["env MODE"]
     assert "hunter2" not in repr(parts) and parts["env SCALE"] != identity.env_components(["SCALE"], {}, {})["env SCALE"]
+
+
+def test_a_file_rewritten_within_its_mtime_is_hashed_again_not_taken_from_the_cache(tmp_path):
+    """Lustre and NFS keep whole-second mtimes: a file regenerated with the same size within the second of its
+    last hash keeps its size, mtime and inode. A digest taken so soon after a write is not remembered."""
+    import os
+
+    data = tmp_path / "tokens.bin"
+    data.write_bytes(b"\x00" * 64)
+    stamp = os.stat(data).st_mtime_ns
+    cache = identity.DigestCache(tmp_path / "digests.json")
+    first = cache.file_digest(data)
+    with open(data, "r+b") as f:  # in place: the same inode and size
+        f.write(b"\x01" * 64)
+    os.utime(data, ns=(stamp, stamp))  # and the same (coarse) mtime
+    assert cache.file_digest(data) != first
+    old = time.time_ns() - 60 * 10**9  # a file last written a minute ago is remembered
+    os.utime(data, ns=(old, old))
+    cache.file_digest(data)
+    assert str(data) in cache._dirty
 
 
 def test_directory_digests_leave_out_hidden_folders_caches_and_the_run_directory(tmp_path):

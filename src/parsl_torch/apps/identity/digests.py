@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,10 @@ from . import usercode
 
 #: in a run's parsl/ folder: the digests of its files and modules
 DIGESTS = "input-digests.json"
+#: a file modified less than this many seconds before it is hashed is hashed again next time, not
+#: remembered: a rewrite of the same size within the same mtime (Lustre's and NFS's are whole seconds)
+#: would keep its size, mtime and inode (git's "racily clean" entries)
+RACY_S = 2.0
 
 
 def sha(data: bytes) -> str:
@@ -80,7 +85,8 @@ class DigestCache:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-        self._remember(path, {"stat": key, "sha256": h.hexdigest()})
+        if time.time() - st.st_mtime > RACY_S:  # else it may change again within the same mtime: hash it again
+            self._remember(path, {"stat": key, "sha256": h.hexdigest()})
         return h.hexdigest()
 
     def _tree(self, path: str) -> list[tuple[str, int, int]]:
