@@ -377,6 +377,14 @@ def test_a_file_rewritten_within_its_mtime_is_hashed_again_not_taken_from_the_ca
     os.utime(data, ns=(old, old))
     cache.file_digest(data)
     assert str(data) in cache._dirty
+    # a module too (a script that writes a module and runs the workflow, twice in one second)
+    module = tmp_path / "gen.py"
+    module.write_text("X = 2\n")
+    stamp = os.stat(module).st_mtime_ns
+    first = cache.module(str(module))[0]
+    module.write_text("X = 3\n")
+    os.utime(module, ns=(stamp, stamp))
+    assert cache.module(str(module))[0] != first
 
 
 def test_directory_digests_leave_out_hidden_folders_caches_and_the_run_directory(tmp_path):

@@ -105,14 +105,16 @@ class DigestCache:
     def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
         """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
         name a file: ``_may_name_a_file``): ``usercode.parse_module``, cached."""
-        key = _stat_key(os.stat(path))
+        st = os.stat(path)
+        key = _stat_key(st)
         entry = self._entry("py:" + path, key)
         if entry is not None and "named" in entry:  # (an older entry's "paths" left out the module's folder)
             return entry["ast"], entry["imports"], entry["env"], entry["named"]
         digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
         folder = os.path.dirname(path)
         paths = [text for text in literals if _may_name_a_file(text) or _may_name_a_file(os.path.join(folder, text))]
-        self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "named": paths})
+        if time.time() - st.st_mtime > RACY_S:  # (as a file's digest)
+            self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "named": paths})
         return digest, imports, env, paths
 
     def save(self) -> None:
