@@ -419,3 +419,27 @@ def test_the_package_itself_is_the_runtime_of_every_stage_and_never_user_code(tm
         assert identity.runtime_digest(identity.DigestCache(None)) != before
     finally:
         shim.write_text(text)
+
+
+def test_a_warm_rank_sees_a_module_rewritten_within_its_mtime_since_it_was_imported(tmp_path, monkeypatch):
+    """A warm group's import watch (``apps.warm.imports``): a helper regenerated with the same size within the
+    same whole-second mtime as when it was imported still counts as changed (its content is compared)."""
+    import importlib
+    import os
+
+    from parsl_torch.apps.warm.imports import ImportWatch
+
+    module = tmp_path / "genhelper.py"
+    module.write_text("X = 2\n")
+    stamp = os.stat(module).st_mtime_ns
+    monkeypatch.syspath_prepend(str(tmp_path))
+    watch = ImportWatch()
+    try:
+        importlib.import_module("genhelper")
+    finally:
+        sys.meta_path.remove(watch)
+        sys.modules.pop("genhelper", None)
+    assert watch.changed() is None
+    module.write_text("X = 3\n")
+    os.utime(module, ns=(stamp, stamp))
+    assert watch.changed() == str(module.resolve())

@@ -11,17 +11,20 @@ import contextlib
 import os
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
+from ..identity.digests import RACY_S, sha
 from ..identity.usercode import find_spec, is_user_extension, is_user_file
 
 
 class ImportWatch:
     """Put first on ``sys.meta_path``: sees each import as it is found (it finds nothing itself) and keeps
-    the user's module files' (size, mtime) of that moment."""
+    the user's module files' (size, mtime; a recently written one's content digest) of that moment."""
 
     def __init__(self) -> None:
-        self.imported: dict[str, tuple[int, int] | None] = {}
+        self.imported: dict[str, tuple[int, int, str | None] | None] = {}
         self._looking = threading.local()  # (looking consults the other import hooks, never itself)
         sys.meta_path.insert(0, self)
 
@@ -40,12 +43,24 @@ class ImportWatch:
 
     def changed(self) -> str | None:
         """A user module file this process imported that is not as it was then (None: none)."""
-        return next((file for file, seen in self.imported.items() if _stat(file) != seen), None)
+        return next((file for file, seen in self.imported.items() if _differs(file, seen)), None)
 
 
-def _stat(path: str) -> tuple[int, int] | None:
+def _stat(path: str) -> tuple[int, int, str | None] | None:
+    """(size, mtime, and the content's digest if it was written within RACY_S: a rewrite within the same
+    whole-second mtime of Lustre or NFS keeps the size and mtime)."""
     try:
         st = os.stat(path)
+        racy = time.time() - st.st_mtime <= RACY_S
+        return st.st_size, st.st_mtime_ns, sha(Path(path).read_bytes()) if racy else None
     except OSError:
         return None
-    return st.st_size, st.st_mtime_ns
+
+
+def _differs(path: str, seen: tuple[int, int, str | None] | None) -> bool:
+    now = _stat(path)
+    if now is None or seen is None:
+        return now != seen
+    if now[:2] != seen[:2]:
+        return True
+    return seen[2] is not None and sha(Path(path).read_bytes()) != seen[2]
