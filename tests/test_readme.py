@@ -37,7 +37,7 @@ EXAMPLES = {
     'with h5py.File("outputs/train/history.h5")': ("python", "complete 1", ()),
     "import parsl_torch.compat.ezpz as ezpz": ("python", "", ()),
     "parsl_torch.compat.ezpz.alias()": ("python", "", ()),
-    "def long_loop(steps: int)": ("python", "300", ()),
+    "def long_loop(steps: int)": ("python", "200", ()),
     # two sites need a Globus Compute endpoint: here both are the local site (test_remote runs the
     # same flow across a local site and an endpoint's engine)
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),
