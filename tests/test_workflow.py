@@ -270,6 +270,7 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
 
     f, cache = tmp_path / "data.bin", tmp_path / "parsl" / identity.DIGESTS
     f.write_bytes(b"a" * 100)
+    os.utime(f, (time.time() - 60, time.time() - 60))  # (one written within 2 s is not remembered)
     first = identity.file_digest(f, cache)
     assert first == identity.file_digest(f, cache) and str(f) in cache.read_text()
     f.write_bytes(b"b" * 100)

@@ -211,8 +211,8 @@ WORKFLOW = _add(Setting("PARSL_TORCH_WORKFLOW", "the token of the workflow that 
                         "ends them with it)", None, text, INTERNAL))
 LAUNCH_NOTIFY = _add(Setting("PARSL_TORCH_LAUNCH_NOTIFY", "where a rank's shim reports to `parsl-torch launch` "
                              "(host:port)", None, text, INTERNAL))
-RAISED = _add(Setting("PARSL_TORCH_RAISED", "the node-local file where a function stage's rank writes the exception "
-                      "that ended it, for its shim's report (set by the shim)", None, text, INTERNAL))
+RAISED = _add(Setting("PARSL_TORCH_RAISED", "the node-local file where a rank writes the exception that ended it, "
+                      "for its shim's report (set by the shim)", None, text, INTERNAL))
 KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "
                             "(its interchange, worker pools) readable, so the workflow's token stays in it", None,
                             text, INTERNAL))

@@ -35,8 +35,8 @@ def ranks_text(ranks: tuple[int, ...]) -> str:
 @dataclass(frozen=True)
 class RankReport:
     """A rank's shim: its command ended with ``code`` (a failure), or, with ``preflight``, the node
-    answered a pre-flight check. ``raised``: the exception that ended a function stage's rank, one
-    line (``common.raised``), so that the stage's error names it whatever its stderr's tail holds."""
+    answered a pre-flight check. ``raised``: the exception that ended the rank (a function stage's,
+    or a script's that called ``setup_torch``), one line (``common.raised``), so that the stage's error names it whatever its stderr's tail holds."""
 
     rank: int | None
     host: str
@@ -54,8 +54,6 @@ class RankReport:
         if self.raised:
             return f"rank {self.rank} on {self.host} raised {self.raised}"
         return f"rank {self.rank} on {self.host} {describe_exit(self.code)}"
-
-
 
 
 @dataclass(frozen=True)

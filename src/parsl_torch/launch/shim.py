@@ -4,8 +4,9 @@ It exports the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) from whatever launcher
 started it (and OMP_NUM_THREADS=1 with several ranks per node, as torchrun), so an unmodified torchrun-style script runs under mpiexec or srun,
 then runs CMD as its child, forwarding signals. When CMD fails it tells
-``parsl-torch launch`` which rank failed (settings.LAUNCH_NOTIFY), so the
-launch stops every rank within seconds; the first shim on each node also
+``parsl-torch launch`` which rank failed (settings.LAUNCH_NOTIFY), and the
+exception that ended it when CMD says so (settings.RAISED, ``common.raised``), so the
+launch stops every rank within seconds and names the cause; the first shim on each node also
 sends the launch a heartbeat, so a lost node is named (see ``supervise``).
 At settings.DEADLINE (the block is about to end) it sends CMD SIGUSR1 if CMD
 catches that signal (``pt.should_checkpoint()`` does; a script that does not is left alone).
@@ -29,9 +30,9 @@ from dataclasses import asdict
 from ..common import settings
 from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
+from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
-from ..common.raised import read_raised
 from .events import RankReport
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -135,7 +136,7 @@ def _command(argv: list[str]) -> list[str]:
 
 
 def _raised_file() -> str | None:
-    """An empty private file for the rank's exception (``events.write_raised``); None where none can be made."""
+    """An empty private file (0600) for the rank's exception (``common.raised``); None where none can be made."""
     try:
         fd, path = tempfile.mkstemp(prefix="parsl-torch-raised-")
     except OSError:
