@@ -121,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         spare = frozenset(pid for pid, (ppid, _) in _processes().items() if ppid == workflow)
     # again after a sweep that killed something: it may have started a child meanwhile. A sweep that
     # finds nothing (a normal end: Parsl ended its processes) ends it at once, the workflow waits for it
-    if _sweep(noted, f"{settings.WORKFLOW.name}={argv[0]}", spare):
+    token = f"{settings.WORKFLOW.name}={argv[0]}"
+    if _sweep(noted, token, spare):
         time.sleep(0.5)
-        _sweep(noted, f"{settings.WORKFLOW.name}={argv[0]}", spare)
+        _sweep(noted, token, spare)
     return 0
 
 

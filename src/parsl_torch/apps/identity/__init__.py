@@ -284,6 +284,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
              **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache),
              **_inputs(named, opts.stage_dir, cache)}
     given = [key[len("input "):] for key in parts if key.startswith("input ")]
-    parts.update(_inputs(dict.fromkeys(files_named_by_configs(given)), opts.stage_dir, cache))
+    configs_name = {path: None for path in files_named_by_configs(given) if f"input {path}" not in parts}
+    parts.update(_inputs(configs_name, opts.stage_dir, cache))
     cache.save()  # once per call: what was hashed, for the next call and the next run
     return parts

@@ -30,6 +30,11 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def recently_written(st: os.stat_result) -> bool:
+    """Written less than RACY_S ago: what is read of it now may change again under the same stat."""
+    return time.time() - st.st_mtime <= RACY_S
+
+
 def _stat_key(st: os.stat_result) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
@@ -85,7 +90,7 @@ class DigestCache:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-        if time.time() - st.st_mtime > RACY_S:  # else it may change again within the same mtime: hash it again
+        if not recently_written(st):  # else it may change again within the same mtime: hash it again
             self._remember(path, {"stat": key, "sha256": h.hexdigest()})
         return h.hexdigest()
 
@@ -113,7 +118,7 @@ class DigestCache:
         digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
         folder = os.path.dirname(path)
         paths = [text for text in literals if _may_name_a_file(text) or _may_name_a_file(os.path.join(folder, text))]
-        if time.time() - st.st_mtime > RACY_S:  # (as a file's digest)
+        if not recently_written(st):  # (as a file's digest)
             self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "named": paths})
         return digest, imports, env, paths
 

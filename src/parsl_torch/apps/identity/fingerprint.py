@@ -41,7 +41,6 @@ import dataclasses
 import dis
 import enum
 import functools
-import hashlib
 import os
 import sys
 import types
@@ -52,6 +51,7 @@ from typing import Any
 
 from ...common.records import ENV_NAME
 from ..scriptargs import PathNames
+from .digests import sha
 from .usercode import ENV_METHODS, ENVIRON, GETENV, MODULE_IMPORTERS, is_user_file, user_files
 
 
@@ -74,9 +74,6 @@ NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
 MAX_CONTAINER = 100_000
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 class Fingerprinter:
     """Tokens for one stage call; ``roots`` collects the user modules they reach."""
@@ -96,7 +93,7 @@ class Fingerprinter:
 
     def digest(self, value: Any, where: str) -> str:
         """``value``'s token as a digest (the files it names are in ``files``, compared where it runs)."""
-        return _sha(repr(self.token(value, where)).encode())
+        return sha(repr(self.token(value, where)).encode())
 
     # -- values --------------------------------------------------------------------------------------------
     def token(self, value: Any, where: str) -> Any:  # noqa: C901 - one dispatch over the kinds of value
@@ -106,9 +103,9 @@ class Fingerprinter:
                 self.files.add(path)
             # a long one by digest: repr() of a large value would copy it several times
             return ("str", value) if len(value) <= LONG_STR else \
-                ("str", len(value), _sha(value.encode(errors="surrogatepass")))
+                ("str", len(value), sha(value.encode(errors="surrogatepass")))
         if kind in (bytes, bytearray):
-            return (kind.__name__, len(value), _sha(value))
+            return (kind.__name__, len(value), sha(value))
         if value is None or kind in (bool, int, float, complex):
             return (kind.__name__, repr(value))
         if isinstance(value, (list, tuple)):  # namedtuples too (their type is part of the value)
@@ -159,7 +156,7 @@ class Fingerprinter:
         except Unidentifiable:
             raise  # (an item without an identity is named as such)
         except Exception:  # noqa: BLE001 - one that cannot be read so is hashed whole
-            return None
+            pass
         return None
 
     def _opaque(self, value: Any, where: str) -> Any:
@@ -168,7 +165,7 @@ class Fingerprinter:
         import dill
 
         try:
-            return ("dill", self._type_name(type(value)), _sha(dill.dumps(value, recurse=True)))
+            return ("dill", self._type_name(type(value)), sha(dill.dumps(value, recurse=True)))
         except Exception:  # noqa: BLE001 - it cannot travel either: dill says why when the stage is shipped
             return ("unpicklable", self._type_name(type(value)))
 
@@ -237,7 +234,7 @@ class Fingerprinter:
         self.files.update(p for c in _string_constants(code) if (p := self._paths.named(c)) is not None)
         parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
-        return _sha(repr(parts).encode())
+        return sha(repr(parts).encode())
 
 
 def _imported_names(code: types.CodeType) -> set[str]:
@@ -354,11 +351,11 @@ def _array_token(value: Any) -> Any:
     if top == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
         if value.dtype.hasobject:
             return None
-        return ("ndarray", str(value.dtype), list(getattr(value, "shape", ())), _sha(value.tobytes()))
+        return ("ndarray", str(value.dtype), list(getattr(value, "shape", ())), sha(value.tobytes()))
     if top == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
         import torch
 
         flat = value.detach().cpu().contiguous().reshape(-1)
         raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        return ("tensor", str(value.dtype), list(value.shape), _sha(raw))
+        return ("tensor", str(value.dtype), list(value.shape), sha(raw))
     return None

@@ -11,11 +11,10 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from ..identity.digests import RACY_S, sha
+from ..identity.digests import recently_written, sha
 from ..identity.usercode import find_spec, is_user_extension, is_user_file
 
 
@@ -47,12 +46,11 @@ class ImportWatch:
 
 
 def _stat(path: str) -> tuple[int, int, str | None] | None:
-    """(size, mtime, and the content's digest if it was written within RACY_S: a rewrite within the same
+    """(size, mtime, and the content's digest if it was written within digests.RACY_S: a rewrite within the same
     whole-second mtime of Lustre or NFS keeps the size and mtime)."""
     try:
         st = os.stat(path)
-        racy = time.time() - st.st_mtime <= RACY_S
-        return st.st_size, st.st_mtime_ns, sha(Path(path).read_bytes()) if racy else None
+        return st.st_size, st.st_mtime_ns, sha(Path(path).read_bytes()) if recently_written(st) else None
     except OSError:
         return None
 
