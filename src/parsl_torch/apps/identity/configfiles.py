@@ -7,8 +7,9 @@ as well. So each input that is a YAML, JSON or TOML file (by its suffix, at most
 parsed, and every string in it that names an existing file (``scriptargs.PathNames``: relative to
 the working directory, or else to the config's own folder) is an input too; a config named there
 is followed in turn, to FOLLOW levels. A folder named in a config is a place, not an input (as one
-a module names); a config naming more than MAX_FILES files is a manifest, which stands for them. A file that does not parse adds nothing: its own content is compared anyway.
-Nothing is cached: a config's strings may be secrets, and nothing of it is written anywhere.
+a module names); a config naming more than MAX_FILES files is a manifest, which stands for them. A
+file that does not parse adds nothing: its own content is compared anyway. Nothing is cached: a
+config's strings may be secrets, and nothing of it is written anywhere.
 """
 
 from __future__ import annotations
