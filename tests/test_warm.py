@@ -207,6 +207,8 @@ def leaks(step: int):
     seen = {"pid": os.getpid(), "grad": torch.is_grad_enabled(),
             "deterministic": torch.are_deterministic_algorithms_enabled(), "umask": umask,
             "timeout": socket.getdefaulttimeout(), "tf32": torch.backends.cuda.matmul.allow_tf32,
+            "matmul": torch.get_float32_matmul_precision(),  # (raised after a call that mixed torch's two APIs)
+            "fp32": [torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision],
             "warns_raise": any(f[0] == "error" for f in warnings.filters)}
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True)
@@ -214,6 +216,8 @@ def leaks(step: int):
     os.umask(0o077)
     socket.setdefaulttimeout(3.0)
     torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("medium")  # what training scripts do, then torch >= 2.9's API
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
     if step == 1:  # a thread nothing can stop: this group must not take another call
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
     return seen
@@ -232,7 +236,7 @@ def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group
         with pytest.raises(pt.StageError, match="rank 0's return value .* cannot be pickled"):
             unpicklable().result(timeout=300)
     clean = {"grad": True, "deterministic": False, "umask": seen[0]["umask"], "timeout": None, "tf32": False,
-             "warns_raise": False}
+             "matmul": "highest", "fp32": ["none", "tf32"], "warns_raise": False}
     for s in seen:
         assert {k: s[k] for k in clean} == clean, s
     assert seen[0]["pid"] == seen[1]["pid"] != seen[2]["pid"]  # the thread left by call 1 ended its group

@@ -114,6 +114,10 @@ class _Baseline:
 
 #: torch.backends flags a call may change: (module path, attribute)
 _FLAGS = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"), ("cudnn", "benchmark"), ("cudnn", "deterministic"))
+#: the modules that hold an ``fp32_precision`` (torch >= 2.9): the same choices as ``set_float32_matmul_precision``
+#: and the ``allow_tf32`` flags, held apart; mixing them leaves a process whose reads of either raise
+_PRECISIONS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv",
+               "mkldnn.rnn")
 
 
 class _Meeting:
@@ -199,18 +203,34 @@ def _flag_owner(where: str) -> Any:
     import torch
 
     module = torch.backends
-    for part in where.split("."):
+    for part in filter(None, where.split(".")):
         module = getattr(module, part)
     return module
 
 
-def _backend_flags() -> dict[tuple[str, str], bool]:
-    return {(where, name): getattr(_flag_owner(where), name) for where, name in _FLAGS}
+def _backend_flags() -> dict[tuple[str, str], Any]:
+    """The flags as a cold process has them: the matmul precision and the legacy switches, then each
+    ``fp32_precision`` (a call that sets one with the other API leaves the legacy reads raising)."""
+    import torch
+
+    flags: dict[tuple[str, str], Any] = {("", "float32_matmul_precision"): torch.get_float32_matmul_precision()}
+    flags.update(((where, name), getattr(_flag_owner(where), name)) for where, name in _FLAGS)
+    for where in _PRECISIONS:
+        with contextlib.suppress(AttributeError):  # (torch < 2.9, or a build without that backend)
+            flags[(where, "fp32_precision")] = _flag_owner(where).fp32_precision
+    return flags
 
 
-def _set_backend_flags(flags: dict[tuple[str, str], bool]) -> None:
+def _set_backend_flags(flags: dict[tuple[str, str], Any]) -> None:
+    """Set in the order they were read: the legacy switches first, then the new API's settings, the one
+    order that gives back the cold state exactly (reads of both work again)."""
+    import torch
+
     for (where, name), value in flags.items():
-        setattr(_flag_owner(where), name, value)
+        if name == "float32_matmul_precision":
+            torch.set_float32_matmul_precision(value)
+        else:
+            setattr(_flag_owner(where), name, value)
 
 
 def _process_groups() -> set:
