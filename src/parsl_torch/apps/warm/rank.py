@@ -6,10 +6,9 @@ Rank 0 waits for the next job file in the group's directory and broadcasts it; e
 the call exactly as ``stage_main`` would (the same payload, environment and result files, in
 the stage's directory, its output in the stage's stdout/stderr), then the ranks meet (through the
 group's store, see ``_Meeting``) and rank 0 writes the job's done file. Between calls each rank is
-put back as it started: working directory, environment, ``sys.path``, root logging, warnings
-filters, umask, the default socket timeout, RNG seeds, default dtype and device, grad mode,
-deterministic algorithms and the backends' TF32/cuDNN flags, the process groups the call made,
-the accelerator's cached memory.
+put back as it started (``baseline``: working directory, environment, torch's settings and flags,
+signal handlers, RNG seeds, ...), the process groups the call made are destroyed and the accelerator's
+cached memory is freed.
 Module state the call changed is its own; a user module whose file changed since the group imported
 it (``imports``) ends the group before the next call, which fresh ranks take. A call that leaves a
 thread running (it cannot be undone) is answered, then its group stops: the next call gets fresh
@@ -22,22 +21,18 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import logging
 import os
-import random
-import socket
 import sys
 import threading
 import time
 import traceback
-import warnings
 from pathlib import Path
-from typing import Any
 
 from ...common import settings, stagedir
 from ...common.files import write_atomic
 from ...common.raised import write_raised
 from ..stage_main import write_result
+from .baseline import Baseline
 from .imports import ImportWatch
 
 #: how often rank 0 looks for the next job
@@ -57,67 +52,6 @@ MEET_POLL_S = 0.05
 
 def job_path(group_dir: str | os.PathLike, n: int, kind: str = "json") -> Path:
     return Path(group_dir, JOBS, f"{n}.{kind}")
-
-
-class _Baseline:
-    """What a rank looked like when the group started: each call's changes are undone against it."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self.cwd, self.environ, self.path = os.getcwd(), dict(os.environ), list(sys.path)
-        root = logging.getLogger()
-        self.handlers, self.level = list(root.handlers), root.level
-        self.warnings = list(warnings.filters)
-        self.umask = os.umask(0o022)
-        os.umask(self.umask)
-        self.socket_timeout = socket.getdefaulttimeout()
-        self.dtype = torch.get_default_dtype()
-        self.grad = torch.is_grad_enabled()
-        self.deterministic = (torch.are_deterministic_algorithms_enabled(),
-                              torch.is_deterministic_algorithms_warn_only_enabled())
-        self.flags = _backend_flags()
-        self.threads = set(threading.enumerate())
-
-    def restore(self) -> None:
-        import numpy as np
-        import torch
-
-        os.chdir(self.cwd)
-        os.environ.clear()
-        os.environ.update(self.environ)
-        sys.path[:] = self.path
-        root = logging.getLogger()
-        root.handlers[:] = self.handlers
-        root.setLevel(self.level)
-        warnings.filters[:] = self.warnings
-        os.umask(self.umask)
-        socket.setdefaulttimeout(self.socket_timeout)
-        torch.set_grad_enabled(self.grad)
-        torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
-        _set_backend_flags(self.flags)
-        torch.seed()  # fresh entropy, as a new process's torch, random and numpy have
-        random.seed()
-        np.random.seed()
-        torch.set_default_dtype(self.dtype)
-        torch.set_default_device(None)
-        for kind in ("cuda", "xpu"):
-            backend = getattr(torch, kind, None)
-            if backend is not None and backend.is_available():
-                backend.empty_cache()
-
-
-    def threads_left(self) -> list[str]:
-        """Threads the calls started that still run (nothing can stop them from outside)."""
-        return [t.name for t in threading.enumerate() if t not in self.threads and t.is_alive()]
-
-
-#: torch.backends flags a call may change: (module path, attribute)
-_FLAGS = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"), ("cudnn", "benchmark"), ("cudnn", "deterministic"))
-#: the modules that hold an ``fp32_precision`` (torch >= 2.9): the same choices as ``set_float32_matmul_precision``
-#: and the ``allow_tf32`` flags, held apart; mixing them leaves a process whose reads of either raise
-_PRECISIONS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv",
-               "mkldnn.rnn")
 
 
 class _Meeting:
@@ -198,41 +132,6 @@ class _Meeting:
             pause = min(2 * pause, MEET_POLL_S)
 
 
-def _flag_owner(where: str) -> Any:
-    """The torch.backends module that holds a flag (``"cuda.matmul"``: torch.backends.cuda.matmul)."""
-    import torch
-
-    module = torch.backends
-    for part in filter(None, where.split(".")):
-        module = getattr(module, part)
-    return module
-
-
-def _backend_flags() -> dict[tuple[str, str], Any]:
-    """The flags as a cold process has them: the matmul precision and the legacy switches, then each
-    ``fp32_precision`` (a call that sets one with the other API leaves the legacy reads raising)."""
-    import torch
-
-    flags: dict[tuple[str, str], Any] = {("", "float32_matmul_precision"): torch.get_float32_matmul_precision()}
-    flags.update(((where, name), getattr(_flag_owner(where), name)) for where, name in _FLAGS)
-    for where in _PRECISIONS:
-        with contextlib.suppress(AttributeError):  # (torch < 2.9, or a build without that backend)
-            flags[(where, "fp32_precision")] = _flag_owner(where).fp32_precision
-    return flags
-
-
-def _set_backend_flags(flags: dict[tuple[str, str], Any]) -> None:
-    """Set in the order they were read: the legacy switches first, then the new API's settings, the one
-    order that gives back the cold state exactly (reads of both work again)."""
-    import torch
-
-    for (where, name), value in flags.items():
-        if name == "float32_matmul_precision":
-            torch.set_float32_matmul_precision(value)
-        else:
-            setattr(_flag_owner(where), name, value)
-
-
 def _process_groups() -> set:
     """The process groups alive now (torch keeps them in its world's map)."""
     from torch.distributed import distributed_c10d
@@ -279,7 +178,7 @@ def _output_to(stdout: str, stderr: str):
             os.close(old)
 
 
-def _run(job: stagedir.WarmJob, baseline: _Baseline, rank: int) -> bool:
+def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
     """One call, as ``stage_main`` runs it; a failure ends this rank (exit 1, or 124 past its walltime)."""
     import dill
 
@@ -349,7 +248,7 @@ def serve(group_dir: str) -> str:
 
     rank = dist.get_rank()
     meeting = _Meeting(rank, dist.get_world_size())  # (its thread is part of the baseline)
-    baseline = _Baseline()
+    baseline = Baseline()
     _keep_the_default_group()
     imports = ImportWatch()
     n = 0
