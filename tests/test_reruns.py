@@ -33,9 +33,9 @@ with pt.workflow(site="local", run_dir=sys.argv[3]):
 """
 
 
-def run(script: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run(script: Path, *args: str, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                         env=clean_env(), cwd=script.parent)
+                         env=clean_env(**env), cwd=script.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -58,6 +58,9 @@ def test_a_changed_global_a_new_argument_and_a_b_a_never_return_a_stale_result(t
     back = run(script, "5", "3", runs)  # A again: B's files are in the stage directory
     assert result(back) == "15"
     assert "the files in scale/ are from another call of it (arguments changed)" in back.stderr
+    # the same call on a node with accelerators (two, faked: this one has none): a CPU result is not a GPU one
+    gpus = run(script, "5", "3", runs, CUDA_VISIBLE_DEVICES="0,1")
+    assert result(gpus) == "15" and "[scale] runs again: it now runs on nodes with accelerators" in gpus.stderr
 
 
 SCRIPT_STAGE = """

@@ -309,6 +309,13 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
     setup = parts(site_setup="module load frameworks/2025.0")
     assert setup["site setup"] != parts(site_setup="module load frameworks/2025.2")["site setup"]
     assert {k: v for k, v in setup.items() if k != "site setup"} == parts()
+    # nodes with accelerators: a component of its own, absent on CPUs (their runs' identities stay as they were)
+    on_gpus = parts(accelerated=True)
+    assert on_gpus["accelerators"] == "yes" and {k: v for k, v in on_gpus.items() if k != "accelerators"} == parts()
+    from parsl_torch.common.stagedir import CallRecord
+
+    assert identity.why_rerun("s", "s", CallRecord("k", parts(), {}), on_gpus, False) == \
+        "it now runs on nodes with accelerators"
 
 
 def test_a_file_named_by_an_environment_variable_the_code_reads_is_an_input(tmp_path, monkeypatch):

@@ -110,6 +110,7 @@ class DistributedApp:
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
                             **self._code(stage), script=script, module=module,
                             site_setup=placement.site.spec.provider.worker_init,
+                            accelerated=placement.site.accelerated,
                             import_path=rank_import_path(),
                             preflight=placement.site.spec.mpi.preflight)
         resources = {"num_nodes": nodes, "ranks_per_node": ppn, "num_ranks": nodes * ppn}

@@ -85,6 +85,8 @@ class StageOptions:
     env_reads: tuple[str, ...] = ()  # the variables its function reads by a literal name (apps.identity.fingerprint)
     packages: tuple[str, ...] = ()  # installed top-level modules its function reaches (apps.identity.packages)
     site_setup: str = ""  # the site's provider.worker_init (module loads: the software the ranks get)
+    #: its nodes have accelerators: a result computed on CPUs is not what a GPU node would compute (compared)
+    accelerated: bool = False
     import_path: tuple[str, ...] = ()  # the ranks' PYTHONPATH: what the workflow imports from (not compared)
     preflight: float = 0.0  # seconds each node has to answer before a multi-node launch (not compared)
 

@@ -157,6 +157,11 @@ class Site:
         launch = self.spec.launch
         return launch.ranks_per_node or len(node_accelerators(self.spec)[0]) or launch.cpu_ranks_per_node
 
+    @property
+    def accelerated(self) -> bool:
+        """Its nodes have accelerators (as ``ranks_per_node`` counts them)."""
+        return bool(node_accelerators(self.spec)[0])
+
     def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
         """Flags after ``$PARSL_MPI_PREFIX``: ``launch.extra_args``, else the machine's binding."""
         extra = self.spec.launch.extra_args

@@ -141,6 +141,8 @@ def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cach
     given = {**{path: None for path in opts.files}, **{i.filepath: None for i in inputs if hasattr(i, "filepath")},
              **arguments.files}
     setup = {"site setup": sha(opts.site_setup.encode())} if opts.site_setup else {}
+    if opts.accelerated:  # (absent on CPUs: the identities of CPU runs made before it stay as they were)
+        setup["accelerators"] = "yes"
     return {"options": sha(options.encode()), **setup, "arguments": arguments.digest,
             **_inputs(given, opts.stage_dir, cache)}
 
@@ -240,6 +242,9 @@ def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now
         changed.append("stage options changed")
     if old.get("site setup") != now.get("site setup"):
         changed.append("the site's provider.worker_init changed")
+    if old.get("accelerators") != now.get("accelerators"):
+        changed.append("it now runs on nodes with accelerators" if now.get("accelerators") else
+                       "it now runs on nodes without accelerators")
     for key in sorted(set(old) | set(now)):
         if key.startswith("env ") and old.get(key) != now.get(key):
             changed.append(f"environment variable {key[4:]} changed" if key in old and key in now else
