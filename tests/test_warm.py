@@ -195,8 +195,10 @@ def test_a_workflow_killed_with_warm_ranks_up_leaves_no_process(tmp_path):
 @pt.distributed_app(ranks_per_node=2)
 def leaks(step: int):
     """What the call sees of the state a cold process starts with; then it changes all of it."""
+    import io
     import signal
     import socket
+    import sys
     import threading
     import warnings
 
@@ -213,7 +215,8 @@ def leaks(step: int):
             "fp32": [torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision],
             "threads": torch.get_num_threads(), "anomaly": torch.is_anomaly_enabled(),
             "flash": torch.backends.cuda.flash_sdp_enabled(), "numpy": np.geterr()["divide"],
-            "sigterm": repr(signal.getsignal(signal.SIGTERM)),
+            "sigterm": repr(signal.getsignal(signal.SIGTERM)), "stdout": type(sys.stdout).__name__,
+            "recursion": sys.getrecursionlimit(),
             "warns_raise": any(f[0] == "error" for f in warnings.filters)}
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True)
@@ -228,6 +231,8 @@ def leaks(step: int):
     torch.backends.cuda.enable_flash_sdp(False)
     np.seterr(all="raise")
     signal.signal(signal.SIGTERM, lambda *_: None)  # a preemption handler of this call's
+    sys.stdout = io.StringIO()  # (the next call's prints would go here)
+    sys.setrecursionlimit(seen["recursion"] + 100)
     if step == 1:  # a thread nothing can stop: this group must not take another call
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
     return seen
@@ -247,7 +252,8 @@ def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group
             unpicklable().result(timeout=300)
     clean = {"grad": True, "deterministic": False, "umask": seen[0]["umask"], "timeout": None, "tf32": False,
              "matmul": "highest", "fp32": ["none", "tf32"], "threads": seen[0]["threads"], "anomaly": False,
-             "flash": True, "numpy": "warn", "sigterm": seen[0]["sigterm"], "warns_raise": False}
+             "flash": True, "numpy": "warn", "sigterm": seen[0]["sigterm"], "stdout": seen[0]["stdout"],
+             "recursion": seen[0]["recursion"], "warns_raise": False}
     for s in seen:
         assert {k: s[k] for k in clean} == clean, s
     assert seen[0]["pid"] == seen[1]["pid"] != seen[2]["pid"]  # the thread left by call 1 ended its group

@@ -54,6 +54,10 @@ class Baseline:
         self.switches = {name: get() for name, (get, _) in _switches().items()}
         self.numpy_errors = np.geterr()
         self.signals = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS if hasattr(signal, name)}
+        self.streams = (sys.stdin, sys.stdout, sys.stderr, sys.excepthook)
+        self.recursion = sys.getrecursionlimit()
+        self.devices = {kind: backend.current_device() for kind, backend in _accelerators()  # (setup_torch's)
+                        if backend.is_initialized()}
         self.threads = set(threading.enumerate())
 
     def restore(self) -> None:
@@ -64,6 +68,8 @@ class Baseline:
         os.environ.clear()
         os.environ.update(self.environ)
         sys.path[:] = self.path
+        sys.stdin, sys.stdout, sys.stderr, sys.excepthook = self.streams  # (a call's own file for prints)
+        sys.setrecursionlimit(self.recursion)
         root = logging.getLogger()
         root.handlers[:] = self.handlers
         root.setLevel(self.level)
@@ -86,14 +92,22 @@ class Baseline:
         np.random.seed()
         torch.set_default_dtype(self.dtype)
         torch.set_default_device(None)
-        for kind in ("cuda", "xpu"):
-            backend = getattr(torch, kind, None)
-            if backend is not None and backend.is_available():
-                backend.empty_cache()
+        for kind, backend in _accelerators():
+            if kind in self.devices:
+                backend.set_device(self.devices[kind])
+            backend.empty_cache()
 
     def threads_left(self) -> list[str]:
         """Threads the calls started that still run (nothing can stop them from outside)."""
         return [t.name for t in threading.enumerate() if t not in self.threads and t.is_alive()]
+
+
+def _accelerators() -> list[tuple[str, Any]]:
+    """torch's modules of the accelerators this process has: ("cuda", torch.cuda), ("xpu", torch.xpu)."""
+    import torch
+
+    return [(kind, backend) for kind in ("cuda", "xpu")
+            if (backend := getattr(torch, kind, None)) is not None and backend.is_available()]
 
 
 def _switches() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
