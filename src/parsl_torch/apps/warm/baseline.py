@@ -57,7 +57,7 @@ class Baseline:
         self.streams = (sys.stdin, sys.stdout, sys.stderr, sys.excepthook)
         self.recursion = sys.getrecursionlimit()
         self.devices = {kind: backend.current_device() for kind, backend in _accelerators()  # (setup_torch's)
-                        if backend.is_initialized()}
+                        if getattr(backend, "is_initialized", lambda: False)()}
         self.threads = set(threading.enumerate())
 
     def restore(self) -> None:
