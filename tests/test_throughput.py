@@ -36,6 +36,17 @@ def test_mfu_is_achieved_flops_over_the_peak_and_the_peak_comes_from_the_table_o
         peak_flops(torch.device("cpu"))
 
 
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.5),
+    ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0), ("NVIDIA A100-SXM4-40GB", 312.0),
+    ("AMD Instinct MI250X", 191.5), ("Intel(R) Data Center GPU Max 1550", 419.5), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_the_peak_is_the_parts_own_as_torch_names_it(monkeypatch, name, tflops):
+    monkeypatch.delenv("PARSL_TORCH_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0)) == (tflops * 1e12 if tflops else None)
+
+
 @pytest.mark.slow
 def test_the_train_stage_records_throughput_and_mfu_and_compiles_when_asked(tmp_path, monkeypatch):
     from parsl_torch.apps.status import read, plain

@@ -15,11 +15,11 @@ from typing import Any
 from ..common import settings
 
 #: dense bf16 TFLOP/s of one device as torch names it (a substring of its name), from the vendors' data
-#: sheets: NVIDIA H100 SXM and H200 (989), H100 PCIe (756), A100 (312); AMD MI250X (383 per GPU, 191.5
+#: sheets: NVIDIA H100 SXM and H200 (989), H100 PCIe (756), H100 NVL (835.5), A100 (312); AMD MI250X (383 per GPU, 191.5
 #: per GCD, the device torch sees), MI300X (1307); Intel Data Center GPU Max 1550 (839 per GPU, two
 #: tiles: 419.5 per tile, the device torch sees in FLAT mode on Aurora)
 PEAK_BF16_TFLOPS = (
-    ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("A100", 312.0),
+    ("H100 PCIe", 756.0), ("H100 NVL", 835.5), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("A100", 312.0),
     ("MI250X", 191.5), ("MI300X", 1307.4), ("Max 1550", 419.5),
 )
 
