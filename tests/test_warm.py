@@ -196,6 +196,7 @@ def test_a_workflow_killed_with_warm_ranks_up_leaves_no_process(tmp_path):
 def leaks(step: int):
     """What the call sees of the state a cold process starts with; then it changes all of it."""
     import io
+    import logging
     import signal
     import socket
     import sys
@@ -232,6 +233,9 @@ def leaks(step: int):
     np.seterr(all="raise")
     signal.signal(signal.SIGTERM, lambda *_: None)  # a preemption handler of this call's
     sys.stdout = io.StringIO()  # (the next call's prints would go here)
+    log = logging.getLogger("leaks")  # a log file in the stage's directory: the next call's lines are not its
+    log.addHandler(logging.FileHandler("leaks.log"))
+    log.warning("call %d", step)
     sys.setrecursionlimit(seen["recursion"] + 100)
     if step == 1:  # a thread nothing can stop: this group must not take another call
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
@@ -257,6 +261,7 @@ def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group
     for s in seen:
         assert {k: s[k] for k in clean} == clean, s
     assert seen[0]["pid"] == seen[1]["pid"] != seen[2]["pid"]  # the thread left by call 1 ended its group
+    assert [(wf.run_dir / f"l{i}" / "leaks.log").read_text() for i in range(3)] == [f"call {i}\n" * 2 for i in range(3)]
     with pt.workflow(site="local", run_dir="cold") as cold:  # and cold alike
         with pytest.raises(pt.StageError, match="rank 0's return value .* cannot be pickled"):
             unpicklable().result(timeout=300)

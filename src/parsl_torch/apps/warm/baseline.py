@@ -60,7 +60,8 @@ class Baseline:
                         if getattr(backend, "is_initialized", lambda: False)()}
         self.threads = set(threading.enumerate())
 
-    def restore(self) -> None:
+    def restore(self, stage_dir: str) -> None:
+        """Put the process back after a call that ran in ``stage_dir``."""
         import numpy as np
         import torch
 
@@ -70,6 +71,7 @@ class Baseline:
         sys.path[:] = self.path
         sys.stdin, sys.stdout, sys.stderr, sys.excepthook = self.streams  # (a call's own file for prints)
         sys.setrecursionlimit(self.recursion)
+        self._close_log_files(stage_dir)
         root = logging.getLogger()
         root.handlers[:] = self.handlers
         root.setLevel(self.level)
@@ -96,6 +98,22 @@ class Baseline:
             if kind in self.devices:
                 backend.set_device(self.devices[kind])
             backend.empty_cache()
+
+    def _close_log_files(self, stage_dir: str) -> None:
+        """The log files the call opened in its stage's directory (a ``FileHandler("train.log")``) are
+        closed and taken off their loggers, as the call's process would have at its exit: a later call's
+        lines never reach an earlier stage's files. Root's handlers are all the call's: closed."""
+        inside = os.path.join(os.path.realpath(stage_dir), "")
+        root = logging.getLogger()
+        loggers = [root, *(g for g in logging.Logger.manager.loggerDict.values() if isinstance(g, logging.Logger))]
+        for logger in loggers:
+            for handler in list(logger.handlers):
+                if handler in self.handlers or not (logger is root or isinstance(handler, logging.FileHandler) and
+                                                    os.path.realpath(handler.baseFilename).startswith(inside)):
+                    continue
+                logger.removeHandler(handler)
+                with contextlib.suppress(Exception):
+                    handler.close()
 
     def threads_left(self) -> list[str]:
         """Threads the calls started that still run (nothing can stop them from outside)."""

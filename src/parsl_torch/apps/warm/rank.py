@@ -212,7 +212,7 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
         with contextlib.suppress(Exception):
             dist.destroy_process_group(group)
     del value
-    baseline.restore()
+    baseline.restore(job.stage_dir)
     gc.collect()
     left = baseline.threads_left()
     if left:
