@@ -4,6 +4,7 @@ only with that, and the user modules a stage reaches are found through its impor
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -347,8 +348,57 @@ def test_environment_reads_and_literal_imports_are_found_in_functions_and_module
     source = (b"import os, importlib\nfrom os import environ, getenv\nX = os.environ['A'] + environ.get('B')\n"
               b"def f():\n    return getenv('C'), 'D' in os.environ, importlib.import_module('pkg.mod'), "
               b"os.environ.get(name)\n")
-    _, imports, env, _ = usercode.parse_module(source, "m.py")
-    assert env == ["A", "B", "C", "D"] and [0, "pkg.mod", []] in imports
+    parsed = usercode.parse_module(source, "m.py")
+    assert parsed.env == ["A", "B", "C", "D"] and [0, "pkg.mod", []] in parsed.imports
+
+
+def test_the_folders_a_module_adds_to_sys_path_are_read_without_running_it():
+    from parsl_torch.apps.identity import syspath
+
+    source = """
+import os, site, sys
+from pathlib import Path
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(os.path.join(HERE, "lib"))
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.extend([os.path.join(HERE, "a"), "rel/b"])
+sys.path += [HERE + "/c"]
+sys.path[:0] = [Path(__file__).parent / "d", f"{HERE}/g"]
+site.addsitedir(os.path.join(os.path.dirname(__file__), "e"))
+def f(x, name):
+    sys.path.append(x)  # computed at run time: not seen
+    sys.path.insert(0, os.path.join(os.getcwd(), name))
+    sys.path.append(f"{HERE:>9}")
+    sys.path.append(os.path.join(HERE, "lib2", x))
+"""
+    folders = syspath.additions(ast.parse(source), "/proj/scripts/train.py")
+    assert folders == sorted(["/proj/scripts/lib", "/proj/src", "/proj/scripts/a", "rel/b", "/proj/scripts/c",
+                              "/proj/scripts/d", "/proj/scripts/g", "/proj/scripts/e"])
+    # a name assigned again with a value computed at run time no longer names the first folder
+    assert syspath.additions(ast.parse("import sys\nX = '/a'\nX = f()\nsys.path.append(X)\n"), "/m.py") == []
+
+
+def test_a_script_reaches_the_modules_of_the_folders_it_adds_to_sys_path(tmp_path):
+    """``sys.path.append(os.path.join(HERE, "lib"))`` then ``import mymod``: an edit of lib/mymod.py reruns
+    the script's stage (mymod was taken for an installed package without a distribution, and skipped)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "lib" / "mymod.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "pkg" / "core.py").write_text("import helper\nK = 1\n")
+    (tmp_path / "src" / "helper.py").write_text("H = 1\n")  # found on the added folder, from another module
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\nHERE = os.path.dirname(os.path.abspath(__file__))\n"
+                      "sys.path.append(os.path.join(HERE, 'lib'))\n"
+                      "import mymod\nimport setup_paths\nfrom pkg import core\nprint(mymod.f(), core.K)\n")
+    (tmp_path / "setup_paths.py").write_text("import sys\nfrom pathlib import Path\n"
+                                             "sys.path.insert(0, str(Path(__file__).parent / 'src'))\n")
+    reached = usercode.user_modules([(str(script), "__main__")], [], identity.DigestCache(None))
+    names = {usercode.display_name(p).replace(str(tmp_path) + "/", "") for p in reached.digests}
+    assert names == {"train.py", "setup_paths.py", "lib/mymod.py", "src/pkg/__init__.py", "src/pkg/core.py",
+                     "src/helper.py"}
+    assert "mymod" not in reached.packages and "pkg" not in reached.packages
 
 
 def test_env_components_take_the_stages_env_over_the_shell_and_leave_launch_variables_out():

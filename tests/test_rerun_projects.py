@@ -4,9 +4,9 @@ in arguments (as Paths and as strings), in a global, in a built-in stage's confi
 YAML file a script is given, an
 environment variable and a module imported by name, a data file a module's global names,
 objects of the project's own classes as arguments, outputs changed and deleted, return values
-deleted. Each row edits the project and runs ``python wf.py`` again in a new process; exactly
-the stages that can see the edit run again, the log names the file, and every other stage is
-skipped with its old result."""
+deleted, a module in a folder a script adds to ``sys.path``. Each row edits the project and runs
+``python wf.py`` again in a new process; exactly the stages that can see the edit run again, the log
+names the file, and every other stage is skipped with its old result."""
 
 from __future__ import annotations
 
@@ -127,10 +127,13 @@ FILES = {
     "data/app.txt": "app-v1\n",
     "app/util.py": "def factor(x):\n    return x * 10\n",
     "reader.py": textwrap.dedent("""
-        import sys
+        import os, sys
+        sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # research code's way
+        import readlib
         data = sys.argv[sys.argv.index("--data") + 1]
-        open("out.txt", "w").write(open(data).read().strip() + ":" + sys.argv[-1])
+        open("out.txt", "w").write(open(data).read().strip() + readlib.SEP + sys.argv[-1])
     """),
+    "lib/readlib.py": "SEP = ':'\n",
     "mypkg/__init__.py": "",
     "mypkg/__main__.py": "from .core import name\nopen('out.txt', 'w').write(name())\n",
     "mypkg/core.py": "def name():\n    return 'pkg-v1'\n",
@@ -207,6 +210,8 @@ EDITS = [
      "the return value (result.pkl) of its finished run is missing", None),
     ("a data file that a config file in a script's args names", lambda p, env: (p / "data/app.txt").write_text(
         "app-v2\n"), "app", "input {p}/data/app.txt changed", ("app", "500:app-v2")),
+    ("a module in a folder the script adds to sys.path", lambda p, env: edit(p, "lib/readlib.py", ":", "|"),
+     "reader", "lib/readlib.py changed", ("reader", "tokens-v2|m2")),
 ]
 
 

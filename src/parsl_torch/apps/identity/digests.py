@@ -107,20 +107,23 @@ class DigestCache:
                     found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
         return found
 
-    def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
-        """(digest of the module's syntax tree, its imports, the variables it reads, its literals that may
-        name a file: ``_may_name_a_file``): ``usercode.parse_module``, cached."""
+    def module(self, path: str) -> usercode.ParsedModule:
+        """``usercode.parse_module``, cached; of its literals only those that may name a file
+        (``_may_name_a_file``)."""
         st = os.stat(path)
         key = _stat_key(st)
         entry = self._entry("py:" + path, key)
-        if entry is not None and "named" in entry:  # (an older entry's "paths" left out the module's folder)
-            return entry["ast"], entry["imports"], entry["env"], entry["named"]
-        digest, imports, env, literals = usercode.parse_module(Path(path).read_bytes(), path)
+        if entry is not None and "import_dirs" in entry:  # (an older entry lacks a field: read again)
+            return usercode.ParsedModule(entry["ast"], entry["imports"], entry["env"], entry["named"],
+                                         entry["import_dirs"])
+        parsed = usercode.parse_module(Path(path).read_bytes(), path)
         folder = os.path.dirname(path)
-        paths = [text for text in literals if _may_name_a_file(text) or _may_name_a_file(os.path.join(folder, text))]
+        paths = [text for text in parsed.literals
+                 if _may_name_a_file(text) or _may_name_a_file(os.path.join(folder, text))]
         if not recently_written(st):  # (as a file's digest)
-            self._remember("py:" + path, {"stat": key, "ast": digest, "imports": imports, "env": env, "named": paths})
-        return digest, imports, env, paths
+            self._remember("py:" + path, {"stat": key, "ast": parsed.digest, "imports": parsed.imports,
+                                          "env": parsed.env, "named": paths, "import_dirs": parsed.import_dirs})
+        return parsed._replace(literals=paths)
 
     def save(self) -> None:
         with self._lock:

@@ -5,8 +5,8 @@ built in place) outside this Python's installation (the
 standard library, site-packages) and outside parsl-torch itself: the
 workflow script's folder, ``PYTHONPATH`` folders, the sources of editable
 installs (``pip install -e``: a path entry, or an import hook that maps the package to its sources,
-``find_spec``). A stage can run the user modules its code
-imports, and those they import in turn: found by reading each file's
+``find_spec``), and the folders those modules add to ``sys.path`` (``syspath``). A stage can run
+the user modules its code imports, and those they import in turn: found by reading each file's
 ``import`` statements (all of them, also inside functions), resolved on the
 import path the ranks get (:func:`rank_import_path`); an import by a literal
 name (``importlib.import_module("helpers")``) too. A module imported by a name
@@ -37,7 +37,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.machinery import EXTENSION_SUFFIXES, PathFinder
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+from . import syspath
 
 #: the package itself is the runtime, not the user's code (its version and sources are in every
 #: stage's identity: ``identity.runtime_digest``)
@@ -48,11 +50,21 @@ ENVIRON, GETENV, ENV_METHODS = "environ", "getenv", ("get", "setdefault", "pop")
 MODULE_IMPORTERS = ("import_module", "__import__")
 
 
+class ParsedModule(NamedTuple):
+    """What reading a module tells (``parse_module``)."""
+
+    digest: str  # of its syntax tree
+    imports: list[list[Any]]  # [level, module or "", [names]]
+    env: list[str]  # the environment variables it reads by a literal name
+    literals: list[str]  # its string literals that may name a file
+    import_dirs: list[str]  # the folders it adds to sys.path (``syspath``)
+
+
 class ModuleCache(Protocol):
     """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``, whose
     ``module`` returns ``parse_module``'s answer."""
 
-    def module(self, path: str) -> tuple[str, list[list[Any]], list[str], list[str]]: ...
+    def module(self, path: str) -> ParsedModule: ...
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,13 +121,12 @@ def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]], list[str], list[str]]:
-    """(digest of the syntax tree, its imports as ``[level, module or "", [names]]``, the environment
-    variables it reads by a literal name, its string literals that may name a file)."""
+def parse_module(source: bytes, filename: str) -> ParsedModule:
+    """What the module in ``filename`` imports, reads and names, and the digest of its syntax tree."""
     try:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError):  # the ranks will say what is wrong; any byte change reruns it
-        return "bytes:" + hashlib.sha256(source).hexdigest(), [], [], []
+        return ParsedModule("bytes:" + hashlib.sha256(source).hexdigest(), [], [], [], [])
     imports: list[list[Any]] = []
     env: set[str] = set()
     for node in ast.walk(tree):
@@ -128,7 +139,8 @@ def parse_module(source: bytes, filename: str) -> tuple[str, list[list[Any]], li
             imports.append([level, name[level:], []])
         if (name := _env_read(node)) is not None:
             env.add(name)
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env), _path_literals(tree)
+    return ParsedModule(hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env),
+                        _path_literals(tree), syspath.additions(tree, filename))
 
 
 def _path_literals(tree: ast.AST) -> list[str]:
@@ -249,18 +261,32 @@ class Reached:
 
 def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache: ModuleCache) -> Reached:
     """Each user module the ``roots`` ((file, module name) pairs) can import, themselves included,
-    following imports transitively on ``search`` (the ranks' ``sys.path``)."""
-    reached = Reached()
+    following imports transitively on ``search`` (the ranks' ``sys.path``), and on the folders those
+    modules add to it (``sys.path.append(...)``: read again with them, until no module adds another)."""
+    roots = list(roots)
+    # a script's own folder comes first on its sys.path, for every module it imports
+    search = [*(os.path.dirname(f) for f, m in roots if m == "__main__"), *search]
+    while True:
+        reached, added = _walk(roots, search, cache)
+        more = [d for d in added if d not in search]
+        if not more:
+            return reached
+        search += more
+
+
+def _walk(roots: list[tuple[str, str]], search: list[str], cache: ModuleCache) -> tuple[Reached, list[str]]:
+    """``user_modules`` on one import path, and the user folders the modules it reached add to it."""
+    reached, added = Reached(), []
     todo = [(os.path.realpath(f), m, os.path.basename(f) == "__init__.py") for f, m in roots if os.path.isfile(f)]
     queued = {f for f, _, _ in todo}
-    # a script's own folder comes first on its sys.path, for every module it imports
-    search = [*(os.path.dirname(f) for f, m, _ in todo if m == "__main__"), *search]
     while todo:
         path, module, is_package = todo.pop()
-        reached.digests[path], imports, reads, literals = cache.module(path)
+        parsed = cache.module(path)
+        reached.digests[path], imports = parsed.digest, parsed.imports
         reached.names[path] = module
-        reached.env.update(reads)
-        reached.literals.update((os.path.dirname(path), text) for text in literals)
+        reached.env.update(parsed.env)
+        reached.literals.update((os.path.dirname(path), text) for text in parsed.literals)
+        added += _user_dirs(parsed.import_dirs, os.path.dirname(path))
         for name in _targets(imports, module, is_package):
             found = _find(name, search)
             if not found:  # the standard library, an installed package (or nothing: the ranks will say)
@@ -270,7 +296,19 @@ def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache:
                     queued.add(file)
                     todo.append((file, found_name, package))
     reached.digests = dict(sorted(reached.digests.items()))
-    return reached
+    return reached, added
+
+
+def _user_dirs(folders: list[str], module_dir: str) -> list[str]:
+    """The folders that exist and are the user's; a relative one as the working directory or the module's
+    folder makes it (where the code runs decides: either may be meant)."""
+    found = []
+    for folder in folders:
+        for candidate in [folder] if os.path.isabs(folder) else [os.path.abspath(folder),
+                                                                  os.path.join(module_dir, folder)]:
+            if os.path.isdir(candidate) and is_user_dir(candidate):
+                found.append(os.path.realpath(candidate))
+    return found
 
 
 def module_origin(name: str, search: Sequence[str]) -> list[tuple[str, str]]:
