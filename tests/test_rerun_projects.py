@@ -4,7 +4,8 @@ in arguments (as Paths and as strings), in a global, in a built-in stage's confi
 YAML file a script is given, an
 environment variable and a module imported by name, a data file a module's global names,
 objects of the project's own classes as arguments, outputs changed and deleted, return values
-deleted, a module in a folder a script adds to ``sys.path``. Each row edits the project and runs
+deleted, a module in a folder a script adds to ``sys.path`` or on a ``PYTHONPATH`` given with
+``env=``. Each row edits the project and runs
 ``python wf.py`` again in a new process; exactly the stages that can see the edit run again, the log
 names the file, and every other stage is skipped with its old result."""
 
@@ -90,7 +91,8 @@ with pt.workflow(site="local", run_dir=os.environ.get("RUN_DIR", "runs"), warm=o
         "inner": inner(3),
         "flavor": flavor(Path("data/note.txt"), np.arange(4.0), OrderedDict(z=1, a=2), {"x", "y"},
                          Opts(2, ("p",)), env={"FLAVOR": os.environ.get("FLAVOR", "plain")}),
-        "app": pt.script_app("app/main.py", args=["--config", "app/app.yaml"], ranks_per_node=1)(outputs=["out.txt"]),
+        "app": pt.script_app("app/main.py", args=["--config", "app/app.yaml"], ranks_per_node=1,
+                             env={"PYTHONPATH": str(Path("vendor").resolve())})(outputs=["out.txt"]),
         "reader": pt.script_app("reader.py", args=["--data", "data/tokens.txt", os.environ.get("MODE", "m1")],
                                 ranks_per_node=1)(outputs=["out.txt"]),
         "mypkg": pt.script_app("mypkg", module=True, ranks_per_node=1)(outputs=["out.txt"]),
@@ -118,11 +120,13 @@ FILES = {
         import os, sys
         import yaml
         from util import factor
+        from vendored import MARK  # on the PYTHONPATH the stage is given
         config = sys.argv[sys.argv.index("--config") + 1]
         data = yaml.safe_load(open(config))["data"]  # a path relative to the config's folder
         text = open(os.path.join(os.path.dirname(config), data)).read().strip()
-        open("out.txt", "w").write(f"{factor(5)}:{text}")
+        open("out.txt", "w").write(f"{factor(5)}:{text}{MARK}")
     """),
+    "vendor/vendored.py": "MARK = ''\n",
     "app/app.yaml": "name: demo\ndata: ../data/app.txt\n",
     "data/app.txt": "app-v1\n",
     "app/util.py": "def factor(x):\n    return x * 10\n",
@@ -212,6 +216,8 @@ EDITS = [
         "app-v2\n"), "app", "input {p}/data/app.txt changed", ("app", "500:app-v2")),
     ("a module in a folder the script adds to sys.path", lambda p, env: edit(p, "lib/readlib.py", ":", "|"),
      "reader", "lib/readlib.py changed", ("reader", "tokens-v2|m2")),
+    ("a module on the PYTHONPATH a stage is given with env=", lambda p, env: edit(p, "vendor/vendored.py", "''", "'!'"),
+     "app", "vendor/vendored.py changed", ("app", "500:app-v2!")),
 ]
 
 

@@ -99,6 +99,13 @@ class StageOptions:
         """``env`` as a mapping (kept as pairs: the record is frozen and compared)."""
         return dict(self.env)
 
+    @property
+    def rank_path(self) -> tuple[str, ...]:
+        """The ranks' ``PYTHONPATH``: the one the stage's ``env=`` (or its site's ``environment``) gives, then
+        the workflow's own folders (``import_path``)."""
+        given = [p for p in self.environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return (*given, *(p for p in self.import_path if p not in given))
+
 
 @dataclass(frozen=True)
 class StageFile:

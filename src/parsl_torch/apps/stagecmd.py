@@ -104,8 +104,8 @@ def _write_env(opts: StageOptions, call: str) -> None:
     """The stage's environment for the supervisor, in a private file, not on the command line,
     which Parsl echoes into stderr.txt (and so into errors): its values may be secrets."""
     env = {**opts.environment, settings.CALL_ID.name: call}
-    if opts.import_path:  # the ranks import what the workflow imports from its own folders
-        env["PYTHONPATH"] = os.pathsep.join(opts.import_path)
+    if opts.rank_path:  # the ranks import what the workflow imports from its own folders
+        env["PYTHONPATH"] = os.pathsep.join(opts.rank_path)
     with open_private(os.path.join(opts.stage_dir, ENV_FILE)) as f:
         f.write(json.dumps(env).encode())
 

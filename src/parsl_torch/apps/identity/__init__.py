@@ -96,6 +96,12 @@ def arguments_digest(command: Sequence[str], args: Sequence[Any], kwargs: Mappin
                      tuple(sorted(fp.roots)), tuple(sorted(fp.packages)))
 
 
+def search_path(opts: Any) -> list[str]:
+    """Where the ranks import from (``StageOptions.rank_path``), a relative folder of a ``PYTHONPATH`` given
+    with ``env=`` as the ranks see it: in the stage's directory, where they start."""
+    return [os.path.join(opts.stage_dir, p) for p in opts.rank_path]
+
+
 def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None = None) -> dict[str, str]:
     """``code`` and ``module <file>``: what the stage runs (read where its code is), and the lists
     resolved where it runs (``ENV_NAMES``, ``PACKAGES``, ``NAMED_FILES``); ``arguments``: their functions
@@ -103,10 +109,10 @@ def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None =
     parts = {"code": opts.code}
     roots = [*opts.code_roots, *(arguments.roots if arguments else ())]
     if opts.module:
-        roots += usercode.module_origin(opts.module, opts.import_path)
+        roots += usercode.module_origin(opts.module, search_path(opts))
     if opts.script:
         roots.append((opts.script, "__main__"))
-    reached = usercode.user_modules(roots, opts.import_path, cache)
+    reached = usercode.user_modules(roots, search_path(opts), cache)
     modules = reached.digests
     if opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
@@ -277,7 +283,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
     code_parts = dict(code_components(opts, cache, arguments) if code is None else code)
     packages = set(json.loads(code_parts.pop(PACKAGES, "[]")))
     if code is not None:  # (a remote stage's, read where the workflow runs: its arguments' modules are read here)
-        more = argument_modules(arguments, opts.import_path, cache)
+        more = argument_modules(arguments, search_path(opts), cache)
         packages.update(json.loads(more.pop(PACKAGES)))
         code_parts.update(more)
     env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
