@@ -292,6 +292,44 @@ def test_files_a_yaml_json_or_toml_input_names_are_inputs_too(tmp_path, monkeypa
         "data/a.bin", "conf/near.txt", "conf/inc.json", "data/b.bin", "conf/deeper.toml", "data/toml.bin"}
 
 
+def test_a_glob_pattern_that_matches_files_is_an_input_wherever_a_path_would_be(tmp_path, monkeypatch):
+    """``data/shard_*.bin`` in an argument, a script's arguments, a module's code, a config or a variable: its
+    matches, each by size and mtime (as a directory's files), so a shard added, removed or rewritten reruns
+    the stage; a pattern that matches nothing, a bare ``*.bin`` (its first part is no entry here) and a
+    file whose name holds a ``*`` are not patterns."""
+    from parsl_torch.apps.identity import configfiles
+    from parsl_torch.apps.scriptargs import caller_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "deep").mkdir(parents=True)
+    for name in ("shard_1.bin", "shard_2.bin", "deep/shard_3.bin"):
+        (tmp_path / "data" / name).write_text(name)
+    (tmp_path / "data" / "odd*.txt").write_text("a file with a star in its name")
+    fp = Fingerprinter(strict=True)
+    fp.token(["data/shard_*.bin", "data/**/*.bin", "data/none_*.bin", "*.bin", "data/odd*.txt"], "a")
+    pattern, deep = str(tmp_path / "data" / "shard_*.bin"), str(tmp_path / "data" / "**" / "*.bin")
+    assert fp.files == {pattern, deep, str(tmp_path / "data" / "odd*.txt")}
+    # the ranks start in the stage's directory: a script's pattern is made absolute, as a path is
+    assert caller_path("--data=data/shard_*.bin") == f"--data={pattern}" and caller_path("x_*.bin") == "x_*.bin"
+
+    cache = identity.DigestCache(None)
+    first, first_deep = cache.file_digest(pattern), cache.file_digest(deep)
+    assert first.startswith("glob:") and first != first_deep
+    (tmp_path / "data" / "shard_4.bin").write_text("new")
+    assert cache.file_digest(pattern) != first
+    (tmp_path / "data" / "shard_4.bin").unlink()
+    assert cache.file_digest(pattern) == first
+    (tmp_path / "data" / "deep" / "shard_3.bin").write_text("regenerated")
+    assert cache.file_digest(deep) != first_deep and cache.file_digest(pattern) == first
+
+    (tmp_path / "mod.py").write_text("import glob\ndef load():\n    return glob.glob('data/shard_*.bin')\n")
+    reached = usercode.user_modules([(str(tmp_path / "mod.py"), "mod")], [], cache)
+    assert named_files(reached) == {pattern}
+    (tmp_path / "exp.yaml").write_text("train: data/shard_*.bin\n")
+    assert configfiles.files_named_by_configs(["exp.yaml"]) == {pattern}
+    assert identity.env_files(["SHARDS"], {"SHARDS": "data/shard_*.bin"}, {}) == {pattern: None}
+
+
 def test_an_installed_package_joins_by_its_version_and_files(tmp_path, monkeypatch):
     """``package <name>``: a reinstall with other files or another version changes it, the same files do
     not; the standard library and torch (the runtime's) are no packages."""

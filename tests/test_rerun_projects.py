@@ -5,7 +5,7 @@ YAML file a script is given, an
 environment variable and a module imported by name, a data file a module's global names,
 objects of the project's own classes as arguments, outputs changed and deleted, return values
 deleted, a module in a folder a script adds to ``sys.path`` or on a ``PYTHONPATH`` given with
-``env=``. Each row edits the project and runs
+``env=``, a file added where a glob pattern looks. Each row edits the project and runs
 ``python wf.py`` again in a new process; exactly the stages that can see the edit run again, the log
 names the file, and every other stage is skipped with its old result."""
 
@@ -93,8 +93,8 @@ with pt.workflow(site="local", run_dir=os.environ.get("RUN_DIR", "runs"), warm=o
                          Opts(2, ("p",)), env={"FLAVOR": os.environ.get("FLAVOR", "plain")}),
         "app": pt.script_app("app/main.py", args=["--config", "app/app.yaml"], ranks_per_node=1,
                              env={"PYTHONPATH": str(Path("vendor").resolve())})(outputs=["out.txt"]),
-        "reader": pt.script_app("reader.py", args=["--data", "data/tokens.txt", os.environ.get("MODE", "m1")],
-                                ranks_per_node=1)(outputs=["out.txt"]),
+        "reader": pt.script_app("reader.py", args=["--data", "data/tokens.txt", "--shards", "data/shards/*.txt",
+                                                   os.environ.get("MODE", "m1")], ranks_per_node=1)(outputs=["out.txt"]),
         "mypkg": pt.script_app("mypkg", module=True, ranks_per_node=1)(outputs=["out.txt"]),
         "train": train({"steps": 2, "checkpoint_every": 1, "log_every": 1,
                         "model": {"kind": "mlp", "vocab_size": 16, "dim": 8, "seq_len": 8},
@@ -131,12 +131,15 @@ FILES = {
     "data/app.txt": "app-v1\n",
     "app/util.py": "def factor(x):\n    return x * 10\n",
     "reader.py": textwrap.dedent("""
-        import os, sys
+        import glob, os, sys
         sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # research code's way
         import readlib
         data = sys.argv[sys.argv.index("--data") + 1]
-        open("out.txt", "w").write(open(data).read().strip() + readlib.SEP + sys.argv[-1])
+        shards = glob.glob(sys.argv[sys.argv.index("--shards") + 1])  # a glob pattern: its files
+        more = "" if len(shards) == 1 else f"+{len(shards)}"
+        open("out.txt", "w").write(open(data).read().strip() + readlib.SEP + sys.argv[-1] + more)
     """),
+    "data/shards/a.txt": "a\n",
     "lib/readlib.py": "SEP = ':'\n",
     "mypkg/__init__.py": "",
     "mypkg/__main__.py": "from .core import name\nopen('out.txt', 'w').write(name())\n",
@@ -218,6 +221,8 @@ EDITS = [
      "reader", "lib/readlib.py changed", ("reader", "tokens-v2|m2")),
     ("a module on the PYTHONPATH a stage is given with env=", lambda p, env: edit(p, "vendor/vendored.py", "''", "'!'"),
      "app", "vendor/vendored.py changed", ("app", "500:app-v2!")),
+    ("a file added where a glob pattern in a script's args looks", lambda p, env: (p / "data/shards/b.txt").write_text(
+        "b\n"), "reader", "input {p}/data/shards/*.txt changed", ("reader", "tokens-v2|m2+2")),
 ]
 
 

@@ -1,11 +1,15 @@
 """Arguments that name files: a script stage's command line (its name; the arguments that name
 files, made absolute where the workflow runs and read as the stage's inputs), and any string of a
-call that names an existing file or directory (``PathNames``: an input of the call)."""
+call that names an existing file or directory, or a glob pattern that matches files
+(``data/shard_*.bin``: ``PathNames``, an input of the call)."""
 
 from __future__ import annotations
 
 import functools
+import glob
+import itertools
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -13,6 +17,34 @@ from typing import Any
 
 #: strings longer than this are not looked up as paths
 PATH_MAX = 4096
+#: a glob pattern's characters
+_MAGIC = re.compile(r"[*?[]")
+#: the most matches of one glob pattern looked at (they are listed at every call, as a directory's files)
+MAX_MATCHES = 100_000
+
+
+def is_pattern(path: str) -> bool:
+    """A glob pattern (``data/shard_*.bin``, ``data/**/*.npy``), not a file whose name holds ``*``, ``?``
+    or ``[``."""
+    return bool(_MAGIC.search(path)) and not os.path.lexists(path)
+
+
+def pattern_root(pattern: str) -> str:
+    """The folder a glob pattern looks in (``/d/data`` for ``/d/data/**/*.bin``)."""
+    match = _MAGIC.search(pattern)
+    return os.path.dirname(pattern[:match.start()]) if match else os.path.dirname(pattern)
+
+
+def pattern_files(pattern: str) -> list[str]:
+    """The files a glob pattern matches (``**``: in any folder below), in order."""
+    files = (m for m in glob.iglob(pattern, recursive=True) if os.path.isfile(m))
+    return sorted(itertools.islice(files, MAX_MATCHES))
+
+
+def _names(path: str) -> bool:
+    """``path`` exists, or is a glob pattern that matches a file."""
+    return os.path.exists(path) or is_pattern(path) and any(
+        os.path.isfile(m) for m in itertools.islice(glob.iglob(path, recursive=True), MAX_MATCHES))
 
 
 #: the machine's own folders: what is in them changes by itself (``/proc/cpuinfo``), never an input
@@ -39,27 +71,28 @@ def script_stage_name(script: str | os.PathLike, module: bool) -> str:
 
 
 def caller_path(arg: Any) -> Any:
-    """An argument naming an existing file or directory relative to the caller (``data/x.npy``,
+    """An argument naming an existing file or directory (or a glob pattern's files) relative to the caller
+    (``data/x.npy``,
     ``--data=data/x.npy``, a ``Path``) made absolute: the ranks start in the stage's directory."""
     if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
         return os.path.abspath(arg)
     if not isinstance(arg, str) or not arg or os.path.isabs(arg):
         return arg
     flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
-    if value and not os.path.isabs(value) and os.path.exists(value):
+    if value and not os.path.isabs(value) and _names(value):
         return f"{flag}{eq}{os.path.abspath(value)}"
     return arg
 
 
 def named_path(arg: Any) -> str | None:
-    """The existing file or directory an argument names (after ``caller_path``): ``/d/x.npy``,
+    """The existing file or directory (or glob pattern) an argument names (after ``caller_path``): ``/d/x.npy``,
     ``--data=/d/x.npy``, a ``Path``; None for anything else."""
     if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
         arg = os.fspath(arg)
     if not isinstance(arg, str):
         return None
     value = arg.partition("=")[2] if arg.startswith("-") else arg
-    return value if value and os.path.isabs(value) and os.path.exists(value) else None
+    return value if value and os.path.isabs(value) and _names(value) else None
 
 
 class PathNames:
@@ -98,7 +131,7 @@ class PathNames:
         try:
             mode = os.stat(path).st_mode
         except (OSError, ValueError):
-            return None
+            return path if _names(path) else None  # a glob pattern: its matches are the input
         if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)
                                    or path in _scratch_dirs()):
             return None

@@ -49,7 +49,7 @@ from ...core.claim import VISIBILITY
 from ...core.log import get_logger
 from ...errors import ConfigError
 from ..call import StageCall
-from ..scriptargs import PathNames
+from ..scriptargs import PathNames, is_pattern
 from . import usercode
 from .configfiles import files_named_by_configs
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
@@ -168,7 +168,7 @@ def env_files(names: Sequence[str], stage_env: Mapping[str, str],
     not only its name); a folder named so is compared by its name alone (``HOME``, ``SCRATCH``: places)."""
     paths = PathNames()
     named = (paths.named(value) for value in _env_values(names, stage_env, environ).values() if value)
-    return {path: None for path in named if path is not None and os.path.isfile(path)}
+    return {path: None for path in named if path is not None and (os.path.isfile(path) or is_pattern(path))}
 
 
 def _env_values(names: Sequence[str], stage_env: Mapping[str, str],

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from ..scriptargs import PathNames
+from ..scriptargs import PathNames, is_pattern
 
 SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 #: a larger "config" is data (a dataset's index): not parsed
@@ -65,7 +65,7 @@ def _named(config: str, here: PathNames) -> set[str]:
     named = set()
     for text in itertools.islice(_strings(_load(config)), MAX_TEXTS):
         path = here.named(text) or near.named(text)
-        if path is not None and os.path.isfile(path):
+        if path is not None and (os.path.isfile(path) or is_pattern(path)):
             named.add(path)
             if len(named) > MAX_FILES:
                 return set()

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...common import settings
 from ...common.files import write_atomic
+from ..scriptargs import is_pattern, pattern_files, pattern_root
 from . import usercode
 
 #: in a run's parsl/ folder: the digests of its files and modules
@@ -75,7 +76,7 @@ class DigestCache:
         try:
             st = os.stat(path)
         except OSError:
-            return "missing"
+            return _pattern_digest(path) if is_pattern(path) else "missing"
         if stat.S_ISDIR(st.st_mode):
             return "dir:" + sha(json.dumps(self._tree(path)).encode())
         if not stat.S_ISREG(st.st_mode):
@@ -155,10 +156,20 @@ def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None)
         digests.save()
 
 
+def _pattern_digest(pattern: str) -> str:
+    """A glob pattern's input: its matches, each by its size and mtime (as a directory's files)."""
+    found = []
+    for path in pattern_files(pattern):
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            found.append((path, st.st_size, st.st_mtime_ns))
+    return "glob:" + sha(json.dumps(found).encode()) if found else "missing"
+
+
 def _may_name_a_file(text: str) -> bool:
     """A literal kept with its module: one that names an existing path, or a path in an existing folder
     other than ``/`` (a data file not written yet). Other strings (a token, a password, a format) are
     never written to the run directory."""
     path = os.path.abspath(text)
-    parent = os.path.dirname(path)
+    parent = pattern_root(path) if is_pattern(path) else os.path.dirname(path)  # (a glob: where it looks)
     return os.path.exists(path) or ("/" in text and parent != os.sep and os.path.isdir(parent))

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import PurePath
 from typing import Any
 
-from ..scriptargs import PathNames
+from ..scriptargs import PathNames, is_pattern
 from .usercode import Reached
 
 #: a container global holding more values than this is data, not a list of paths: looked at no further
@@ -40,7 +40,7 @@ def named_files(reached: Reached) -> set[str]:
         texts = (text for key, value in list(vars(module).items()) if not key.startswith("__")
                  for text in _path_texts(value, 0))
         found.update(p for text in itertools.islice(texts, MAX_TEXTS) if (p := paths.named(text)) is not None)
-    return {path for path in found if os.path.isfile(path)}
+    return {path for path in found if os.path.isfile(path) or is_pattern(path)}
 
 
 def _path_texts(value: Any, depth: int) -> Iterator[str]:
