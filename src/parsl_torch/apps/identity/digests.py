@@ -76,7 +76,7 @@ class DigestCache:
         try:
             st = os.stat(path)
         except OSError:
-            return _pattern_digest(path) if is_pattern(path) else "missing"
+            return self._pattern_digest(path) if is_pattern(path) else "missing"
         if stat.S_ISDIR(st.st_mode):
             return "dir:" + sha(json.dumps(self._tree(path)).encode())
         if not stat.S_ISREG(st.st_mode):
@@ -107,6 +107,18 @@ class DigestCache:
                     st = os.stat(os.path.join(top, name))
                     found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
         return found
+
+    def _pattern_digest(self, pattern: str) -> str:
+        """A glob pattern's input: its matches, each by its size and mtime (as a directory's files; those in
+        the run directory left out, as from a directory: a stage's own outputs must not change its input)."""
+        inside = os.path.join(self.run_dir, "") if self.run_dir else None
+        found = []
+        for path in pattern_files(pattern):
+            with contextlib.suppress(OSError):
+                if inside is None or not os.path.realpath(path).startswith(inside):
+                    st = os.stat(path)
+                    found.append((path, st.st_size, st.st_mtime_ns))
+        return "glob:" + sha(json.dumps(found).encode()) if found else "missing"
 
     def module(self, path: str) -> usercode.ParsedModule:
         """``usercode.parse_module``, cached; of its literals only those that may name a file
@@ -154,16 +166,6 @@ def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None)
         return digests.file_digest(path)
     finally:
         digests.save()
-
-
-def _pattern_digest(pattern: str) -> str:
-    """A glob pattern's input: its matches, each by its size and mtime (as a directory's files)."""
-    found = []
-    for path in pattern_files(pattern):
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
-            found.append((path, st.st_size, st.st_mtime_ns))
-    return "glob:" + sha(json.dumps(found).encode()) if found else "missing"
 
 
 def _may_name_a_file(text: str) -> bool:
