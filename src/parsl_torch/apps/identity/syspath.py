@@ -105,11 +105,11 @@ def _called(node: ast.Call, names: dict[str, str], filename: str) -> str | None:
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
     method_of = func.value if isinstance(func, ast.Attribute) and name in ("resolve", "absolute", "joinpath") \
         else None
-    args = [_path(a, names, filename) for a in ([method_of] if method_of is not None else []) + list(node.args)]
-    if node.keywords or any(a is None for a in args) or not args:
+    values = [_path(a, names, filename) for a in ([method_of] if method_of is not None else []) + list(node.args)]
+    if node.keywords or not values or any(v is None for v in values):
         return None
     if name in ("join", "joinpath"):
-        return os.path.join(*args)
-    if name in _UNARY and len(args) == 1:
-        return _UNARY[name](args[0])
+        return os.path.join(*values)
+    if name in _UNARY and len(values) == 1:
+        return _UNARY[name](values[0])
     return None
