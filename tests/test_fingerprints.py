@@ -520,17 +520,27 @@ def test_a_warm_rank_sees_a_module_rewritten_within_its_mtime_since_it_was_impor
 
     from parsl_torch.apps.warm.imports import ImportWatch
 
-    module = tmp_path / "genhelper.py"
+    module, old = tmp_path / "genhelper.py", tmp_path / "oldhelper.py"
     module.write_text("X = 2\n")
     stamp = os.stat(module).st_mtime_ns
+    old.write_text("Y = 2\n")
+    os.utime(old, (time.time() - 60, time.time() - 60))  # written long before: no content kept, its stat is
     monkeypatch.syspath_prepend(str(tmp_path))
     watch = ImportWatch()
     try:
+        importlib.import_module("oldhelper")
         importlib.import_module("genhelper")
     finally:
         sys.meta_path.remove(watch)
         sys.modules.pop("genhelper", None)
+        sys.modules.pop("oldhelper", None)
     assert watch.changed() is None
     module.write_text("X = 3\n")
     os.utime(module, ns=(stamp, stamp))
     assert watch.changed() == str(module.resolve())
+    del watch.imported[str(module.resolve())]
+    before = os.stat(old)
+    time.sleep(0.01)
+    old.write_text("Y = 3\n")  # copied over with its old mtime kept (cp -p, rsync -t): the ctime tells
+    os.utime(old, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert watch.changed() == str(old.resolve())

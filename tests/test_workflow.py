@@ -275,6 +275,13 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
     assert first == identity.file_digest(f, cache) and str(f) in cache.read_text()
     f.write_bytes(b"b" * 100)
     assert identity.file_digest(f, cache) != first
+    # rewritten with the same size and its old mtime put back (rsync -t, cp -p, touch -r): read again
+    os.utime(f, (time.time() - 60, time.time() - 60))
+    second = identity.file_digest(f, cache)
+    mtime = f.stat().st_mtime_ns
+    f.write_bytes(b"c" * 100)
+    os.utime(f, ns=(mtime, mtime))
+    assert identity.file_digest(f, cache) != second
     monkeypatch.setenv(settings.INPUT_HASH.name, "stat")
     assert identity.file_digest(f, cache).startswith("stat:")
     assert identity.file_digest(tmp_path / "nope", cache) == "missing"

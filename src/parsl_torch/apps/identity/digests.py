@@ -1,4 +1,4 @@
-"""File digests and parsed modules of one run directory, remembered by size, mtime and inode
+"""File digests and parsed modules of one run directory, remembered by size, mtime, ctime and inode
 (``<run_dir>/parsl/input-digests.json``, shared by the workflow and its workers)."""
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def recently_written(st: os.stat_result) -> bool:
 
 
 def _stat_key(st: os.stat_result) -> str:
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    """What a file's remembered digest stands on: its ctime too, as git's index, so a rewrite that puts the
+    old mtime back (``rsync -t``, ``cp -p``, ``touch -r``, ``os.utime``) is read again."""
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
 
 class DigestCache:

@@ -1,5 +1,5 @@
-"""Rank 0 of a warm group: the user modules its process imported, with their file's size and mtime as
-they were imported. A call's identity reads the module files as they are when the call is ready; a
+"""Rank 0 of a warm group: the user modules its process imported, with their file's size, mtime and
+ctime as they were imported. A call's identity reads the module files as they are when the call is ready; a
 warm rank runs the code it imported, maybe hours before. Should they differ (a helper edited while a
 long sweep runs), the group must not take the call: its result would be recorded under code it did
 not run, and the next run would skip it. Fresh ranks take it instead. An extension module built in
@@ -20,10 +20,10 @@ from ..identity.usercode import find_spec, is_user_extension, is_user_file
 
 class ImportWatch:
     """Put first on ``sys.meta_path``: sees each import as it is found (it finds nothing itself) and keeps
-    the user's module files' (size, mtime; a recently written one's content digest) of that moment."""
+    the user's module files' (size, mtime, ctime; a recently written one's content digest) of that moment."""
 
     def __init__(self) -> None:
-        self.imported: dict[str, tuple[int, int, str | None] | None] = {}
+        self.imported: dict[str, tuple[int, int, int, str | None] | None] = {}
         self._looking = threading.local()  # (looking consults the other import hooks, never itself)
         sys.meta_path.insert(0, self)
 
@@ -45,20 +45,22 @@ class ImportWatch:
         return next((file for file, seen in self.imported.items() if _differs(file, seen)), None)
 
 
-def _stat(path: str) -> tuple[int, int, str | None] | None:
-    """(size, mtime, and the content's digest if it was written within digests.RACY_S: a rewrite within the same
-    whole-second mtime of Lustre or NFS keeps the size and mtime)."""
+def _stat(path: str) -> tuple[int, int, int, str | None] | None:
+    """(size, mtime, ctime (a copy that puts the old mtime back still changes it), and the content's digest if
+    it was written within digests.RACY_S: a rewrite within the same whole-second mtime of Lustre or NFS keeps
+    the size and mtime)."""
     try:
         st = os.stat(path)
-        return st.st_size, st.st_mtime_ns, sha(Path(path).read_bytes()) if recently_written(st) else None
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                sha(Path(path).read_bytes()) if recently_written(st) else None)
     except OSError:
         return None
 
 
-def _differs(path: str, seen: tuple[int, int, str | None] | None) -> bool:
+def _differs(path: str, seen: tuple[int, int, int, str | None] | None) -> bool:
     now = _stat(path)
     if now is None or seen is None:
         return now != seen
-    if now[:2] != seen[:2]:
+    if now[:3] != seen[:3]:
         return True
-    return seen[2] is not None and sha(Path(path).read_bytes()) != seen[2]
+    return seen[3] is not None and sha(Path(path).read_bytes()) != seen[3]
