@@ -58,6 +58,25 @@ def test_parsl_torch_launch_defaults_to_one_rank_per_visible_gpu(monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_device_is_claimed_by_its_uuid_and_else_by_its_number_on_the_node(monkeypatch):
+    """Two ranks given the same GPU under their own CUDA_VISIBLE_DEVICES both see it as cuda:0: its UUID
+    tells; without one (or with a UUID object whose text is a per-process repr), the node's numbering."""
+    import torch
+
+    from parsl_torch.core.claim import device_key
+
+    class Props:
+        def __init__(self, uuid):
+            self.uuid = uuid
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props("GPU-5a1d"))
+    assert device_key(torch.device("cuda", 0)) == "cuda:GPU-5a1d"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    for uuid in (None, "", object()):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, u=uuid: Props(u))
+        assert device_key(torch.device("cuda", 1)) == "cuda:3"
+
+
 def test_ranks_that_claim_one_device_are_all_refused_and_ranks_with_their_own_pass():
     def run(mode: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable,

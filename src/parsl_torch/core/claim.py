@@ -31,8 +31,8 @@ def device_key(device: Any) -> str:
 
     backend = getattr(torch, device.type)
     index = device.index if device.index is not None else backend.current_device()
-    uuid = getattr(backend.get_device_properties(index), "uuid", None)
-    if uuid:
+    uuid = str(getattr(backend.get_device_properties(index), "uuid", None) or "")
+    if uuid and " at 0x" not in uuid:  # (a repr naming a Python object differs in every process: not an id)
         return f"{device.type}:{uuid}"
     visible = next((os.environ[v].split(",") for v in VISIBILITY if os.environ.get(v)), None)
     return f"{device.type}:{visible[index].strip() if visible and index < len(visible) else index}"
