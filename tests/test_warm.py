@@ -206,6 +206,8 @@ def leaks(step: int):
     import numpy as np
     import torch
 
+    from tests import logging_module  # noqa: F401 - its import gives its logger a handler, once per process
+
     pt.setup_torch()
     umask = os.umask(0o022)
     os.umask(umask)
@@ -217,7 +219,8 @@ def leaks(step: int):
             "threads": torch.get_num_threads(), "anomaly": torch.is_anomaly_enabled(),
             "flash": torch.backends.cuda.flash_sdp_enabled(), "numpy": np.geterr()["divide"],
             "sigterm": repr(signal.getsignal(signal.SIGTERM)), "stdout": type(sys.stdout).__name__,
-            "recursion": sys.getrecursionlimit(),
+            "recursion": sys.getrecursionlimit(), "stream_handlers": len(logging.getLogger("leaks.stream").handlers),
+            "module_handlers": len(logging.getLogger("leaks.module").handlers),
             "warns_raise": any(f[0] == "error" for f in warnings.filters)}
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True)
@@ -236,6 +239,7 @@ def leaks(step: int):
     log = logging.getLogger("leaks")  # a log file in the stage's directory: the next call's lines are not its
     log.addHandler(logging.FileHandler("leaks.log"))
     log.warning("call %d", step)
+    logging.getLogger("leaks.stream").addHandler(logging.StreamHandler())  # in a cold process: one handler
     sys.setrecursionlimit(seen["recursion"] + 100)
     if step == 1:  # a thread nothing can stop: this group must not take another call
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
@@ -257,7 +261,7 @@ def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group
     clean = {"grad": True, "deterministic": False, "umask": seen[0]["umask"], "timeout": None, "tf32": False,
              "matmul": "highest", "fp32": ["none", "tf32"], "threads": seen[0]["threads"], "anomaly": False,
              "flash": True, "numpy": "warn", "sigterm": seen[0]["sigterm"], "stdout": seen[0]["stdout"],
-             "recursion": seen[0]["recursion"], "warns_raise": False}
+             "recursion": seen[0]["recursion"], "stream_handlers": 0, "module_handlers": 1, "warns_raise": False}
     for s in seen:
         assert {k: s[k] for k in clean} == clean, s
     assert seen[0]["pid"] == seen[1]["pid"] != seen[2]["pid"]  # the thread left by call 1 ended its group

@@ -59,6 +59,8 @@ class Baseline:
         self.devices = {kind: backend.current_device() for kind, backend in _accelerators()  # (setup_torch's)
                         if getattr(backend, "is_initialized", lambda: False)()}
         self.threads = set(threading.enumerate())
+        self.added: list[tuple[logging.Logger, logging.Handler]] = []  # by the calls' own code
+        _note_added_handlers(self.added)
 
     def restore(self, stage_dir: str) -> None:
         """Put the process back after a call that ran in ``stage_dir``."""
@@ -71,7 +73,7 @@ class Baseline:
         sys.path[:] = self.path
         sys.stdin, sys.stdout, sys.stderr, sys.excepthook = self.streams  # (a call's own file for prints)
         sys.setrecursionlimit(self.recursion)
-        self._close_log_files(stage_dir)
+        self._tidy_loggers(stage_dir)
         root = logging.getLogger()
         root.handlers[:] = self.handlers
         root.setLevel(self.level)
@@ -99,25 +101,57 @@ class Baseline:
                 backend.set_device(self.devices[kind])
             backend.empty_cache()
 
-    def _close_log_files(self, stage_dir: str) -> None:
-        """The log files the call opened in its stage's directory (a ``FileHandler("train.log")``) are
-        closed and taken off their loggers, as the call's process would have at its exit: a later call's
-        lines never reach an earlier stage's files. Root's handlers are all the call's: closed."""
+    def _tidy_loggers(self, stage_dir: str) -> None:
+        """The loggers as the call's process would have left them at its exit: the handlers the call's code
+        added are taken off and its log files closed (``logger.addHandler(StreamHandler())`` in the stage's
+        function would otherwise print each line once more per call), and so are the log files in its stage's
+        directory that a module opened as the call imported it (a later call's lines never reach an earlier
+        stage's files); root's handlers are all the call's."""
+        for logger, handler in self.added:
+            _take_off(logger, handler)
+        self.added.clear()
         inside = os.path.join(os.path.realpath(stage_dir), "")
         root = logging.getLogger()
-        loggers = [root, *(g for g in logging.Logger.manager.loggerDict.values() if isinstance(g, logging.Logger))]
-        for logger in loggers:
+        for logger in [root, *(g for g in logging.Logger.manager.loggerDict.values() if isinstance(g, logging.Logger))]:
             for handler in list(logger.handlers):
-                if handler in self.handlers or not (logger is root or isinstance(handler, logging.FileHandler) and
-                                                    os.path.realpath(handler.baseFilename).startswith(inside)):
-                    continue
-                logger.removeHandler(handler)
-                with contextlib.suppress(Exception):
-                    handler.close()
+                if handler not in self.handlers and (logger is root or isinstance(handler, logging.FileHandler) and
+                                                     os.path.realpath(handler.baseFilename).startswith(inside)):
+                    _take_off(logger, handler)
 
     def threads_left(self) -> list[str]:
         """Threads the calls started that still run (nothing can stop them from outside)."""
         return [t.name for t in threading.enumerate() if t not in self.threads and t.is_alive()]
+
+
+def _note_added_handlers(added: list[tuple[logging.Logger, logging.Handler]]) -> None:
+    """From now on, each handler this process's code adds to a logger outside an import is noted in
+    ``added`` (one a module adds as it is imported is the module's state, and stays; parsl-torch's own
+    rank-aware handlers are added again where they are missing)."""
+    add = logging.Logger.addHandler
+
+    def add_handler(logger: logging.Logger, handler: logging.Handler) -> None:
+        add(logger, handler)
+        if not getattr(handler, "_parsl_torch", False) and not _importing():
+            added.append((logger, handler))
+
+    logging.Logger.addHandler = add_handler  # type: ignore[method-assign]
+
+
+def _importing() -> bool:
+    """A module is being imported: importlib's frames are on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _take_off(logger: logging.Logger, handler: logging.Handler) -> None:
+    logger.removeHandler(handler)
+    if isinstance(handler, logging.FileHandler):  # (a stream handler's stream is not its own: left open)
+        with contextlib.suppress(Exception):
+            handler.close()
 
 
 def _accelerators() -> list[tuple[str, Any]]:
