@@ -407,6 +407,7 @@ sys.path.extend([os.path.join(HERE, "a"), "rel/b"])
 sys.path += [HERE + "/c"]
 sys.path[:0] = [Path(__file__).parent / "d", f"{HERE}/g"]
 site.addsitedir(os.path.join(os.path.dirname(__file__), "e"))
+sys.path.append(str(Path(HERE, "h")))
 def f(x, name):
     sys.path.append(x)  # computed at run time: not seen
     sys.path.insert(0, os.path.join(os.getcwd(), name))
@@ -415,7 +416,7 @@ def f(x, name):
 """
     folders = syspath.additions(ast.parse(source), "/proj/scripts/train.py")
     assert folders == sorted(["/proj/scripts/lib", "/proj/src", "/proj/scripts/a", "rel/b", "/proj/scripts/c",
-                              "/proj/scripts/d", "/proj/scripts/g", "/proj/scripts/e"])
+                              "/proj/scripts/d", "/proj/scripts/g", "/proj/scripts/e", "/proj/scripts/h"])
     # a name assigned again with a value computed at run time no longer names the first folder
     assert syspath.additions(ast.parse("import sys\nX = '/a'\nX = f()\nsys.path.append(X)\n"), "/m.py") == []
 

@@ -108,7 +108,7 @@ def _called(node: ast.Call, names: dict[str, str], filename: str) -> str | None:
     values = [_path(a, names, filename) for a in ([method_of] if method_of is not None else []) + list(node.args)]
     if node.keywords or not values or any(v is None for v in values):
         return None
-    if name in ("join", "joinpath"):
+    if name in ("join", "joinpath") or name in ("Path", "PurePath") and len(values) > 1:  # Path(HERE, "lib")
         return os.path.join(*values)
     if name in _UNARY and len(values) == 1:
         return _UNARY[name](values[0])

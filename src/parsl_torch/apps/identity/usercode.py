@@ -61,8 +61,8 @@ class ParsedModule(NamedTuple):
 
 
 class ModuleCache(Protocol):
-    """Where parsed modules are remembered (by path, size, mtime and inode): ``identity.DigestCache``, whose
-    ``module`` returns ``parse_module``'s answer."""
+    """Where parsed modules are remembered (by path, size, mtime, ctime and inode): ``identity.DigestCache``,
+    whose ``module`` returns ``parse_module``'s answer."""
 
     def module(self, path: str) -> ParsedModule: ...
 
@@ -268,7 +268,7 @@ def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache:
     search = [*(os.path.dirname(f) for f, m in roots if m == "__main__"), *search]
     while True:
         reached, added = _walk(roots, search, cache)
-        more = [d for d in added if d not in search]
+        more = [d for d in dict.fromkeys(added) if d not in search]
         if not more:
             return reached
         search += more
