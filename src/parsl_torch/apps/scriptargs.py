@@ -41,10 +41,15 @@ def pattern_files(pattern: str) -> list[str]:
     return sorted(itertools.islice(files, MAX_MATCHES))
 
 
+def _matches(path: str) -> bool:
+    """``path`` is a glob pattern that matches a file."""
+    return bool(_MAGIC.search(path)) and is_pattern(path) and any(
+        os.path.isfile(m) for m in itertools.islice(glob.iglob(path, recursive=True), MAX_MATCHES))
+
+
 def _names(path: str) -> bool:
     """``path`` exists, or is a glob pattern that matches a file."""
-    return os.path.exists(path) or is_pattern(path) and any(
-        os.path.isfile(m) for m in itertools.islice(glob.iglob(path, recursive=True), MAX_MATCHES))
+    return os.path.exists(path) or _matches(path)
 
 
 #: the machine's own folders: what is in them changes by itself (``/proc/cpuinfo``), never an input
@@ -72,8 +77,8 @@ def script_stage_name(script: str | os.PathLike, module: bool) -> str:
 
 def caller_path(arg: Any) -> Any:
     """An argument naming an existing file or directory (or a glob pattern's files) relative to the caller
-    (``data/x.npy``,
-    ``--data=data/x.npy``, a ``Path``) made absolute: the ranks start in the stage's directory."""
+    (``data/x.npy``, ``--data=data/x.npy``, a ``Path``) made absolute: the ranks start in the stage's
+    directory."""
     if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
         return os.path.abspath(arg)
     if not isinstance(arg, str) or not arg or os.path.isabs(arg):
@@ -131,7 +136,7 @@ class PathNames:
         try:
             mode = os.stat(path).st_mode
         except (OSError, ValueError):
-            return path if _names(path) else None  # a glob pattern: its matches are the input
+            return path if _matches(path) else None  # a glob pattern: its matches are the input
         if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)
                                    or path in _scratch_dirs()):
             return None
