@@ -5,7 +5,8 @@ YAML file a script is given, an
 environment variable and a module imported by name, a data file a module's global names,
 objects of the project's own classes as arguments, outputs changed and deleted, return values
 deleted, a module in a folder a script adds to ``sys.path`` or on a ``PYTHONPATH`` given with
-``env=``, a file added where a glob pattern looks. Each row edits the project and runs
+``env=``, a file added where a glob pattern looks. Each row (two at a time, on two stages) edits the
+project and runs
 ``python wf.py`` again in a new process; exactly the stages that can see the edit run again, the log
 names the file, and every other stage is skipped with its old result."""
 
@@ -229,7 +230,10 @@ EDITS = [
 #: in warm ranks (function stages only: scripts run cold), under one other seed, the rows where what a warm
 #: process has seen could differ from a fresh one's: code it imported, env, modules, the files left (input
 #: files are digested in the workflow, the same warm or cold: their rows run cold only, for CI's time)
-WARM_ROWS = (0, 1, 8, 11, 12, 13, 16, 17)
+WARM_RUNS = ((11, 0), (12, 1), (13, 8), (16,), (17,))
+#: cold, all rows; both run two rows at a time on two stages (each must rerun exactly its own stage, with
+#: its own reason), in an order that keeps each stage's rows in theirs: their results build on the rows before
+COLD_RUNS = ((9, 0), (10, 1), (11, 2), (12, 3), (13, 5), (14, 6), (15, 7), (16, 18), (17, 4), (8, 19), (20, 21))
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
@@ -261,17 +265,24 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
     again, states = run(project, seed="2", WALLTIME="900", RUN_DIR="link", **mode)
     assert set(states.values()) == {"skipped"} and again == first, states
 
+    assert sorted(i for rows in COLD_RUNS for i in rows) == list(range(len(EDITS)))
     results, env = first, dict(mode)
-    for what, change, stage, reason, expected in [row for i, row in enumerate(EDITS) if not warm or i in WARM_ROWS]:
-        change(project, env)
+    for rows in WARM_RUNS if warm else COLD_RUNS:
+        edits = [EDITS[i] for i in rows]
+        assert len({stage for _, _, stage, _, _ in edits}) == len(edits)
+        for _, change, _, _, _ in edits:
+            change(project, env)
         now, states = run(project, **env)
-        assert states[stage] == reason.format(p=project), (what, states)
-        assert all(s == "skipped" for name, s in states.items() if name != stage), (what, {k: v for k, v in states.items() if v != "skipped"})
-        assert {k: v for k, v in now.items() if k != stage} == {k: v for k, v in results.items() if k != stage}
-        assert now[stage] != results[stage], f"{what}: the stage ran again and returned the same"
-        if expected is not None:
-            got = now[expected[0]][expected[2]] if len(expected) > 2 else now[expected[0]]
-            assert got == expected[1], (what, now)
+        what, ran = [e[0] for e in edits], {stage for _, _, stage, _, _ in edits}
+        for _, _, stage, reason, _ in edits:
+            assert states[stage] == reason.format(p=project), (what, states)
+        assert all(s == "skipped" for name, s in states.items() if name not in ran), (what, states)
+        assert {k: v for k, v in now.items() if k not in ran} == {k: v for k, v in results.items() if k not in ran}
+        for desc, _, stage, _, expected in edits:
+            assert now[stage] != results[stage], f"{desc}: the stage ran again and returned the same"
+            if expected is not None:
+                got = now[expected[0]][expected[2]] if len(expected) > 2 else now[expected[0]]
+                assert got == expected[1], (desc, now)
         results = now
     assert results["flavor"][:2] == ["spicy", "note\n" if warm else "note-v2\n"]
 
