@@ -1,14 +1,13 @@
 """Reruns of a multi-file project, as a user runs one: a workflow script beside its own
-modules, a script stage importing a sibling, a package run with ``-m``, data files named
-in arguments (as Paths and as strings), in a global, in a built-in stage's config and in a
-YAML file a script is given, an
-environment variable and a module imported by name, a data file a module's global names,
-objects of the project's own classes as arguments, outputs changed and deleted, return values
-deleted, a module in a folder a script adds to ``sys.path`` or on a ``PYTHONPATH`` given with
-``env=``, a file added where a glob pattern looks. Each row (two at a time, on two stages) edits the
-project and runs
-``python wf.py`` again in a new process; exactly the stages that can see the edit run again, the log
-names the file, and every other stage is skipped with its old result."""
+modules, a script stage importing a sibling, a package run with ``-m``, data files named in
+arguments (as Paths and as strings), in a global, in a built-in stage's config and in a YAML file
+a script is given, an environment variable and a module imported by name, a data file a module's
+global names, objects of the project's own classes as arguments, outputs changed and deleted,
+return values deleted, a module in a folder a script adds to ``sys.path`` or on a ``PYTHONPATH``
+given with ``env=``, a file added where a glob pattern looks. Each row (two at a time, on two
+stages) edits the project and runs ``python wf.py`` again in a new process; exactly the stages that
+can see the edit run again, the log names the file, and every other stage is skipped with its old
+result."""
 
 from __future__ import annotations
 
