@@ -81,7 +81,9 @@ class Baseline:
         os.umask(self.umask)
         socket.setdefaulttimeout(self.socket_timeout)
         torch.set_grad_enabled(self.grad)
-        torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        now = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        if now != self.deterministic:  # (only then: the call imports inductor, 1 s)
+            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
         _set_backend_flags(self.flags)
         for name, (get, put) in _switches().items():
             if name in self.switches and get() != self.switches[name]:
