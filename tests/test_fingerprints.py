@@ -279,7 +279,9 @@ def test_files_a_yaml_json_or_toml_input_names_are_inputs_too(tmp_path, monkeypa
         loop: &l [1, *l]
     """))
     (tmp_path / "conf" / "inc.json").write_text('{"more": ["../data/b.bin", "deeper.toml"]}')
-    (tmp_path / "conf" / "deeper.toml").write_text('x = "data/deep.bin"\n')  # a third level: not followed
+    (tmp_path / "conf" / "deeper.toml").write_text('x = "data/deep.bin"\ny = "deepest.json"\n')  # a third level
+    (tmp_path / "conf" / "deepest.json").write_text('{"x": "data/fourth.bin"}')  # a fourth: named, not followed
+    (tmp_path / "data" / "fourth.bin").write_text("4")
     (tmp_path / "conf" / "bad.yaml").write_text("data: [data/a.bin\n")
     (tmp_path / "conf" / "other.toml").write_text('[paths]\ntrain = "data/toml.bin"\n')
     (tmp_path / "conf" / "big.json").write_text(json.dumps({"d": "data/big.bin", "pad": "x" * (1 << 20)}))
@@ -289,7 +291,40 @@ def test_files_a_yaml_json_or_toml_input_names_are_inputs_too(tmp_path, monkeypa
     found = configfiles.files_named_by_configs(["conf/exp.yaml", "conf/bad.yaml", str(tmp_path / "conf/other.toml"),
                                                 "conf/big.json", "conf/list.json", "data/a.bin"])
     assert {str(Path(p).relative_to(tmp_path)) for p in found} == {
-        "data/a.bin", "conf/near.txt", "conf/inc.json", "data/b.bin", "conf/deeper.toml", "data/toml.bin"}
+        "data/a.bin", "conf/near.txt", "conf/inc.json", "data/b.bin", "conf/deeper.toml", "data/toml.bin",
+        "data/deep.bin", "conf/deepest.json"}
+    assert configfiles.files_named_by_configs(["conf/inc.json"]) == {  # three levels from the one given
+        str(tmp_path / p) for p in ("data/b.bin", "conf/deeper.toml", "data/deep.bin", "conf/deepest.json",
+                                    "data/fourth.bin")}
+
+
+def test_the_config_files_a_hydra_application_reads_are_inputs(tmp_path, monkeypatch):
+    """``@hydra.main(config_path="conf", config_name="config")`` names conf/config.yaml, and its defaults list
+    ``model: gpt`` names conf/model/gpt.yaml (a group in a group: relative to its config; ``/group``: from a
+    folder above): an edit of a learning rate there reruns the script's stage."""
+    from parsl_torch.apps.identity import configfiles
+
+    monkeypatch.chdir(tmp_path)
+    app, conf = tmp_path / "app", tmp_path / "app" / "conf"
+    for name, text in {"config.yaml": "defaults:\n  - model: gpt\n  - optional db: mysql\n  - /trainer@t: fast\n"
+                                      "  - override hydra/launcher: basic\n  - _self_\nseed: 1\n",
+                       "model/gpt.yaml": "defaults: [enc: big]\nlr: 0.1\n", "model/enc/big.yaml": "layers: 12\n",
+                       "db/mysql.yaml": "host: x\n", "trainer/fast.yaml": "steps: 10\n", "other.yaml": "x: 1\n"}.items():
+        (conf / name).parent.mkdir(parents=True, exist_ok=True)
+        (conf / name).write_text(text)
+    script = app / "train.py"
+    script.write_text('import hydra\n\n@hydra.main(version_base=None, config_path="conf", config_name="config")\n'
+                      'def main(cfg):\n    print(cfg.model.lr)\n\nmain()\n')
+    reached = usercode.user_modules([(str(script), "__main__")], [], identity.DigestCache(None))
+    assert named_files(reached) == {str(conf / "config.yaml")}
+    found = configfiles.files_named_by_configs([str(conf / "config.yaml")])
+    assert {str(Path(p).relative_to(conf)) for p in found} == {"model/gpt.yaml", "db/mysql.yaml", "trainer/fast.yaml",
+                                                                "model/enc/big.yaml"}
+    # the compose API names it too
+    (app / "nb.py").write_text('from hydra import compose, initialize\nwith initialize(config_path="conf"):\n'
+                               '    cfg = compose(config_name="other")\n')
+    reached = usercode.user_modules([(str(app / "nb.py"), "nb")], [], identity.DigestCache(None))
+    assert named_files(reached) == {str(conf / "other.yaml")}
 
 
 def test_a_glob_pattern_that_matches_files_is_an_input_wherever_a_path_would_be(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from ..scriptargs import PathNames, is_pattern
+from . import hydra
 
 SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 #: a larger "config" is data (a dataset's index): not parsed
@@ -35,8 +36,8 @@ MAX_TEXTS = 10_000
 MAX_FILES = 64
 #: the most values of one config walked
 MAX_NODES = 100_000
-#: configs named by configs are followed this deep (a config that includes another)
-FOLLOW = 2
+#: configs named by configs are followed this deep (a config that includes another; Hydra's config groups)
+FOLLOW = 3
 
 
 def is_config(path: str) -> bool:
@@ -62,8 +63,9 @@ def files_named_by_configs(inputs: Iterable[str]) -> set[str]:
 def _named(config: str, here: PathNames) -> set[str]:
     """The files one config names; none if it names more than MAX_FILES (a manifest: it stands for them)."""
     near = PathNames(os.path.dirname(os.path.abspath(config)))
-    named = set()
-    for text in itertools.islice(_strings(_load(config)), MAX_TEXTS):
+    data = _load(config)
+    named = set(hydra.defaults_files(config, data))  # (``defaults: [model: gpt]``: conf/model/gpt.yaml)
+    for text in itertools.islice(_strings(data), MAX_TEXTS):
         path = here.named(text) or near.named(text)
         if path is not None and (os.path.isfile(path) or is_pattern(path)):
             named.add(path)

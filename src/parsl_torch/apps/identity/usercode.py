@@ -39,7 +39,7 @@ from importlib.machinery import EXTENSION_SUFFIXES, PathFinder
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from . import syspath
+from . import hydra, syspath
 
 #: the package itself is the runtime, not the user's code (its version and sources are in every
 #: stage's identity: ``identity.runtime_digest``)
@@ -140,7 +140,7 @@ def parse_module(source: bytes, filename: str) -> ParsedModule:
         if (name := _env_read(node)) is not None:
             env.add(name)
     return ParsedModule(hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env),
-                        _path_literals(tree), syspath.additions(tree, filename))
+                        _path_literals(tree) + hydra.primary_configs(tree), syspath.additions(tree, filename))
 
 
 def _path_literals(tree: ast.AST) -> list[str]:
