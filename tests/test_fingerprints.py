@@ -325,6 +325,10 @@ def test_the_config_files_a_hydra_application_reads_are_inputs(tmp_path, monkeyp
                                '    cfg = compose(config_name="other")\n')
     reached = usercode.user_modules([(str(app / "nb.py"), "nb")], [], identity.DigestCache(None))
     assert named_files(reached) == {str(conf / "other.yaml")}
+    (app / "nb2.py").write_text(f'from hydra import compose, initialize_config_dir\n'
+                                f'with initialize_config_dir(config_dir="{conf}"):\n    cfg = compose(config_name="other")\n')
+    reached = usercode.user_modules([(str(app / "nb2.py"), "nb2")], [], identity.DigestCache(None))
+    assert named_files(reached) == {str(conf / "other.yaml")}
 
 
 def test_a_glob_pattern_that_matches_files_is_an_input_wherever_a_path_would_be(tmp_path, monkeypatch):

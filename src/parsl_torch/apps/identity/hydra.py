@@ -1,12 +1,13 @@
 """The config files a Hydra application reads, which its code and configs name without a path.
 
-``@hydra.main(config_path="conf", config_name="config")`` (or ``initialize(config_path=...)`` with
-``compose(config_name=...)``) reads ``conf/config.yaml`` beside the module, and that config's defaults
-list (``defaults: [model: gpt, db/mysql, _self_]``) reads ``conf/model/gpt.yaml`` and
-``conf/db/mysql.yaml``: a group's path is relative to the config that names it, or to a folder above it
-with a leading ``/``. None of those names is a path, so without this an edit of ``conf/model/gpt.yaml``
-(a learning rate) would not rerun the stage. Hydra itself is not imported: the names are read from the
-syntax tree and the parsed YAML. Overrides given on the command line (``model=gpt2``) are arguments.
+``@hydra.main(config_path="conf", config_name="config")`` (or ``initialize(config_path=...)`` or
+``initialize_config_dir(config_dir=...)`` with ``compose(config_name=...)``) reads
+``conf/config.yaml`` beside the module, and that config's defaults list (``defaults: [model: gpt,
+db/mysql, _self_]``) reads ``conf/model/gpt.yaml`` and ``conf/db/mysql.yaml``: a group's path is
+relative to the config that names it, or to a folder above it with a leading ``/``. None of those
+names is a path, so without this an edit of ``conf/model/gpt.yaml`` (a learning rate) would not
+rerun the stage. Hydra itself is not imported: the names are read from the syntax tree and the
+parsed YAML. Overrides given on the command line (``model=gpt2``) are arguments.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def primary_configs(tree: ast.AST) -> list[str]:
     """The primary config files a module's code names to Hydra, relative to the module's folder (as Hydra
     reads ``config_path``)."""
     paths: list[str] = []
-    folders = [v for node in ast.walk(tree) if _called(node, "initialize") and (v := _keyword(node, "config_path"))]
+    folders = [v for node in ast.walk(tree) for call, key in (("initialize", "config_path"),
+                                                              ("initialize_config_dir", "config_dir"))
+               if _called(node, call) and (v := _keyword(node, key))]
     for node in ast.walk(tree):
         name = _keyword(node, "config_name") if _called(node, "main") or _called(node, "compose") else None
         if not name:
