@@ -306,10 +306,11 @@ def test_the_config_files_a_hydra_application_reads_are_inputs(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     app, conf = tmp_path / "app", tmp_path / "app" / "conf"
-    for name, text in {"config.yaml": "defaults:\n  - model: gpt\n  - optional db: mysql\n  - /trainer@t: fast\n"
-                                      "  - override hydra/launcher: basic\n  - _self_\nseed: 1\n",
-                       "model/gpt.yaml": "defaults: [enc: big]\nlr: 0.1\n", "model/enc/big.yaml": "layers: 12\n",
-                       "db/mysql.yaml": "host: x\n", "trainer/fast.yaml": "steps: 10\n", "other.yaml": "x: 1\n"}.items():
+    files = {"config.yaml": "defaults:\n  - model: gpt\n  - optional db: mysql\n  - /trainer@t: fast\n"
+                            "  - override hydra/launcher: basic\n  - _self_\nseed: 1\n",
+             "model/gpt.yaml": "defaults: [enc: big]\nlr: 0.1\n", "model/enc/big.yaml": "layers: 12\n",
+             "db/mysql.yaml": "host: x\n", "trainer/fast.yaml": "steps: 10\n", "other.yaml": "x: 1\n"}
+    for name, text in files.items():
         (conf / name).parent.mkdir(parents=True, exist_ok=True)
         (conf / name).write_text(text)
     script = app / "train.py"
@@ -326,7 +327,8 @@ def test_the_config_files_a_hydra_application_reads_are_inputs(tmp_path, monkeyp
     reached = usercode.user_modules([(str(app / "nb.py"), "nb")], [], identity.DigestCache(None))
     assert named_files(reached) == {str(conf / "other.yaml")}
     (app / "nb2.py").write_text(f'from hydra import compose, initialize_config_dir\n'
-                                f'with initialize_config_dir(config_dir="{conf}"):\n    cfg = compose(config_name="other")\n')
+                                f'with initialize_config_dir(config_dir="{conf}"):\n'
+                                f'    cfg = compose(config_name="other")\n')
     reached = usercode.user_modules([(str(app / "nb2.py"), "nb2")], [], identity.DigestCache(None))
     assert named_files(reached) == {str(conf / "other.yaml")}
 
