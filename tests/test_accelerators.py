@@ -6,12 +6,14 @@ over a real rendezvous store; the ``gpu`` tests need a GPU (the accelerator mach
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
+import parsl_torch as pt
 from parsl_torch import sites
 from parsl_torch.launch.accelerators import visible_accelerators, visible_ids
 
@@ -112,3 +114,31 @@ def test_the_local_site_runs_one_rank_per_gpu():
     import torch
 
     assert sites.load("local").ranks_per_node == torch.cuda.device_count()
+
+
+@pt.distributed_app(ranks_per_node=1)
+def precision_call(step: int):
+    """Call 0 sets the matmul precision with both of torch's APIs, as scripts mix them; call 1, on the same
+    warm rank, compiles on the GPU (inductor reads the precision) and reads it."""
+    import torch
+
+    pt.setup_torch()
+    if step == 0:
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        return {"pid": os.getpid()}
+    model = torch.compile(torch.nn.Linear(64, 64).cuda())
+    out = model(torch.randn(8, 64, device="cuda"))
+    return {"pid": os.getpid(), "matmul": torch.get_float32_matmul_precision(), "shape": list(out.shape),
+            "device": torch.cuda.current_device()}
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_warm_call_compiles_on_the_gpu_after_one_that_set_the_matmul_precision(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pt.workflow(site="local", run_dir="runs", warm=True):
+        first = precision_call(0, stage="p0").result(timeout=300)
+        second = precision_call(1, stage="p1").result(timeout=600)
+    assert first["pid"] == second["pid"]  # one warm rank took both calls
+    assert second == {"pid": first["pid"], "matmul": "highest", "shape": [8, 64], "device": 0}
