@@ -43,7 +43,7 @@ def pattern_files(pattern: str) -> list[str]:
 
 def _matches(path: str) -> bool:
     """``path`` is a glob pattern that matches a file."""
-    return bool(_MAGIC.search(path)) and is_pattern(path) and any(
+    return is_pattern(path) and any(
         os.path.isfile(m) for m in itertools.islice(glob.iglob(path, recursive=True), MAX_MATCHES))
 
 
