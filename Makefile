@@ -75,6 +75,7 @@ bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_remote.py
 	$(RUN) $(BIN)/python benchmarks/bench_warm.py
 	$(RUN) $(BIN)/python benchmarks/bench_packing.py
+	$(RUN) $(BIN)/python benchmarks/bench_start.py
 	@if $(BIN)/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
 		$(RUN) $(BIN)/python benchmarks/bench_gpu.py; else echo "bench_gpu skipped: no CUDA GPU here"; fi
 	@if [ "$$(id -u)" = 0 ]; then for b in multinode node_loss preflight node_python; do \

@@ -89,6 +89,7 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
         dist.init_process_group(backend=backend, init_method=f"tcp://{addr}:{topo.master_port}", rank=topo.rank,
                                 world_size=topo.world_size, timeout=timeout_td,
                                 device_id=device if accelerator else None)
+    _wait_for_every_rank(dist)
     state = rank_state()
     if not state.exit_handover:  # registered after the user's earlier handlers: it runs after later ones
         atexit.register(_hand_over_gil_at_exit)
@@ -100,6 +101,19 @@ def setup_torch(backend: str | None = None, seed: int | None = None,
         topo.master_addr, topo.master_port, timeout_s, time.perf_counter() - t0,
     )
     return topo.rank
+
+
+def _wait_for_every_rank(dist) -> None:
+    """Return only once every rank has joined the process group.
+
+    ``init_process_group`` returns on a rank as soon as its own connections are up, not
+    everyone's: a rank with nothing to communicate (a stage that returns at once) could
+    finish and exit while a slower peer was still joining. Its exit closes its end of
+    the connections (and, on rank 0, the store), and the slower peer, which did nothing
+    wrong, fails at start ("Gloo connectFullMesh failed ... Connection closed by peer",
+    or "Failed to recv, got 0 bytes" from the store). One barrier here (about a
+    millisecond) makes leaving before everyone has joined impossible."""
+    dist.barrier()
 
 
 def _whole_lines_on_stdio() -> None:
