@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -39,6 +40,28 @@ def small_configs(tmp_path, **train_overrides):
     (tmp_path / "train.yaml").write_text(yaml.safe_dump({**SMALL, **train_overrides}))
     (tmp_path / "eval.yaml").write_text(yaml.safe_dump(SMALL_EVAL))
     return ["--train-config", str(tmp_path / "train.yaml"), "--eval-config", str(tmp_path / "eval.yaml")]
+
+
+#: runs of the main job under a pseudo-terminal; with rich's stream redirection it crashed in 2 of 3
+TERMINAL_RUNS = 3
+
+
+@pytest.mark.slow
+def test_the_main_job_on_a_terminal_shows_its_stages_and_ends_cleanly(tmp_path):
+    """As a user types it (``script`` gives it a pseudo-terminal): the live table, then the
+    script's own table and report, every time (a first run, then reruns that skip)."""
+    run_dir = tmp_path / "run"
+    command = shlex.join([str(BIN / "parsl-torch"), "run", str(REPO / "workflows" / "train_eval.py"),
+                          "--run-dir", str(run_dir), *small_configs(tmp_path)])
+    for attempt in range(TERMINAL_RUNS):
+        typescript = tmp_path / f"typescript.{attempt}"
+        out = subprocess.run(["script", "-qfec", command, str(typescript)], capture_output=True, timeout=400,
+                             env=clean_env(TERM="xterm-256color", COLUMNS="120"), cwd=REPO, stdin=subprocess.DEVNULL)
+        screen = typescript.read_text(errors="replace")
+        assert out.returncode == 0 and "Traceback" not in screen, f"run {attempt + 1}:\n{screen[-3000:]}"
+        assert "site local, finished" in screen and "eval_acc=" in screen and "report: " in screen, screen[-3000:]
+        assert "[green]" not in screen, "markup shown as text in the live table"
+    assert (run_dir / "report.md").exists()
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ RUN_DIR`` from another shell."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 
 from ..common import stagedir
 from ..common.files import write_atomic
+from ..core import log
 from ..errors import ConfigError
 from ..launch import quarantine
 
@@ -176,9 +178,23 @@ def plain(data: dict[str, Any], rows: list[StageRow]) -> str:
     return "\n".join([*lines, *quarantined_lines(data)])
 
 
+class _Above:
+    """A stream whose lines a rich console prints above its live display."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def write(self, text: str) -> None:
+        self.console.print(text, end="", markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+    def flush(self) -> None:
+        self.console.file.flush()
+
+
 def table(data: dict[str, Any], rows: list[StageRow]) -> Any:
     """A rich Table (terminals)."""
     from rich.table import Table
+    from rich.text import Text
 
     when = f"finished {data['finished']}" if data.get("finished") else "running"
     t = Table(title=f"site {data.get('site')}, {when}")
@@ -186,25 +202,35 @@ def table(data: dict[str, Any], rows: list[StageRow]) -> Any:
         t.add_column(column)
     colours = {"done": "green", "skipped": "cyan", "failed": "red", "running": "yellow", "waiting": "white"}
     for r in rows:
-        t.add_row(r.name, f"[{colours.get(r.state, 'white')}]{r.state}[/]", r.progress, r.error or r.directory)
+        # Text, not markup: the table is also drawn under a log line that the console prints without markup
+        t.add_row(Text(r.name), Text(r.state, style=colours.get(r.state, "white")), Text(r.progress),
+                  Text(r.error or r.directory))
     if lines := quarantined_lines(data):
         t.caption = "\n".join(lines)
     return t
 
 
 def watch(run_dir: Path, stop: threading.Event, every: float, tty: bool) -> None:
-    """Show the run until ``stop``: a live table on a terminal, else a plain block every ``every`` s."""
+    """Show the run until ``stop``: a live table on a terminal, else a plain block every ``every`` s.
+
+    The live table never replaces ``sys.stdout``/``sys.stderr`` (rich's redirection): this runs on a
+    thread beside the user's script, which prints, and pickles functions whose globals may reach
+    those streams; a proxy left there by a display that ends on another thread crashed the script's
+    next ``print``. The package's log lines go above the table through its console instead."""
     if tty:
         from rich.console import Console
         from rich.live import Live
 
-        with Live(console=Console(stderr=True), refresh_per_second=2, transient=False) as live:
+        console = Console(stderr=True)
+        with Live(console=console, refresh_per_second=2, transient=False, redirect_stdout=False,
+                  redirect_stderr=False) as live, log.lines_to(_Above(console)):
             while not stop.wait(1.0):
                 try:
                     live.update(table(*read(run_dir)))
                 except (OSError, ValueError):
                     continue
-            live.update(table(*read(run_dir)))
+            with contextlib.suppress(OSError, ValueError):
+                live.update(table(*read(run_dir)))
         return
     last = 0.0
     while not stop.wait(1.0):

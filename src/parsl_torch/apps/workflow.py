@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -244,7 +245,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
             wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
                         getattr(request, key), key.replace("_", "-"), asked)
         token = _current.set(wf)
-        watching = _watch_progress(run_dir, request.progress)
+        watching = _Progress(run_dir, request.progress)
         try:
             if users_dfk is not None:
                 with wf.running_stages_finish(request.on_error):
@@ -259,7 +260,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                 dfk.wait_for_current_tasks()
         finally:
             wf.status.finish()
-            watching.set()
+            watching.stop()
             _current.reset(token)
 
 
@@ -350,17 +351,24 @@ def _file_handlers(logger: str, under: Path) -> list:
             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(under)]
 
 
-def _watch_progress(run_dir: Path, show: bool) -> threading.Event:
-    """With ``show`` (``parsl-torch run``, or settings.PROGRESS), show the stages as they go:
-    a live table on a terminal, else plain lines every settings.PROGRESS_EVERY s (default 30)."""
-    stop = threading.Event()
-    if show:
-        import sys
+class _Progress:
+    """The thread that shows the stages as they go (``status.watch``)."""
 
-        every = settings.PROGRESS_EVERY.get()
-        threading.Thread(target=status.watch, args=(run_dir, stop, every, sys.stderr.isatty()),
-                         daemon=True).start()
-    return stop
+    #: seconds the last refresh may take when the workflow ends
+    FINAL_S = 10.0
+
+    def __init__(self, run_dir: Path, show: bool) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=status.watch, daemon=True, args=(
+            run_dir, self._stop, settings.PROGRESS_EVERY.get(), sys.stderr.isatty())) if show else None
+        if self._thread is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End the display before the workflow's block returns: what the script prints next comes after it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.FINAL_S)
 
 
 def _loaded_dfk() -> Any:

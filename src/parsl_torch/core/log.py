@@ -7,11 +7,12 @@ propagation so records are not printed twice by a root handler.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from ..common import settings
@@ -35,13 +36,28 @@ class _RankFilter(logging.Filter):
         return rank == 0 or not self.rank_zero_only
 
 
+#: where log lines go instead of sys.stderr while a live display owns the terminal (``lines_to``)
+_diverted: list[Any] = []
+
+
+@contextlib.contextmanager
+def lines_to(stream: Any) -> Iterator[None]:
+    """Send this package's log lines to ``stream`` (an object with ``write``) for the block: a live
+    display prints them above itself, without replacing ``sys.stderr`` for the whole process."""
+    _diverted.append(stream)
+    try:
+        yield
+    finally:
+        _diverted.remove(stream)
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to ``sys.stderr`` as it is when a record is emitted, not as it was when the
     logger was made (notebooks, progress bars and test captures replace it)."""
 
     @property
     def stream(self) -> Any:  # type: ignore[override]
-        return sys.stderr
+        return _diverted[-1] if _diverted else sys.stderr
 
     @stream.setter
     def stream(self, value: Any) -> None:
