@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -89,6 +90,81 @@ def test_a_folder_script_runs_from_the_workflow_with_run_flags_and_a_missing_out
     assert not (tmp_path / "runs" / "default").exists()
     assert (f"missing: stage 'silent' finished but did not write its output(s) {run_dir / 'silent' / 'model.pt'}: "
             f"its ranks run in {run_dir / 'silent'}") in out.stdout
+
+
+TRAIN_CKPT = """
+import argparse, os, torch
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+args = p.parse_args()
+if int(os.environ["RANK"]) == 0:
+    torch.save({"w": torch.ones(3)}, args.out)
+"""
+
+EVAL_CKPT = """
+import argparse, json, os, torch
+p = argparse.ArgumentParser()
+p.add_argument("ckpt")
+p.add_argument("--scale", type=float, default=1.0)
+args = p.parse_args()
+if int(os.environ["RANK"]) == 0:
+    w = torch.load(args.ckpt)["w"]
+    json.dump({"sum": float(w.sum()) * args.scale, "ckpt": args.ckpt}, open("eval.json", "w"))
+"""
+
+CHAIN = """
+import json, sys
+import parsl_torch as pt
+
+train = pt.script_app("train_ckpt.py", args=["--out", "ckpt.pt"])
+evaluate = pt.script_app("eval_ckpt.py")
+with pt.workflow(site="local", run_dir="runs/chain"):
+    t = train(outputs=["ckpt.pt"])
+    e = evaluate(t.outputs[0], "--scale", float(sys.argv[1]), outputs=["eval.json"])
+    print("RESULT", json.dumps(json.load(open(e.outputs[0].result().filepath))), flush=True)
+"""
+
+
+def test_a_script_call_s_arguments_and_outputs_on_its_command_line(tmp_path, monkeypatch):
+    from parsl_torch.apps.scriptargs import check_script_argument, script_word
+    from parsl_torch.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt.pt").write_text("the user's own")
+    (tmp_path / "data.txt").write_text("1")
+    stage = tmp_path / "run" / "train"
+    for arg, outputs, word in [("ckpt.pt", ["ckpt.pt"], str(stage / "ckpt.pt")),  # an output: never the caller's
+                               ("--out=ckpt.pt", [Path("ckpt.pt")], f"--out={stage / 'ckpt.pt'}"),
+                               ("ckpt.pt", [], str(tmp_path / "ckpt.pt")),
+                               ("data.txt", ["ckpt.pt"], str(tmp_path / "data.txt")),
+                               (Path("sub/new.bin"), ["sub/new.bin"], str(stage / "sub" / "new.bin")),
+                               (3, ["ckpt.pt"], 3)]:
+        assert script_word(arg, outputs, stage) == word
+    for bad in ({"lr": 1}, [1, 2], None, True):
+        with pytest.raises(ConfigError, match="cannot go on a script's command line"):
+            check_script_argument(bad, "stage 'eval'")
+
+
+@pytest.mark.slow
+def test_a_script_chain_passes_the_checkpoint_and_keeps_the_user_s_own_file(tmp_path):
+    """train script -> eval script, the checkpoint handed on as a call argument; a file named as the
+    output in the working directory is the user's and stays as it was."""
+    for name, text in (("train_ckpt.py", TRAIN_CKPT), ("eval_ckpt.py", EVAL_CKPT), ("wf.py", CHAIN)):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "ckpt.pt").write_text("the user's own")
+    run_dir = tmp_path / "runs" / "chain"
+
+    def chain(scale: str) -> tuple[dict, str]:
+        out = subprocess.run([sys.executable, "wf.py", scale], capture_output=True, text=True, timeout=300,
+                             env=clean_env(), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.split("RESULT ", 1)[1]), out.stderr
+
+    result, _ = chain("2")
+    assert result == {"sum": 6.0, "ckpt": str(run_dir / "train_ckpt" / "ckpt.pt")}
+    assert (tmp_path / "ckpt.pt").read_text() == "the user's own"
+    result, log = chain("3")  # another argument: only the evaluation runs again
+    assert result["sum"] == 9.0 and "[train_ckpt] skipped" in log and "[eval_ckpt] runs again" in log, log
 
 
 def test_launch_without_the_separator_says_where_it_goes(capsys):

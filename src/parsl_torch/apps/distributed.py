@@ -35,7 +35,7 @@ from .payload import ShippedFunction, StageOptions
 from .placement import Placement
 from .remote.client import remote_job, submit_remote
 from .request import BuiltinCall
-from .scriptargs import caller_path, named_path, script_stage_name
+from .scriptargs import check_script_argument, named_path, script_command_length, script_stage_name, script_word
 from .stagecmd import bash_app_for
 from .identity.usercode import rank_import_path
 from .workflow import current_workflow
@@ -86,10 +86,16 @@ class DistributedApp:
             # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
+        if self.script is not None:
+            self._check_script_call(asked, args, kwargs)
         self._check_arguments(asked, args, kwargs)
-        call = self._call(wf, placement, wf.stage_name(asked, explicit=stage is not None), nodes, ppn, walltime,
-                          stage_env, min_nodes)
-        outputs = [wf.place(o, Path(call.opts.stage_dir)) for o in outputs]
+        name = wf.stage_name(asked, explicit=stage is not None)
+        stage_dir = placement.stage_dir(wf.run_dir, name)
+        script = self._command_line(stage_dir, outputs)
+        if script is not None and not placement.remote:
+            args = tuple(script_word(a, outputs, stage_dir) for a in args)
+        call = self._call(wf, placement, name, nodes, ppn, walltime, stage_env, min_nodes, script)
+        outputs = [wf.place(o, stage_dir) for o in outputs]
         if placement.remote:
             future = _remote(wf, call, self.fn, self.python, args, kwargs, list(inputs), outputs)
         elif wf.warm is not None and self.fn is not None:  # (a script owns its process: it runs cold)
@@ -99,16 +105,34 @@ class DistributedApp:
         wf.track(future, nodes * ppn, placement)
         return future
 
+    def _command_line(self, stage_dir: Path, outputs: Sequence) -> tuple[str, ...] | None:
+        """A script stage's command line for this call (None for a function): ``args`` that name files
+        where the workflow runs made absolute, those that name the call's outputs in ``stage_dir``."""
+        if self.script is None:
+            return None
+        command = script_command_length(self.script)
+        return (*self.script[:command], *(script_word(a, outputs, stage_dir) for a in self.script[command:]))
+
+    def _check_script_call(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
+        """A script takes its call's positional arguments on its command line; keywords have no place there."""
+        if kwargs:
+            raise ConfigError(f"stage {stage!r}: {', '.join(map(repr, kwargs))}: a script stage takes no keyword "
+                              f"arguments but its own (inputs, outputs, stage, num_nodes, ranks_per_node, walltime, "
+                              f"env, site, min_nodes): pass the script's options positionally, e.g. "
+                              f"app('--{next(iter(kwargs)).replace('_', '-')}', value), or in script_app(args=[...])")
+        for arg in args:
+            check_script_argument(arg, f"stage {stage!r}")
+
     def _call(self, wf: Any, placement: Placement, stage: str, nodes: int, ppn: int, walltime: float | None,
-              stage_env: dict[str, str], min_nodes: int | None) -> StageCall:
+              stage_env: dict[str, str], min_nodes: int | None, script: tuple[str, ...] | None) -> StageCall:
         """The call's record: its options (code identity read now), its function, where it runs."""
         stage_dir = placement.stage_dir(wf.run_dir, stage)
         # (the site's environment reaches the ranks through the workers too: given here, it is compared)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
                **placement.site.spec.environment, **placement.site.rank_env(), **stage_env}
-        script, module = _script_target(self.script)
+        target, module = _script_target(script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
-                            **self._code(stage), script=script, module=module,
+                            **self._code(stage, script), script=target, module=module,
                             site_setup=placement.site.spec.provider.worker_init,
                             accelerated=placement.site.accelerated,
                             import_path=rank_import_path(),
@@ -118,7 +142,7 @@ class DistributedApp:
             resources[MIN_NODES_KEY] = min_nodes
         # (a remote stage's function is shipped with its job: remote.client)
         fn = ShippedFunction.of(self.fn) if self.fn is not None and not placement.remote else None
-        return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, self.script or ())
+        return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, script or ())
 
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
@@ -132,12 +156,14 @@ class DistributedApp:
             if not isinstance(value, Future):
                 _identifiable(stage, fp, value, f"argument {key!r}")
 
-    def _code(self, stage: str) -> dict[str, Any]:
+    def _code(self, stage: str, script: tuple[str, ...] | None) -> dict[str, Any]:
         """The ``StageOptions`` fields of the function's identity, read now: its fingerprint, the user
         modules it reaches, the files it is told about or its globals name, the environment variables it
-        reads and the installed modules it uses (a script's are read from its file)."""
+        reads and the installed modules it uses (a script's are read from its file; the files its
+        arguments name are its inputs)."""
         if self.fn is None:
-            return {"files": tuple(self.files)}
+            arguments = (script or ())[script_command_length(script or ()):]
+            return {"files": (*self.files, *(p for p in map(named_path, arguments) if p is not None))}
         fp = Fingerprinter(strict=False)
         return {"code": fp.digest(self.fn, f"stage {stage!r}"), "code_roots": tuple(sorted(fp.roots)),
                 "files": (*self.files, *sorted(fp.files)), "env_reads": tuple(sorted(fp.env_names)),
@@ -257,15 +283,19 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     an existing file or directory are taken from where the workflow runs.
     ``name``: the stage name (default: the script's stem; its folder's name
     for generic stems such as ``main.py``). ``min_nodes``: as ``distributed_app``'s.
-    Its future resolves to 0 (the exit code).
+    Its future resolves to 0 (the exit code). A call's positional arguments (strings, numbers, paths,
+    Files, a previous stage's ``outputs[i]``, which the stage waits for) go on the script's command
+    line after ``args``, as paths where they name files; an argument that names one of the call's
+    ``outputs`` is that output's path in the stage's directory.
     """
     py = python or sys.executable
     command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]
-    args = [caller_path(a) for a in args]
+    for arg in args:
+        check_script_argument(arg, f"script_app({str(script)!r}, args=...)")
+    # (made absolute at each call, where the call's outputs are known: one of them lands in the stage's directory)
     return DistributedApp(None, script=[*command, *args], name=name or script_stage_name(script, module),
                           num_nodes=num_nodes, ranks_per_node=ranks_per_node, walltime=walltime, env=env,
-                          files=[p for p in map(named_path, args) if p is not None], python=python,
-                          min_nodes=min_nodes)
+                          python=python, min_nodes=min_nodes)
 
 
 def submit_builtin(call: BuiltinCall, app: DistributedApp) -> StageFuture:

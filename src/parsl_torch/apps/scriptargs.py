@@ -12,8 +12,12 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigError
 
 #: strings longer than this are not looked up as paths
 PATH_MAX = 4096
@@ -87,6 +91,56 @@ def caller_path(arg: Any) -> Any:
     if value and not os.path.isabs(value) and _names(value):
         return f"{flag}{eq}{os.path.abspath(value)}"
     return arg
+
+
+def script_command_length(script: Sequence[Any]) -> int:
+    """How many words of a script stage's command line run it (``python FILE``, ``python -m MODULE``):
+    code, not arguments."""
+    return 3 if len(script) > 2 and script[1] == "-m" else min(len(script), 2)
+
+
+def check_script_argument(arg: Any, where: str) -> None:
+    """A word of a script's command line: a string, a number, a path, a File or a future (a previous
+    stage's ``outputs[i]``, resolved to its path); anything else has no text a script could parse."""
+    if isinstance(arg, (str, int, float, os.PathLike, Future)) and not isinstance(arg, bool) \
+            or hasattr(arg, "filepath"):
+        return
+    raise ConfigError(f"{where}: argument {arg!r} ({type(arg).__name__}) cannot go on a script's command line: "
+                      f"give strings, numbers, paths, Files or a previous stage's outputs[i]")
+
+
+def script_word(arg: Any, outputs: Sequence[Any], stage_dir: os.PathLike | str) -> Any:
+    """``arg`` as the ranks see it: naming one of the call's ``outputs`` (``ckpt.pt``,
+    ``--out=ckpt.pt``), that output's path in ``stage_dir`` (never a file of the same name where the
+    workflow runs); else as ``caller_path`` makes it. Futures and Files are left for ``command_text``."""
+    if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
+        arg = os.fspath(arg)
+    if not isinstance(arg, str):
+        return arg
+    flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    if value and (output := _output_named(value, outputs, stage_dir)) is not None:
+        return f"{flag}{eq}{output}"
+    return caller_path(arg)
+
+
+def _output_named(value: str, outputs: Sequence[Any], stage_dir: os.PathLike | str) -> str | None:
+    """The path in ``stage_dir`` of the output that ``value`` names, if it names one."""
+    for output in outputs:
+        name = os.fspath(getattr(output, "filepath", output)) if isinstance(output, (str, os.PathLike)) or \
+            hasattr(output, "filepath") else None
+        if name is None:
+            continue
+        placed = name if os.path.isabs(name) else os.path.join(os.fspath(stage_dir), name)
+        if os.path.normpath(value) in (os.path.normpath(name), os.path.normpath(placed)):
+            return os.path.normpath(placed)
+    return None
+
+
+def command_text(arg: Any) -> str:
+    """A resolved script argument as a word of the command line: a File's path, a path, a number."""
+    if hasattr(arg, "filepath"):
+        return str(arg.filepath)
+    return os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
 
 
 def named_path(arg: Any) -> str | None:

@@ -28,6 +28,7 @@ from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
 from . import identity
 from .call import StageCall
 from .payload import ShippedFunction, StageOptions, plain_files
+from .scriptargs import command_text
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +66,7 @@ def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequen
         kwargs.update({k: v for k, v in given.items() if k in call.fn.takes})
         rank_cmd = _write_payload(opts.stage_dir, call.fn, args, kwargs)
     else:
-        rank_cmd = _write_argv(opts.stage_dir, call.script)
+        rank_cmd = _write_argv(opts.stage_dir, [*call.script, *map(command_text, args)])
     _write_env(opts, call_id)
     return rank_cmd
 
@@ -93,10 +94,11 @@ def _write_payload(stage_dir: str, fn: ShippedFunction, args: tuple, kwargs: dic
 
 
 def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
-    """A script's command line in a private file the shim reads (its arguments may hold secrets)."""
+    """A script's command line (its call's arguments last, resolved) in a private file the shim reads
+    (its arguments may hold secrets)."""
     argv_file = os.path.join(stage_dir, ARGV_FILE)
     with open_private(argv_file) as f:
-        f.write(json.dumps([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in script]).encode())
+        f.write(json.dumps([command_text(a) for a in script]).encode())
     return f"--argv-file {shlex.quote(argv_file)}"
 
 

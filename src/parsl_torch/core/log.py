@@ -36,28 +36,32 @@ class _RankFilter(logging.Filter):
         return rank == 0 or not self.rank_zero_only
 
 
-#: where log lines go instead of sys.stderr while a live display owns the terminal (``lines_to``)
-_diverted: list[Any] = []
-
-
 @contextlib.contextmanager
 def lines_to(stream: Any) -> Iterator[None]:
-    """Send this package's log lines to ``stream`` (an object with ``write``) for the block: a live
-    display prints them above itself, without replacing ``sys.stderr`` for the whole process."""
-    _diverted.append(stream)
+    """Send the log lines of every ``get_logger`` logger to ``stream`` (an object with ``write``) for
+    the block: a live display prints them above itself, without replacing ``sys.stderr`` for the
+    whole process."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    handlers = [h for lg in loggers for h in lg.handlers if isinstance(h, _StderrHandler)]
+    for handler in handlers:
+        handler.diverted = stream
     try:
         yield
     finally:
-        _diverted.remove(stream)
+        for handler in handlers:
+            handler.diverted = None
 
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to ``sys.stderr`` as it is when a record is emitted, not as it was when the
-    logger was made (notebooks, progress bars and test captures replace it)."""
+    logger was made (notebooks, progress bars and test captures replace it), or to where
+    ``lines_to`` sends it."""
+
+    diverted: Any = None
 
     @property
     def stream(self) -> Any:  # type: ignore[override]
-        return _diverted[-1] if _diverted else sys.stderr
+        return self.diverted or sys.stderr
 
     @stream.setter
     def stream(self, value: Any) -> None:

@@ -49,7 +49,7 @@ from ...core.claim import VISIBILITY
 from ...core.log import get_logger
 from ...errors import ConfigError
 from ..call import StageCall
-from ..scriptargs import PathNames, is_pattern
+from ..scriptargs import PathNames, is_pattern, script_command_length
 from . import usercode
 from .configfiles import files_named_by_configs
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
@@ -274,7 +274,7 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
     opts = call.opts
     own = {k: v for k, v in kwargs.items() if k not in PARSL_KWARGS}
     script = list(call.script)
-    command = 3 if script[1:2] == ["-m"] else min(len(script), 2)  # Python and the script: code, not inputs
+    command = script_command_length(script)  # Python and the script: code, not inputs
     try:
         arguments = arguments_digest(script[:command], (*script[command:], *args), own,
                                      list(kwargs.get("outputs", ())), cache)
