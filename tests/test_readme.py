@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .conftest import BIN, clean_env
-from .test_own_scripts import MAIN_PY
+from .test_own_scripts import EVAL_CKPT, MAIN_PY, TRAIN_CKPT
 
 REPO = Path(__file__).parent.parent
 README = REPO / "README.md"
@@ -42,6 +42,7 @@ EXAMPLES = {
     # same flow across a local site and an endpoint's engine)
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),
     "def trial(lr: float) -> float": ("python", "[20.0, 10.0, 4.0]", ()),
+    'evaluate(t.outputs[0], "--scale", 2': ("python", '"sum": 6.0', ()),
     'run_dir="runs/packed"': ("python", "'lr=0.1 on GPU ", ()),
     # one node here (local site)
     "num_nodes=64, min_nodes=48": ("python", "[[0, 2]]", (('site="aurora", run_dir="runs/big", nodes=64',
@@ -85,7 +86,8 @@ def test_every_example_has_one_entry_and_every_entry_an_example():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """What the examples name, where they run: configs/ (small sizes), mingpt/main.py, data/."""
+    """What the examples name, where they run: configs/ (small sizes), mingpt/main.py, data/, the
+    train -> eval script chain's scripts."""
     root = tmp_path_factory.mktemp("readme")
     (root / "configs").mkdir()
     train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
@@ -95,6 +97,8 @@ def workdir(tmp_path_factory):
     (root / "mingpt" / "main.py").write_text(MAIN_PY)
     (root / "data").mkdir()
     (root / "data" / "tokens.txt").write_text("1 2 3 4")
+    (root / "train_ckpt.py").write_text(TRAIN_CKPT)
+    (root / "eval_ckpt.py").write_text(EVAL_CKPT)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

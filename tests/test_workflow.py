@@ -95,6 +95,10 @@ def test_train_eval_workflow_then_rerun_does_no_training(tmp_path):
     assert train_h5.stat().st_mtime == mtime  # no training happened
     status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True)
     assert "[train] skipped" in status.stdout and "done by an earlier run" in status.stdout  # its result kept
+    assert re.search(r"\[evaluate\] skipped result eval_loss=\S+ eval_acc=", status.stdout), status.stdout
+    best = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir), "--sort", "eval_acc"],
+                          capture_output=True, text=True)
+    assert best.returncode == 0 and best.stdout.startswith("  1. evaluate  eval_acc="), best.stdout + best.stderr
 
 
 @pytest.mark.slow
@@ -559,3 +563,34 @@ def test_the_status_of_a_rerun_that_skipped_keeps_the_result_of_the_run_that_did
         assert rows[0].state == "skipped"
         assert "step 200/200 loss=0.05" in rows[0].progress and "done by an earlier run" in rows[0].progress
         assert "in 6.2 s" in rows[0].progress
+
+
+def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and_ranks_trials(tmp_path, capsys):
+    """A sweep you can compare: the result (not the last batch's value), `--sort METRIC` best first."""
+    import time
+
+    from parsl_torch.apps import status
+    from parsl_torch.cli import main as cli
+
+    run = status.StatusFile(tmp_path, "local")
+    for name, acc, loss in (("lr0.1", 0.5705, 1.2), ("lr0.3", 0.61, 0.9), ("lr1", 0.2, 3.5)):
+        run.stage(name, state="waiting", submitted_at=time.time())
+        run.stage(name, state="done", seconds=3.0,
+                  result=status.result_metrics({"eval_acc": acc, "eval_loss": loss, "model": object()}))
+    run.stage("train", state="waiting", submitted_at=time.time())
+    run.stage("eval", state="waiting", submitted_at=time.time(), waits_for=["train"])
+    run.stage("other", state="waiting", submitted_at=time.time(), waits_for=["lr0.1"])
+    _, rows = status.read(tmp_path)
+    by = {r.name: r for r in rows}
+    assert by["lr0.1"].progress.startswith("result eval_acc=0.5705 eval_loss=1.2")
+    assert by["eval"].progress == "waits for train" and by["other"].progress == "waits for a free slot"
+    assert cli(["status", str(tmp_path), "--sort", "eval_acc"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["lr0.3", "lr0.1", "lr1"] and "eval_acc=0.61" in lines[0]
+    assert cli(["status", str(tmp_path), "--sort", "eval_loss"]) == 0  # a loss: lowest first
+    assert capsys.readouterr().out.split()[1] == "lr0.3"
+    assert cli(["status", str(tmp_path), "--sort", "eval_acc", "--lowest"]) == 0
+    assert capsys.readouterr().out.split()[1] == "lr1"
+    assert cli(["status", str(tmp_path), "--sort", "acc"]) == 2
+    assert "--sort acc: no finished stage's result has it; the results have: eval_acc, eval_loss" in \
+        capsys.readouterr().err

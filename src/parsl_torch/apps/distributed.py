@@ -102,7 +102,7 @@ class DistributedApp:
             future = _warm(wf, call, args, kwargs, list(inputs), outputs)
         else:
             future = _cold(wf, call, args, kwargs, list(inputs), outputs)
-        wf.track(future, nodes * ppn, placement)
+        wf.track(future, nodes * ppn, placement, wf.stages_of([*inputs, *args, *kwargs.values()]))
         return future
 
     def _command_line(self, stage_dir: Path, outputs: Sequence) -> tuple[str, ...] | None:

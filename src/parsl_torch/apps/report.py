@@ -13,7 +13,8 @@ COLUMNS = ("stage", "ranks", "result", "history")
 
 
 def summaries(futures: Sequence[Any]) -> list[dict[str, Any]]:
-    """The results of finished stages, each labelled with its stage's name."""
+    """The results of finished stages (their futures' values: it waits for them), each a dict
+    labelled with its stage's name, for ``table`` and ``write_report``."""
     return [{**(f.result() or {}), "stage": f.stage} for f in futures]
 
 
@@ -33,6 +34,8 @@ def rows(summaries: Sequence[dict[str, Any]], run_dir: Path) -> list[tuple[str, 
 
 
 def table(summaries: Sequence[dict[str, Any]], run_dir: Path) -> str:
+    """A plain-text table of ``summaries`` (``summaries([...])``): stage, ranks, result, history file
+    (relative to ``run_dir``), for ``print``."""
     body = rows(summaries, run_dir)
     widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(COLUMNS)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731

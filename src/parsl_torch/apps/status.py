@@ -46,9 +46,9 @@ class StatusFile:
             self.data["stages"].setdefault(name, {}).update(fields, updated=_now())
             self._write()
 
-    def skipped(self, name: str) -> None:
+    def skipped(self, name: str, **fields: Any) -> None:
         """A stage whose files are an earlier run's: it keeps that run's result (when and how long)."""
-        self.stage(name, state="skipped", earlier=self._earlier.get(name))
+        self.stage(name, state="skipped", earlier=self._earlier.get(name), **fields)
 
     def finish(self) -> None:
         with _lock:
@@ -74,6 +74,34 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+#: how many of a result's values status keeps (a result is meant to be a few metrics)
+RESULT_VALUES = 20
+
+
+def result_metrics(value: Any) -> dict[str, Any]:
+    """What ``status`` shows of a stage's result: a dict's numbers, strings and booleans (the first
+    RESULT_VALUES), or a lone number as ``result``."""
+    if isinstance(value, dict):
+        kept = {str(k): v for k, v in value.items() if isinstance(v, (int, float, str, bool)) and
+                not (isinstance(v, str) and len(v) > 200)}
+        return dict(list(kept.items())[:RESULT_VALUES])
+    return {"result": value} if isinstance(value, (int, float)) and not isinstance(value, bool) else {}
+
+
+def _result_text(result: dict[str, Any] | None) -> str:
+    """"result eval_loss=0.06532 eval_acc=0.9772": a finished stage's own result, not its last batch's."""
+    numbers = {k: v for k, v in (result or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not numbers:
+        return ""
+    return "result " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in numbers.items())
+
+
+def _waiting(s: dict[str, Any], stages: dict[str, Any]) -> str:
+    """"waits for train" (a stage whose results it takes that has not finished), else "waits for a free slot"."""
+    pending = [w for w in s.get("waits_for", []) if stages.get(w, {}).get("state") not in ("done", "skipped")]
+    return f"waits for {', '.join(pending)}" if pending else "waits for a free slot"
+
+
 @dataclass
 class StageRow:
     name: str
@@ -81,6 +109,7 @@ class StageRow:
     progress: str  # "step 120/200 loss=0.41 ETA 0:01:05", or ""
     error: str
     directory: str
+    result: dict[str, Any] | None = None  # a finished stage's (``result_metrics``)
 
 
 def _progress(stage_dir: Path, started: float | None, first_step: int = 0) -> str:
@@ -157,9 +186,29 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
             progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
         if state == "running":
             progress = "; ".join(filter(None, (_held(stage_dir, s), progress)))
-        rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir)))
+        if state in ("done", "skipped"):
+            progress = "; ".join(filter(None, (_result_text(s.get("result")), progress)))
+        if state == "waiting":
+            progress = "; ".join(filter(None, (_waiting(s, data.get("stages", {})), progress)))
+        rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir), s.get("result")))
     data["quarantined"] = quarantine.read(run_dir / "parsl" / quarantine.FILE)
     return data, rows
+
+
+def lowest_is_best(metric: str) -> bool:
+    """Losses, errors, perplexities and times are best low; anything else (accuracy, MFU) high."""
+    return any(word in metric.lower() for word in ("loss", "err", "perplexity", "ppl", "time", "seconds"))
+
+
+def ranked(rows: list[StageRow], metric: str, lowest_first: bool | None = None) -> list[StageRow]:
+    """The finished stages whose result has ``metric``, best first (``lowest_first``: else by its name)."""
+    have = [r for r in rows if isinstance((r.result or {}).get(metric), (int, float))]
+    if not have:
+        known = sorted({k for r in rows for k in (r.result or {})})
+        raise ConfigError(f"--sort {metric}: no finished stage's result has it; the results have: "
+                          f"{', '.join(known) or 'nothing yet (no stage has finished with a dict of numbers)'}")
+    low = lowest_is_best(metric) if lowest_first is None else lowest_first
+    return sorted(have, key=lambda r: r.result[metric], reverse=not low)
 
 
 def quarantined_lines(data: dict[str, Any]) -> list[str]:
@@ -242,3 +291,23 @@ def watch(run_dir: Path, stop: threading.Event, every: float, tty: bool) -> None
                 continue
             if text:
                 print(f"parsl-torch: progress\n{text}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """The thread that shows the stages as they go (``watch``)."""
+
+    #: seconds the last refresh may take when the workflow ends
+    FINAL_S = 10.0
+
+    def __init__(self, run_dir: Path, show: bool, every: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=watch, daemon=True, args=(
+            run_dir, self._stop, every, sys.stderr.isatty())) if show else None
+        if self._thread is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End the display before the workflow's block returns: what the script prints next comes after it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.FINAL_S)

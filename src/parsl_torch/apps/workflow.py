@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,13 @@ class Workflow:
             submitted = max(submitted, started.stat().st_mtime)
         return time.time() - submitted
 
-    def track(self, future: Any, ranks: int, where: Placement | None = None) -> None:
+    def stages_of(self, values: Iterable[Any]) -> list[str]:
+        """The stages whose results or files among ``values`` a call waits for (``outputs[i]``, a stage's future)."""
+        found = [self.made_on[id(v)][1] if id(v) in self.made_on else getattr(v, "stage", None)
+                 for v in values if isinstance(v, Future)]
+        return list(dict.fromkeys(s for s in found if s))
+
+    def track(self, future: Any, ranks: int, where: Placement | None = None, waits_for: Sequence[str] = ()) -> None:
         self._futures.append(future)
         for output in future.outputs:
             self.made_on[id(output)] = (output, future.stage, where or self.home)
@@ -177,7 +183,8 @@ class Workflow:
         self.continuations.watch(future.app_future.tid, future.stage, self.run_dir / future.stage)
         # (debug: a stage that is skipped says so, one that runs says why, when it is ready)
         self.log.debug("[%s] submitted: %d rank(s)", future.stage, ranks)
-        self.status.stage(future.stage, state="waiting", submitted_at=submitted, ranks=ranks)
+        self.status.stage(future.stage, state="waiting", submitted_at=submitted, ranks=ranks,
+                          waits_for=list(waits_for))
 
         def done(f: Any) -> None:
             took = self._ran_for(f.stage, submitted)
@@ -187,13 +194,14 @@ class Workflow:
                 self.status.stage(f.stage, state="failed", error=line)
             elif f.from_cache:
                 self.log.info("[%s] skipped: finished in an earlier run of %s", f.stage, self.run_dir)
-                self.status.skipped(f.stage)
+                self.status.skipped(f.stage, result=status.result_metrics(f.result()))
             else:
                 since = time.time() - submitted - 1.0
                 waited = f" ({since:.1f} s after it was submitted)" \
                     if since - took > 1.0 else ""
                 self.log.info("[%s] done in %.1f s%s", f.stage, took, waited)
-                self.status.stage(f.stage, state="done", seconds=round(took, 1))
+                self.status.stage(f.stage, state="done", seconds=round(took, 1),
+                                  result=status.result_metrics(f.result()))
 
         future.add_done_callback(done)
 
@@ -245,7 +253,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
             wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
                         getattr(request, key), key.replace("_", "-"), asked)
         token = _current.set(wf)
-        watching = _Progress(run_dir, request.progress)
+        watching = status.Progress(run_dir, request.progress, settings.PROGRESS_EVERY.get())
         try:
             if users_dfk is not None:
                 with wf.running_stages_finish(request.on_error):
@@ -349,26 +357,6 @@ def _file_handlers(logger: str, under: Path) -> list:
 
     return [h for h in logging.getLogger(logger).handlers
             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(under)]
-
-
-class _Progress:
-    """The thread that shows the stages as they go (``status.watch``)."""
-
-    #: seconds the last refresh may take when the workflow ends
-    FINAL_S = 10.0
-
-    def __init__(self, run_dir: Path, show: bool) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=status.watch, daemon=True, args=(
-            run_dir, self._stop, settings.PROGRESS_EVERY.get(), sys.stderr.isatty())) if show else None
-        if self._thread is not None:
-            self._thread.start()
-
-    def stop(self) -> None:
-        """End the display before the workflow's block returns: what the script prints next comes after it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.FINAL_S)
 
 
 def _loaded_dfk() -> Any:

@@ -202,6 +202,10 @@ def _status(args: argparse.Namespace) -> int:
         data, rows = run_status.read(args.run_dir)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
+    if args.sort:
+        return _compare(run_status.ranked(rows, args.sort, args.lowest_first), args.sort, args.json)
+    if args.lowest_first is not None:
+        raise ConfigError("--lowest / --highest order the stages of --sort METRIC: give --sort too")
     if args.json:
         print(json.dumps({**data, "stages": [dataclasses.asdict(r) for r in rows]}, indent=2))
     elif sys.stdout.isatty():
@@ -214,6 +218,20 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{args.run_dir}: site {data.get('site')}, started {data.get('started')}, {when}")
         print(run_status.plain(data, rows))
     return 1 if any(r.state == "failed" for r in rows) else 0
+
+
+def _compare(rows: list, metric: str, as_json: bool) -> int:
+    """``status --sort METRIC``: a line per finished stage, best first, its metric then the rest of its result."""
+    if as_json:
+        print(json.dumps([{"stage": r.name, **r.result} for r in rows], indent=2))
+        return 0
+    width = max(len(r.name) for r in rows)
+    for place, r in enumerate(rows, 1):
+        value = r.result[metric]
+        others = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in r.result.items() if k != metric)
+        print(f"{place:>3}. {r.name:<{width}}  {metric}={value:.6g}  {others}".rstrip())
+    return 0
 
 
 def _endpoint_config(args: argparse.Namespace) -> int:
@@ -290,9 +308,14 @@ def _add_run(sub: Any) -> None:
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
     run.set_defaults(func=_run)
     status = sub.add_parser("status", help="the stages of a run (running or finished) and their progress",
-                            usage="parsl-torch status RUN_DIR [--json]")
+                            usage="parsl-torch status RUN_DIR [--json] [--sort METRIC [--lowest | --highest]]")
     status.add_argument("run_dir")
     status.add_argument("--json", action="store_true", help="machine-readable")
+    status.add_argument("--sort", metavar="METRIC", help="compare trials: the finished stages whose result has "
+                        "METRIC, best first (losses, errors and times lowest first, others highest first)")
+    order = status.add_mutually_exclusive_group()
+    order.add_argument("--lowest", dest="lowest_first", action="store_true", default=None, help="lowest first")
+    order.add_argument("--highest", dest="lowest_first", action="store_false", help="highest first")
     status.set_defaults(func=_status)
 
 
