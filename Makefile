@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
 #   make test   install into .venv (with the test extras) and run every test
+#   make test-fast   the tests without multi-process jobs (the edit-test loop)
 #   make docs   build the manual (docs/) into site/ (CI runs it)
 #   make gpu-check   on a GPU machine: doctor, the gpu tests, the main job and bench_gpu, one log each
 #   make test-lowest   the fast tests and one 2-rank workflow with the lowest versions
@@ -20,7 +21,7 @@ TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s|%s' '$(TORCH)' '$(TORCH_INDEX)'
 # Parsl, mpiexec and torchrun are found by name: the venv's bin goes first
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: demo test test-lowest docs bench gpu-check clean
+.PHONY: demo test test-fast test-lowest docs bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,10 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python -m pytest
+
+# the edit-test loop: no multi-process jobs, no cluster (a few minutes)
+test-fast: $(VENV)/.installed-test
+	$(RUN) $(BIN)/python -m pytest -m "not slow and not multinode and not gpu"
 
 $(VENV)/.installed-docs: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[docs]"

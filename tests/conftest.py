@@ -131,11 +131,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def slurm() -> None:
-    """A running Slurm cluster (CI starts one with ../shared/scripts/start-slurm.sh)."""
+    """A running Slurm cluster (CI starts one with tests/slurm/start-slurm.sh)."""
     if not os.environ.get("SLURM_CONF") or not shutil.which("srun"):
         if os.environ.get("PARSL_TORCH_REQUIRE_SLURM"):
             pytest.fail("PARSL_TORCH_REQUIRE_SLURM is set but no Slurm cluster is running")
-        pytest.skip("no Slurm cluster: run ../shared/scripts/start-slurm.sh and "
+        pytest.skip("no Slurm cluster: run bash tests/slurm/start-slurm.sh (root) and "
                     "source /tmp/slurm-local/slurm.env (CI does)")
 
 
@@ -193,7 +193,7 @@ def cluster_session():
     need = [tool for tool in ("unshare", "nsenter", "ip") if not shutil.which(tool)]
     sbin = f"/usr/local/sbin:/usr/sbin:/sbin{os.pathsep}{os.environ.get('PATH', '')}"
     if not shutil.which("slurmctld", path=sbin) or not shutil.which("slurmd", path=sbin):
-        need.append("slurmctld/slurmd (../shared/scripts/start-slurm.sh installs them)")
+        need.append("slurmctld/slurmd (tests/slurm/start-slurm.sh installs them)")
     if os.geteuid() != 0:
         need.append("root")
     if need:

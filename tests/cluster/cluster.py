@@ -205,7 +205,7 @@ def up(n: int, with_slurm: bool = True) -> None:
     record: dict = {"nodes": nodes, "bridge": BRIDGE, "init": {}, "slurmctld": None}
     if with_slurm:
         if not shutil.which("slurmctld", path=SBIN_PATH):
-            raise SystemExit("cluster: slurmctld not found: run ../shared/scripts/start-slurm.sh once "
+            raise SystemExit("cluster: slurmctld not found: run tests/slurm/start-slurm.sh once "
                              "(it installs Debian's Slurm packages)")
         (STATE / "slurm" / "ctld").mkdir()
         (STATE / "slurm" / "slurm.conf").write_text(_slurm_conf(nodes))
