@@ -409,3 +409,11 @@ def test_endpoint_test_of_a_site_without_a_scheduler_is_one_line(tmp_path, monke
     gc_site(tmp_path, monkeypatch)
     assert cli(["endpoint", "test", "gclab"]) == 2
     assert capsys.readouterr().err.startswith("parsl-torch: error: site 'gclab' (globus) has no scheduler")
+
+
+def test_endpoint_test_off_the_machine_says_so_in_one_line(capsys):
+    """`parsl-torch endpoint test polaris` here: the site's interface is not on this host (was: a
+    60-line traceback ending in `ClickException: [Errno 19] No such device`)."""
+    assert cli(["endpoint", "test", "polaris", "--account", "X"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "network interface 'hsn0' (address_interface) does not exist on this host" in err

@@ -17,6 +17,7 @@ from ..apps.call import StageCall
 from ..apps.remote.job import RemoteJob, run_job
 from ..common import settings
 from ..stages.smoke import smoke
+from ..sites.build import interface_address
 from ..sites.endpoint import endpoint_config
 from ..sites.engine import LocalEndpoint
 
@@ -44,6 +45,7 @@ def _endpoint_test(args: argparse.Namespace) -> int:
     2-rank smoke stage through it as a workflow's stage goes (``apps.remote.job``): what
     ``globus-compute-endpoint start`` would run, minus the service."""
     site = sites.load(args.site, account=args.account, queue=args.queue, walltime=args.walltime, nodes=args.nodes)
+    interface_address(site.spec)  # off the machine: one line naming the interface, not the engine's traceback
     python_env = args.python_env or sys.prefix
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"parsl-torch-endpoint-{site.name}-")).absolute()
     endpoint = LocalEndpoint(endpoint_config(site.spec, python_env), run_dir / "engine")

@@ -129,7 +129,9 @@ def _window(spec: SiteSpec, walltime: int) -> int:
     return drain_period(longer) or 0
 
 
-def _address(spec: SiteSpec) -> dict[str, Any]:
+def interface_address(spec: SiteSpec) -> dict[str, Any]:
+    """``{"address": ...}`` of the site's ``address_interface`` on this host ({} without one); a
+    ``SiteError`` naming the site and the fix where this host has no such interface."""
     if not spec.address_interface:
         return {}
     from parsl.addresses import address_by_interface
@@ -186,7 +188,7 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
 
     return SiteMPIExecutor(label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
                            max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
-                           drain_period=drain_period(spec), **_address(spec), **extra)
+                           drain_period=drain_period(spec), **interface_address(spec), **extra)
 
 
 #: parsl-torch's worker pool (``launch.pool``), installed beside Parsl's process_worker_pool.py
@@ -229,7 +231,7 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
         kwargs["max_workers_per_node"] = h.max_workers_per_node
     from .executors import SiteHighThroughputExecutor
 
-    return SiteHighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs, **_address(spec))
+    return SiteHighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs, **interface_address(spec))
 
 
 def site_executors(spec: SiteSpec, site: str | None = None, quarantine: str | None = None,
