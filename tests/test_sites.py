@@ -311,3 +311,18 @@ def test_a_site_file_that_is_not_utf8_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path))
     with pytest.raises(SiteError, match=r"latin.yaml: is not UTF-8 text \(byte \d+\): save it as UTF-8"):
         sites.load("latin")
+
+
+def test_a_queue_s_limits_are_checked_when_the_config_is_built(tmp_path):
+    """Polaris's debug queue takes 1-2 nodes for up to 1 h: 10 nodes for 3 h there is refused naming
+    the queue that fits, instead of `qsub -q debug` rendered silently."""
+    with pytest.raises(SiteError, match=r"provider.queue: queue 'debug' takes 1-2 nodes and at most 01:00:00 "
+                                        r"\(queues.debug\), the blocks ask for 10 node\(s\), walltime 03:00:00: "
+                                        r"use queue prod \(--queue\)"):
+        sites.load("polaris", account="X", nodes=10, walltime="03:00:00")
+    assert sites.load("polaris", account="X", nodes=10, walltime="03:00:00", queue="prod").spec.provider.queue == "prod"
+    assert sites.load("polaris", account="X").spec.provider.queue == "debug"  # the file's own: 2 nodes, 1 h
+    with pytest.raises(SiteError, match=r"queues.small: min_nodes \(4\) must be at least 1 and max_nodes \(2\)"):
+        parse_site({"name": "x", "scheduler": "local", "queues": {"small": {"min_nodes": 4, "max_nodes": 2}}}, "x.yaml")
+    with pytest.raises(SiteError, match=r"queues.small.max_nodes: expected int"):
+        parse_site({"name": "x", "scheduler": "local", "queues": {"small": {"max_nodes": "two"}}}, "x.yaml")

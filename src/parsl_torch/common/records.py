@@ -51,6 +51,9 @@ def _convert(value: Any, tp: Any, where: str, error: type[Exception]) -> Any:
     if origin in (Mapping, dict) or tp is Mapping:
         if not isinstance(value, Mapping):
             raise error(f"{where}: expected a mapping, got {type(value).__name__}")
+        item = typing.get_args(tp)[1] if typing.get_args(tp) else None
+        if dataclasses.is_dataclass(item):  # named records (a site's queues)
+            return {str(k): _convert(v, item, f"{where}.{k}", error) for k, v in value.items()}
         if typing.get_args(tp)[1:] == (typing.Any,):  # free-form settings, passed on as they are
             bad = [k for k in value if not isinstance(k, str)]
             if bad:

@@ -121,6 +121,16 @@ class GlobusSpec:
 
 
 @dataclass(frozen=True)
+class QueueLimits:
+    """What a batch queue accepts (the facility's page): a job outside them is refused when the
+    config is built, not by qsub after the wait (or, worse, queued where it never starts)."""
+
+    min_nodes: int = 1
+    max_nodes: int | None = None
+    max_walltime: str | None = None  # HH:MM:SS
+
+
+@dataclass(frozen=True)
 class SiteSpec:
     name: str
     scheduler: str
@@ -140,6 +150,7 @@ class SiteSpec:
     htex: HTEXSpec = field(default_factory=HTEXSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     globus: GlobusSpec | None = None
+    queues: Mapping[str, QueueLimits] = field(default_factory=dict)  # by queue name: checked at every build
 
 
 def parse_site(data: Any, source: str) -> SiteSpec:
@@ -193,6 +204,40 @@ def _check(spec: SiteSpec) -> None:
     _check_block_time(spec)
     _check_counts(spec)
     _check_launch(spec)
+    _check_queues(spec)
+
+
+def _check_queues(spec: SiteSpec) -> None:
+    """Each queue's limits are sound, and the blocks this site submits fit the queue they go to."""
+    for name, limits in spec.queues.items():
+        if limits.min_nodes < 1 or limits.max_nodes is not None and limits.max_nodes < limits.min_nodes:
+            raise SiteError(f"queues.{name}: min_nodes ({limits.min_nodes}) must be at least 1 and max_nodes "
+                            f"({limits.max_nodes}) at least min_nodes")
+        if limits.max_walltime is not None and not _WALLTIME.match(limits.max_walltime):
+            raise SiteError(f"queues.{name}.max_walltime: {limits.max_walltime!r} is not HH:MM:SS")
+    for path, queue, nodes in (("provider.queue", spec.provider.queue, spec.provider.nodes_per_block),
+                               ("htex.queue", spec.htex.queue, spec.htex.nodes_per_block)):
+        limits = spec.queues.get(queue or "")
+        if limits is None:
+            continue
+        too_long = limits.max_walltime is not None and spec.provider.walltime is not None and \
+            _seconds(spec.provider.walltime) > _seconds(limits.max_walltime)
+        if limits.min_nodes <= nodes <= (limits.max_nodes or nodes) and not too_long:
+            continue
+        fits = [q for q, lim in spec.queues.items() if q != queue and lim.min_nodes <= nodes <= (lim.max_nodes or nodes)
+                and not (lim.max_walltime and spec.provider.walltime
+                         and _seconds(spec.provider.walltime) > _seconds(lim.max_walltime))]
+        asked = f"{nodes} node(s), walltime {spec.provider.walltime}"
+        hint = f"use queue {' or '.join(fits)} (--queue), or" if fits else "ask for"
+        raise SiteError(f"{path}: queue {queue!r} takes {limits.min_nodes}-{limits.max_nodes or 'any'} nodes"
+                        f"{f' and at most {limits.max_walltime}' if limits.max_walltime else ''} (queues.{queue}), "
+                        f"the blocks ask for {asked}: {hint} fewer nodes (--nodes) and a shorter walltime "
+                        f"(--walltime)")
+
+
+def _seconds(hms: str) -> int:
+    hours, minutes, secs = (int(x) for x in hms.split(":"))
+    return hours * 3600 + minutes * 60 + secs
 
 
 def _check_counts(spec: SiteSpec) -> None:
