@@ -43,6 +43,7 @@ EXAMPLES = {
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),
     "def trial(lr: float) -> float": ("python", "[20.0, 10.0, 4.0]", ()),
     'evaluate(t.outputs[0], "--scale", 2': ("python", '"sum": 6.0', ()),
+    "meter = pt.Throughput(net": ("launch", "tflops=", ()),
     'run_dir="runs/packed"': ("python", "'lr=0.1 on GPU ", ()),
     # one node here (local site)
     "num_nodes=64, min_nodes=48": ("python", "[[0, 2]]", (('site="aurora", run_dir="runs/big", nodes=64',

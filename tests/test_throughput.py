@@ -36,6 +36,27 @@ def test_mfu_is_achieved_flops_over_the_peak_and_the_peak_comes_from_the_table_o
         peak_flops(torch.device("cpu"))
 
 
+def test_your_own_loop_gets_tokens_per_second_tflops_and_mfu_in_one_call(monkeypatch):
+    """pt.Throughput: the model (before wrap_model) in, each step's tokens in, the built-in stage's figures out."""
+    monkeypatch.delenv("PARSL_TORCH_PEAK_TFLOPS", raising=False)
+    model = Transformer(vocab_size=64, dim=32, n_heads=2, n_layers=2, max_seq_len=16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    meter = pt.Throughput(model, n_layers=2, dim=32, seq_len=16)
+    assert meter.flops_per_token == flops_per_token(model, 2, 32, 16) and meter.peak is None
+    assert meter.step(tokens=64) == {}  # the first call starts the clock
+    for _ in range(3):
+        tokens = torch.randint(0, 64, (4, 17))
+        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, 64), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        stats = meter.step(tokens=tokens[:, :-1].numel())
+        assert stats["tokens_per_s"] > 0 and stats["tflops"] > 0 and "mfu" not in stats  # no MFU on a CPU
+    monkeypatch.setenv("PARSL_TORCH_PEAK_TFLOPS", "2")
+    timed = pt.Throughput(model, n_layers=2, dim=32, seq_len=16).step(tokens=1000, seconds=0.5)
+    assert timed["mfu"] == pytest.approx(timed["tflops"] / 2) and timed["tokens_per_s"] == 2000
+
+
 @pytest.mark.parametrize("name, tflops", [
     ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.5),
     ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0), ("NVIDIA A100-SXM4-40GB", 312.0),

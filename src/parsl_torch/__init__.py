@@ -30,6 +30,7 @@ _LAZY = {
     "get_backend": "core.device",
     "wrap_model": "core.wrap",
     "data_parallel_coords": "core.wrap",
+    "Throughput": "core.flops",
     "get_logger": "core.log",
     "timeitlogit": "core.log",
     "History": "history.recorder",

@@ -10,6 +10,7 @@ is wrong for a part.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..common import settings
@@ -58,3 +59,37 @@ def throughput(tokens: int, seconds: float, flops_per_token_: float, peak: float
     if peak:
         out["mfu"] = achieved / peak
     return out
+
+
+class Throughput:
+    """Tokens/s, TFLOP/s and MFU of your own training loop, as the built-in train stage records them.
+
+    ``model``: the model before ``wrap_model`` (its parameters, embeddings left out, give ``6 N``
+    FLOPs per token); ``n_layers``, ``dim``, ``seq_len``: a Transformer's, for the attention's
+    ``12 L d T`` (leave them 0 for other models). The peak is this rank's device's
+    (``PARSL_TORCH_PEAK_TFLOPS`` overrides the table; no MFU on a CPU). ``step(tokens)`` after each
+    optimizer step, with the tokens this rank processed in it, returns the figures since the
+    previous call ({} on the first, which has no interval yet), ready for ``History.update``.
+    It times with the host's clock and makes no device sync: on a GPU the figures are right
+    once the loop waits for the device somewhere each step (a ``loss.item()`` does)."""
+
+    def __init__(self, model: Any, *, n_layers: int = 0, dim: int = 0, seq_len: int = 0,
+                 device: Any = None) -> None:
+        from .device import get_torch_device
+        from .ranks import get_world_size
+
+        self.flops_per_token = flops_per_token(model, n_layers, dim, seq_len)
+        self.peak = peak_flops(device if device is not None else get_torch_device())
+        self.devices = get_world_size()
+        self._last: float | None = None
+
+    def step(self, tokens: int, seconds: float | None = None) -> dict[str, float]:
+        """``tokens_per_s`` (all ranks), ``tflops`` (per device) and ``mfu`` of the step that just ended:
+        over ``seconds`` if given, else since the previous call."""
+        now = time.perf_counter()
+        last, self._last = self._last, now
+        if seconds is None:
+            if last is None:
+                return {}
+            seconds = now - last
+        return throughput(tokens, seconds, self.flops_per_token, self.peak, self.devices)
