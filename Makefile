@@ -9,7 +9,8 @@
 # TORCH picks the torch build, from the package index pip uses (TORCH_INDEX: another index).
 # On Linux, PyPI's torch==2.13.0 is the CUDA build (GBs); the CPU build is on PyTorch's CPU index:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# A change of TORCH or TORCH_INDEX installs that torch into the existing .venv.
+# A change of TORCH or TORCH_INDEX installs that torch into the existing .venv; a request
+# without TORCH_INDEX keeps an installed torch that satisfies TORCH.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -27,9 +28,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# exit 0 when the torch installed satisfies the requirement given (pip's own packaging reads it)
+TORCH_KEPT := $(BIN)/python -c "import sys, importlib.metadata as m; from pip._vendor.packaging.requirements import Requirement; r = Requirement(sys.argv[1]); sys.exit(not (r.name == 'torch' and r.specifier.contains(m.version('torch'), prereleases=True)))"
+
+# a request without TORCH_INDEX keeps a torch that satisfies it (one installed from another index:
+# make demo TORCH_INDEX=... then make test must not fetch PyPI's build over it)
 $(TORCH_STAMP): | $(BIN)/python
 	rm -f $(VENV)/.torch-*
-	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(if $(TORCH_INDEX),,$(TORCH_KEPT) '$(TORCH)' 2>/dev/null ||) $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	touch $@
 
 $(VENV)/.installed-demo: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
