@@ -573,10 +573,12 @@ def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and
     from parsl_torch.cli import main as cli
 
     run = status.StatusFile(tmp_path, "local")
-    for name, acc, loss in (("lr0.1", 0.5705, 1.2), ("lr0.3", 0.61, 0.9), ("lr1", 0.2, 3.5)):
+    for name, acc, loss in (("lr0.1", 0.5705, 1.2), ("lr0.3", 0.61, 0.9), ("lr1", 0.2, 3.5),
+                            ("lr9", float("nan"), float("nan"))):
         run.stage(name, state="waiting", submitted_at=time.time())
         run.stage(name, state="done", seconds=3.0,
-                  result=status.result_metrics({"eval_acc": acc, "eval_loss": loss, "model": object()}))
+                  result=status.result_metrics({"eval_acc": acc, "eval_loss": loss, "model": object(),
+                                                "token": "hf_secret"}))
     run.stage("train", state="waiting", submitted_at=time.time())
     run.stage("eval", state="waiting", submitted_at=time.time(), waits_for=["train"])
     run.stage("other", state="waiting", submitted_at=time.time(), waits_for=["lr0.1"])
@@ -586,7 +588,8 @@ def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and
     assert by["eval"].progress == "waits for train" and by["other"].progress == "waits for a free slot"
     assert cli(["status", str(tmp_path), "--sort", "eval_acc"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines] == ["lr0.3", "lr0.1", "lr1"] and "eval_acc=0.61" in lines[0]
+    assert [line.split()[1] for line in lines] == ["lr0.3", "lr0.1", "lr1", "lr9"] and "eval_acc=0.61" in lines[0]
+    assert "hf_secret" not in (tmp_path / "status.json").read_text()  # a result's text is not kept
     assert cli(["status", str(tmp_path), "--sort", "eval_loss"]) == 0  # a loss: lowest first
     assert capsys.readouterr().out.split()[1] == "lr0.3"
     assert cli(["status", str(tmp_path), "--sort", "eval_acc", "--lowest"]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -78,19 +79,22 @@ def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:
 RESULT_VALUES = 20
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def result_metrics(value: Any) -> dict[str, Any]:
-    """What ``status`` shows of a stage's result: a dict's numbers, strings and booleans (the first
-    RESULT_VALUES), or a lone number as ``result``."""
+    """What ``status`` keeps of a stage's result: a dict's numbers (the first RESULT_VALUES), or a lone
+    number as ``result``. Never its text: status.json is readable by others, and a result's strings
+    may be anything (a path with a user name, a token)."""
     if isinstance(value, dict):
-        kept = {str(k): v for k, v in value.items() if isinstance(v, (int, float, str, bool)) and
-                not (isinstance(v, str) and len(v) > 200)}
-        return dict(list(kept.items())[:RESULT_VALUES])
-    return {"result": value} if isinstance(value, (int, float)) and not isinstance(value, bool) else {}
+        return dict(list({str(k): v for k, v in value.items() if _number(v)}.items())[:RESULT_VALUES])
+    return {"result": value} if _number(value) else {}
 
 
 def _result_text(result: dict[str, Any] | None) -> str:
     """"result eval_loss=0.06532 eval_acc=0.9772": a finished stage's own result, not its last batch's."""
-    numbers = {k: v for k, v in (result or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numbers = {k: v for k, v in (result or {}).items() if _number(v)}
     if not numbers:
         return ""
     return "result " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in numbers.items())
@@ -202,13 +206,14 @@ def lowest_is_best(metric: str) -> bool:
 
 def ranked(rows: list[StageRow], metric: str, lowest_first: bool | None = None) -> list[StageRow]:
     """The finished stages whose result has ``metric``, best first (``lowest_first``: else by its name)."""
-    have = [r for r in rows if isinstance((r.result or {}).get(metric), (int, float))]
+    have = [r for r in rows if _number((r.result or {}).get(metric))]
     if not have:
         known = sorted({k for r in rows for k in (r.result or {})})
         raise ConfigError(f"--sort {metric}: no finished stage's result has it; the results have: "
                           f"{', '.join(known) or 'nothing yet (no stage has finished with a dict of numbers)'}")
     low = lowest_is_best(metric) if lowest_first is None else lowest_first
-    return sorted(have, key=lambda r: r.result[metric], reverse=not low)
+    # a trial whose metric is nan (it diverged) is never the best: last, whatever the order
+    return sorted(have, key=lambda r: (math.isnan(r.result[metric]), r.result[metric] * (1 if low else -1)))
 
 
 def quarantined_lines(data: dict[str, Any]) -> list[str]:
