@@ -203,12 +203,34 @@ def cluster_session():
         pytest.skip(f"no multi-node test cluster: missing {', '.join(need)}")
     from .cluster import cluster as module
 
-    nodes = module.node_names(3)
-    module.up(len(nodes))
-    try:
-        yield Cluster(module, nodes)
-    finally:
-        module.down(quiet=True)
+    with _one_suite_at_a_time():
+        nodes = module.node_names(3)
+        module.up(len(nodes))
+        try:
+            yield Cluster(module, nodes)
+        finally:
+            module.down(quiet=True)
+
+
+@contextlib.contextmanager
+def _one_suite_at_a_time():
+    """The test cluster's bridge, addresses and Slurm ports are the machine's: a second suite that
+    started it too would tear down the first's nodes mid-test. It says so and stops instead."""
+    import fcntl
+
+    path = Path(os.environ.get("PT_CLUSTER_DIR", "/tmp/pt-cluster")).with_suffix(".lock")
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            pytest.fail(f"another test suite on this machine (PID {lock.read().strip() or '?'}) is using the "
+                        f"multi-node test cluster ({path}): run one suite with the multinode tests at a time, "
+                        f"or this one with -m 'not multinode'")
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 @pytest.fixture
