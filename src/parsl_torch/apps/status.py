@@ -190,9 +190,9 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
             progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
         if state == "running":
             progress = "; ".join(filter(None, (_held(stage_dir, s), progress)))
-        if state in ("done", "skipped"):
-            progress = "; ".join(filter(None, (_result_text(s.get("result")), progress)))
-        if state == "waiting":
+        if state in ("done", "skipped"):  # its own result, after where it got to
+            progress = "; ".join(filter(None, (progress, _result_text(s.get("result")))))
+        if state == "waiting" and not s.get("continuations"):  # (a continuation says where it resumes)
             progress = "; ".join(filter(None, (_waiting(s, data.get("stages", {})), progress)))
         rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir), s.get("result")))
     data["quarantined"] = quarantine.read(run_dir / "parsl" / quarantine.FILE)
