@@ -43,7 +43,7 @@ from .conftest import BIN, REPO, clean_env
 def test_durations_and_the_default_grace_period():
     assert duration_seconds("01:00:00", "x") == 3600 and duration_seconds("55:00", "x") == 3300
     assert duration_seconds("90", "x") == 90
-    for bad in ("", "soon", "-5", "0", "inf", "1:2:3:4"):
+    for bad in ("", "soon", "-5", "0", "inf", "1:2:3:4", "99:99:99", "1:60:00", "5:75"):
         with pytest.raises(ConfigError, match="--deadline: .* HH:MM:SS"):
             duration_seconds(bad, "--deadline")
     assert default_grace(3600) == 180  # 5% of an hour

@@ -283,3 +283,18 @@ def test_a_script_that_exits_99_with_no_block_end_fails_once(tmp_path, monkeypat
                                                 r"pt.to_be_continued\(\): neither happened\)"):
             future.result(timeout=120)
     assert (tmp_path / "runs" / "bye" / "ran.txt").read_text() == "x"
+
+
+def test_a_file_that_is_not_a_checkpoint_and_an_empty_run_dir_are_one_line_each(tmp_path, capsys):
+    """`checkpoint export /etc/passwd` was a raw IndexError; `run --run-dir ""` was silently ignored."""
+    from parsl_torch.cli import main as cli
+
+    for text in ("root:x:0:0\n", "hello\n"):
+        (tmp_path / "not.pt").write_text(text)
+        assert cli(["checkpoint", "export", str(tmp_path / "not.pt"), str(tmp_path / "out.pt")]) == 2
+        err = capsys.readouterr().err
+        assert f"checkpoint export: {tmp_path / 'not.pt'} is not a parsl-torch checkpoint: torch.load cannot" in err
+        assert err.count("\n") == 1 and not (tmp_path / "out.pt").exists()
+    (tmp_path / "wf.py").write_text("print('ran')\n")
+    assert cli(["run", "--run-dir", "", str(tmp_path / "wf.py")]) == 2
+    assert "parsl-torch run: --run-dir needs a value, got an empty string" in capsys.readouterr().err

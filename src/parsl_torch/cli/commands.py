@@ -179,6 +179,9 @@ def _run(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise ConfigError(f"workflow script {script} does not exist")
     given = {k: v for k, v in (("site", args.site), ("run_dir", args.run_dir), ("fresh", args.fresh)) if v is not None}
+    for key in ("site", "run_dir"):
+        if given.get(key) == "":
+            raise ConfigError(f"parsl-torch run: --{key.replace('_', '-')} needs a value, got an empty string")
     flags, script_args = split_run_flags(args.script_args)
     flags = {**given, **flags}
     # Parsl starts its workers by name: this environment's bin must come first

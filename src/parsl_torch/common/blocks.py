@@ -32,6 +32,9 @@ def duration_seconds(text: str, what: str) -> float:
         value = (int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))) if m else float(text)
     except ValueError:
         value = math.nan
+    if m and (int(m.group(3)) > 59 or m.group(1) is not None and int(m.group(2)) > 59):
+        raise ConfigError(f"{what}: {text!r} is not a duration: minutes and seconds go up to 59 in HH:MM:SS "
+                          f"(e.g. 01:30:00), or give seconds")
     if not 0 < value < math.inf:
         raise ConfigError(f"{what}: {text!r} is not a duration: give HH:MM:SS or seconds, > 0")
     return float(value)

@@ -99,7 +99,13 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
         if meta.get("format") != SHARDED_FORMAT:
             raise ValueError(f"{path} is not a parsl-torch checkpoint")
         return {**meta, "dir": str(path.resolve())}
-    data = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - garbage makes torch.load fail in many ways (IndexError, KeyError, ...)
+        raise ValueError(f"{path} is not a parsl-torch checkpoint: torch.load cannot read it "
+                         f"({type(exc).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a parsl-torch checkpoint")
     return data
