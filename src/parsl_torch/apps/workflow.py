@@ -231,6 +231,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     Under ``parsl-torch run --site S --run-dir D --fresh``
     those flags replace what the script passes (the log says so).
     """
+    settings.check_user_settings()  # (read on the ranks too late: a bad one would fail every stage, minutes in)
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
     loaded = sites.load(request.site, **request.site_overrides)
     others = [sites.load(name) for name in request.other_sites]  # (the overrides are the default site's)

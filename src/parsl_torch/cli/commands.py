@@ -52,6 +52,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     """Start the ranks with the right launcher for this scheduler and machine."""
+    settings.check_user_settings()
     command = list(args.command)
     if args.module:
         command = [sys.executable, "-m", args.module, *command]

@@ -48,7 +48,9 @@ def bounded_seconds(low: float, why: str) -> Callable[[str], float]:
     def parse(value: str) -> float:
         number = _number(value)
         if not low <= number <= MAX_WAIT_S:
-            raise ValueError(f"give a number of seconds from {low:g} to {MAX_WAIT_S:g} (7 days){why}")
+            said = why if number < low else " (a longer wait is no wait: it would never end a hung job)" \
+                if number > MAX_WAIT_S else ""
+            raise ValueError(f"give a number of seconds from {low:g} to {MAX_WAIT_S:g} (7 days){said}")
         return number
 
     return parse
@@ -129,6 +131,14 @@ class Setting:
 
 
 REGISTRY: dict[str, Setting] = {}
+
+
+def check_user_settings(env: Mapping[str, str] | None = None) -> None:
+    """Every variable a user sets, parsed now: a bad one is refused where the workflow or the launch
+    starts, before anything is submitted, not on the ranks minutes later."""
+    for setting in REGISTRY.values():
+        if setting.who == USER:
+            setting.get(env)
 
 
 def _add(setting: Setting) -> Setting:
