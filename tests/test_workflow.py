@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from parsl_torch.errors import ConfigError, StageError
 from parsl_torch.stages.evaluate import evaluate
 from parsl_torch.stages.train import train
 
-from .conftest import BIN, clean_env
+from .conftest import BIN, clean_env, processes_under
 from .test_launch import leftovers
 
 REPO = Path(__file__).parent.parent
@@ -597,3 +598,64 @@ def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and
     assert cli(["status", str(tmp_path), "--sort", "acc"]) == 2
     assert "--sort acc: no finished stage's result has it; the results have: eval_acc, eval_loss" in \
         capsys.readouterr().err
+
+
+def test_a_run_whose_process_is_gone_or_that_was_stopped_is_not_running(tmp_path):
+    """`status` checks the PID it names: a SIGKILLed workflow's run is gone, its stages stopped; a run
+    stopped by a signal says which, and when."""
+    import time
+
+    from parsl_torch.apps import status
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run = status.StatusFile(tmp_path, "local")
+    run.stage("train", state="waiting", submitted_at=time.time())
+    run.data["pid"] = dead.pid  # (as if the workflow were that process, then SIGKILLed)
+    run.stage("train", state="waiting")
+    data, rows = status.read(tmp_path)
+    assert status.ending(data) == f"gone: its process (host {os.uname().nodename}, PID {dead.pid}) no longer runs"
+    assert (rows[0].state, rows[0].error) == ("stopped", "the workflow's process is gone")
+    run.data["pid"] = os.getpid()  # alive: running
+    run.stage("train", state="waiting")
+    assert status.ending(status.read(tmp_path)[0]).startswith("running (host ")
+    run.finish("terminated (SIGTERM)")
+    data, rows = status.read(tmp_path)
+    assert status.ending(data).startswith("terminated (SIGTERM) at ")
+    assert (rows[0].state, rows[0].error) == ("stopped", "the workflow was terminated (SIGTERM)")
+
+
+LONG_STAGE = """
+import time
+import parsl_torch as pt
+
+@pt.distributed_app
+def slow(n: int):
+    time.sleep(n)
+    return {"n": n}
+
+with pt.workflow(site="local", run_dir="runs/x"):
+    slow(300)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted (SIGINT)")])
+def test_a_workflow_stopped_by_a_signal_says_how_and_leaves_nothing_running(tmp_path, sig, code, said):
+    (tmp_path / "long.py").write_text(LONG_STAGE)
+    proc = subprocess.Popen([str(BIN / "parsl-torch"), "run", "long.py"], cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = tmp_path / "runs" / "x" / "slow" / ".started"
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert started.exists(), "the stage never started"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    out = subprocess.run([str(BIN / "parsl-torch"), "status", str(tmp_path / "runs" / "x")], capture_output=True,
+                         text=True)
+    assert f", {said} at " in out.stdout and f"[slow] stopped - the workflow was {said}" in out.stdout, out.stdout
+    assert not processes_under(tmp_path), processes_under(tmp_path)

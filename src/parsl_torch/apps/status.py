@@ -20,6 +20,7 @@ from typing import Any
 
 from ..common import stagedir
 from ..common.files import write_atomic
+from ..common.procs import proc_stat
 from ..core import log
 from ..errors import ConfigError
 from ..launch import quarantine
@@ -51,9 +52,16 @@ class StatusFile:
         """A stage whose files are an earlier run's: it keeps that run's result (when and how long)."""
         self.stage(name, state="skipped", earlier=self._earlier.get(name), **fields)
 
-    def finish(self) -> None:
+    def finish(self, ended: str | None = None) -> None:
+        """The workflow's end; ``ended``: how it stopped early ("interrupted (SIGINT)"), its stages that
+        had not finished then are "stopped"."""
         with _lock:
             self.data["finished"] = _now()
+            if ended:
+                self.data["ended"] = ended
+                for stage in self.data["stages"].values():
+                    if stage.get("state") in ("waiting", "running"):
+                        stage.update(state="stopped", error=f"the workflow was {ended}")
             self._write()
 
     def _write(self) -> None:
@@ -174,6 +182,11 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
     if not isinstance(data, dict) or not isinstance(data.get("stages", {}), dict):
         raise ConfigError(f"{run_dir / STATUS} is damaged (not a run's status record): the next workflow on this "
                           f"run directory writes it anew")
+    if not data.get("finished") and _gone(data):  # killed (SIGKILL, a lost login node): it could not say so
+        data["ended"] = f"gone: its process (host {data.get('host')}, PID {data.get('pid')}) no longer runs"
+        for stage in data.get("stages", {}).values():
+            if isinstance(stage, dict) and stage.get("state") in ("waiting", "running"):
+                stage.update(state="stopped", error="the workflow's process is gone")
     rows = []
     for name, s in data.get("stages", {}).items():
         stage_dir = run_dir / name
@@ -183,7 +196,8 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
         if state == "waiting" and started and started >= s.get("submitted_at", 0):
             state = "running"
         first_step = s.get("continued_at_step") or 0  # where a continuation resumed
-        progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done") else ""
+        progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done", "stopped") \
+            else ""
         if state == "skipped":  # its files, and its result, are those of the run that did it
             progress = "; ".join(filter(None, (_progress(stage_dir, None), _earlier(s.get("earlier")))))
         if s.get("continuations"):
@@ -214,6 +228,33 @@ def ranked(rows: list[StageRow], metric: str, lowest_first: bool | None = None) 
     low = lowest_is_best(metric) if lowest_first is None else lowest_first
     # a trial whose metric is nan (it diverged) is never the best: last, whatever the order
     return sorted(have, key=lambda r: (math.isnan(r.result[metric]), r.result[metric] * (1 if low else -1)))
+
+
+def _gone(data: dict[str, Any]) -> bool:
+    """The workflow that wrote ``data`` ran on this host and its process has ended (or its PID is
+    another process's now: it started after the run did)."""
+    pid = data.get("pid")
+    if data.get("host") != os.uname().nodename or not isinstance(pid, int):
+        return False  # (another host's process cannot be looked at from here)
+    stat = proc_stat(pid)
+    if stat is None or stat.state == "Z":
+        return True
+    try:
+        started = datetime.fromisoformat(data.get("started", ""))
+        boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+        begun = boot + int(stat.start) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, TypeError):
+        return False
+    return begun > started.timestamp() + 2  # a process that began after the run: the PID was reused
+
+
+def ending(data: dict[str, Any]) -> str:
+    """How the run stands: "running (host h, PID p)", "finished T", "interrupted (SIGINT) at T", "gone: ..."."""
+    if data.get("ended"):
+        return f"{data['ended']}" + (f" at {data['finished']}" if data.get("finished") else "")
+    if data.get("finished"):
+        return f"finished {data['finished']}"
+    return f"running (host {data.get('host')}, PID {data.get('pid')})"
 
 
 def quarantined_lines(data: dict[str, Any]) -> list[str]:
@@ -250,11 +291,11 @@ def table(data: dict[str, Any], rows: list[StageRow]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    when = f"finished {data['finished']}" if data.get("finished") else "running"
-    t = Table(title=f"site {data.get('site')}, {when}")
+    t = Table(title=f"site {data.get('site')}, {ending(data)}")
     for column in ("stage", "state", "progress", "error / directory"):
         t.add_column(column)
-    colours = {"done": "green", "skipped": "cyan", "failed": "red", "running": "yellow", "waiting": "white"}
+    colours = {"done": "green", "skipped": "cyan", "failed": "red", "running": "yellow", "waiting": "white",
+               "stopped": "magenta"}
     for r in rows:
         # Text, not markup: the table is also drawn under a log line that the console prints without markup
         t.add_row(Text(r.name), Text(r.state, style=colours.get(r.state, "white")), Text(r.progress),

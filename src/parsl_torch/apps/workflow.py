@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
+from .stopping import Terminated, how_it_ended, terminate_cleanly
 from .identity.memo import register_memo_ids, stage_memoizer
 from .placement import Placement, placements
 from .request import WorkflowRequest
@@ -143,7 +144,8 @@ class Workflow:
             yield
         except BaseException as exc:
             self.stopping.set()
-            running = self.running() if on_error == "wait" and not isinstance(exc, KeyboardInterrupt) else []
+            running = self.running() if on_error == "wait" and not isinstance(exc, (KeyboardInterrupt, Terminated)) \
+                else []
             first = (str(exc).splitlines() or [""])[0]
             self.log.error("the workflow script raised %s%s%s", type(exc).__name__, f": {first}" if first else "",
                            f"; waiting for the running stage(s) {', '.join(f.stage for f in running)} to finish "
@@ -255,20 +257,25 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
                         getattr(request, key), key.replace("_", "-"), asked)
         token = _current.set(wf)
         watching = status.Progress(run_dir, request.progress, settings.PROGRESS_EVERY.get())
+        ended = None
         try:
-            if users_dfk is not None:
-                with wf.running_stages_finish(request.on_error):
-                    yield wf
-                wf.wait()
-                return
-            with _parsl_loaded(wf, request) as dfk:
-                with _warm_ranks(wf, request.warm):
+            with terminate_cleanly():
+                if users_dfk is not None:
                     with wf.running_stages_finish(request.on_error):
                         yield wf
-                    wf.wait()  # the stages; then the warm groups stop, then Parsl's other tasks end
-                dfk.wait_for_current_tasks()
+                    wf.wait()
+                    return
+                with _parsl_loaded(wf, request) as dfk:
+                    with _warm_ranks(wf, request.warm):
+                        with wf.running_stages_finish(request.on_error):
+                            yield wf
+                        wf.wait()  # the stages; then the warm groups stop, then Parsl's other tasks end
+                    dfk.wait_for_current_tasks()
+        except BaseException as exc:
+            ended = how_it_ended(exc)
+            raise
         finally:
-            wf.status.finish()
+            wf.status.finish(ended)
             watching.stop()
             _current.reset(token)
 

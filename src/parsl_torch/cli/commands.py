@@ -217,9 +217,7 @@ def _status(args: argparse.Namespace) -> int:
 
         Console().print(run_status.table(data, rows))
     else:
-        when = f"finished {data['finished']}" if data.get("finished") else \
-            f"running (host {data.get('host')}, PID {data.get('pid')})"
-        print(f"{args.run_dir}: site {data.get('site')}, started {data.get('started')}, {when}")
+        print(f"{args.run_dir}: site {data.get('site')}, started {data.get('started')}, {run_status.ending(data)}")
         print(run_status.plain(data, rows))
     return 1 if any(r.state == "failed" for r in rows) else 0
 
@@ -367,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParslTorchError as exc:
         print(f"parsl-torch: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the workflow has recorded it and stopped what it started
+        print("parsl-torch: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 from ..common import settings
+from .device import get_torch_device
+from .ranks import get_world_size
 
 #: dense bf16 TFLOP/s of one device as torch names it (a substring of its name), from the vendors' data
 #: sheets: NVIDIA H100 SXM and H200 (989), H100 PCIe (756), H100 NVL (835.5), A100 (312); AMD MI250X (383 per GPU, 191.5
@@ -75,9 +77,6 @@ class Throughput:
 
     def __init__(self, model: Any, *, n_layers: int = 0, dim: int = 0, seq_len: int = 0,
                  device: Any = None) -> None:
-        from .device import get_torch_device
-        from .ranks import get_world_size
-
         self.flops_per_token = flops_per_token(model, n_layers, dim, seq_len)
         self.peak = peak_flops(device if device is not None else get_torch_device())
         self.devices = get_world_size()
