@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -481,6 +482,31 @@ def test_redaction_covers_names_flags_and_urls_but_not_authors():
 
     assert redact_text("python m.py --api-key p11 --token=p12 --lr 3e-4 --password 'p 13' --monkey 4") == \
         f"python m.py --api-key {REDACTED} --token={REDACTED} --lr 3e-4 --password {REDACTED} --monkey 4"
+
+
+def test_a_secret_known_by_its_variable_is_redacted_in_every_form_an_error_carries_it(tmp_path, monkeypatch):
+    """An exception text or stderr tail with a secret variable's value (`env=`, the shell's HF_TOKEN), a
+    printed argv (`'--hf-token', 'X'`), `db.password=X`, `NAME_TOKEN=X`, `Bearer X`: none reaches the
+    rank's report, the stage's error, status.json or the log (all made from these two)."""
+    from parsl.app.errors import BashExitFailure
+
+    from parsl_torch.apps.stage_errors import stage_error
+    from parsl_torch.common.raised import raised_line
+
+    monkeypatch.setenv("HF_TOKEN", "hf_SHELLSECRET")
+    said = raised_line(RuntimeError("request failed: Authorization: Bearer hf_SHELLSECRET"))
+    assert "SHELLSECRET" not in said and said.startswith("RuntimeError: request failed: Authorization: Bearer ***")
+    stage = tmp_path / "leaky"
+    stage.mkdir()
+    (stage / ".env.json").write_text(json.dumps({"MY_API_TOKEN": "ENVGIVEN1234", "LR": "0.1"}))
+    (stage / "stderr.txt").write_text(
+        "argv ['train.py', '--wandb_api_key', 'ARGV5678', '--lr', '0.1']\n"
+        "override db.password=PW998877 NAME_TOKEN=NT445566 lr=0.1\n"
+        "RuntimeError: cannot log in with ENVGIVEN1234 or hf_SHELLSECRET\n")
+    text = str(stage_error("leaky", BashExitFailure("stage_command", 1), stage / "stderr.txt"))
+    for secret in ("ARGV5678", "PW998877", "NT445566", "ENVGIVEN1234", "SHELLSECRET"):
+        assert secret not in text, text
+    assert "'--lr', '0.1'" in text and "lr=0.1" in text  # what is not secret stays
 
 
 def test_sites_show_hides_secret_environment_values(tmp_path, monkeypatch, capsys):

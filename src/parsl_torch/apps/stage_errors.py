@@ -3,10 +3,13 @@ tail of its stderr (for a local stage's future and a remote stage's answer alike
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from ..common.blocks import CONTINUE_EXIT
-from ..common.metadata import redact_text
+from ..common.metadata import redact_text, secret_values
+from ..common.stagedir import ENV
 from ..common.outcome import Cause, read_outcome
 from ..errors import StageError
 
@@ -19,6 +22,16 @@ def stderr_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
+
+
+def _known_secrets(stage_dir: Path) -> list[str]:
+    """The secret values this stage was given (its ``env=``, the site's environment: its private
+    ``.env.json``) or the workflow has (its shell's ``HF_TOKEN``...)."""
+    try:
+        given = json.loads((stage_dir / ENV).read_text())
+    except (OSError, ValueError):
+        given = {}
+    return secret_values({**os.environ, **(given if isinstance(given, dict) else {})})
 
 
 def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
@@ -34,7 +47,7 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
         return StageError(f"stage {stage!r} finished but did not write its output(s) {missing}: its ranks run "
                           f"in {where}, where a relative name lands (what they print is in stdout.txt and "
                           f"stderr.txt there)")
-    tail = redact_text(stderr_tail(stderr)) if stderr else ""
+    tail = redact_text(stderr_tail(stderr), _known_secrets(stderr.parent)) if stderr else ""
     outcome = read_outcome(stderr.parent) if stderr else None  # the supervisor's record of the launch
     if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT and outcome is not None \
             and outcome.cause is Cause.CONTINUED:

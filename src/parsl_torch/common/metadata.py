@@ -6,7 +6,7 @@ import datetime
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 REDACTED = "***"
@@ -33,11 +33,35 @@ _TEXT_FLAG = re.compile(r"(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+
                         r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 
 
-def redact_text(text: str) -> str:
-    """``text`` with passwords in URLs (scheme://user:PASSWORD@host) and the values of secret flags
-    (``--api-key X``, ``--token=X``: a command line echoed in a log) replaced by ***."""
+#: a flag and its value in a printed list (``sys.argv``): ``'--hf-token', 'VALUE'``
+_LISTED_FLAG = re.compile(r"(?P<flag>(?P<q>['\"])--?[A-Za-z][\w.-]*(?P=q),\s*)(?P<v>['\"])(?P<value>.*?)(?P=v)")
+#: an assignment in running text: ``db.password=VALUE``, ``NAME_TOKEN=VALUE`` (a Hydra override, a shell line)
+_ASSIGNED = re.compile(r"(?P<key>(?<![\w.-])[A-Za-z_][\w.-]*)=(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",;]+)")
+#: an HTTP authorization header's credentials
+_BEARER = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{8,})")
+#: a secret's value shorter than this is not looked for in text ("1", "yes" would redact everything)
+MIN_SECRET_CHARS = 6
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """The values of the variables whose names mark them secret (``HF_TOKEN``, ``MY_API_TOKEN``), longest
+    first: wherever they appear in text, they are known to be secrets."""
+    found = {v for k, v in env.items() if is_secret_name(k) and isinstance(v, str) and len(v) >= MIN_SECRET_CHARS}
+    return sorted(found, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
+    """``text`` with every known secret value (``secrets``), passwords in URLs (scheme://user:PASSWORD@host),
+    the values of secret flags (``--api-key X``, ``--token=X``, ``'--hf-token', 'X'`` in a printed argv),
+    of secret assignments (``db.password=X``, ``NAME_TOKEN=X``) and of ``Bearer X`` replaced by ***."""
+    for value in secrets:
+        text = text.replace(value, REDACTED)
     text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
-    return _TEXT_FLAG.sub(lambda m: f"{m['flag']}{m['sep']}{REDACTED}" if is_secret_name(m["flag"]) else m[0], text)
+    text = _LISTED_FLAG.sub(lambda m: f"{m['flag']}{m['v']}{REDACTED}{m['v']}"
+                            if is_secret_name(m["flag"].strip("'\", ")) else m[0], text)
+    text = _TEXT_FLAG.sub(lambda m: f"{m['flag']}{m['sep']}{REDACTED}" if is_secret_name(m["flag"]) else m[0], text)
+    text = _ASSIGNED.sub(lambda m: f"{m['key']}={REDACTED}" if is_secret_name(m["key"]) else m[0], text)
+    return _BEARER.sub(lambda m: f"{m['scheme']} {REDACTED}", text)
 
 
 def redact(value: Any) -> Any:

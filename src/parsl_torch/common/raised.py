@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from . import settings
-from .metadata import redact_text
+from .metadata import redact_text, secret_values
 
 #: the most of an exception's text a report carries (a tensor's repr in a message can be megabytes)
 RAISED_CHARS = 400
@@ -25,7 +25,7 @@ RAISED_CHARS = 400
 def raised_line(exc: BaseException) -> str:
     """``RuntimeError: bad config keys`` as one line, secrets in it redacted, at most RAISED_CHARS."""
     text = " ".join(" ".join(traceback.format_exception_only(type(exc), exc)).split())
-    text = redact_text(text)
+    text = redact_text(text, secret_values(os.environ))  # (a stage's env= and the shell's secrets are here)
     return text if len(text) <= RAISED_CHARS else text[:RAISED_CHARS - 1] + "…"
 
 
