@@ -494,6 +494,8 @@ def test_a_secret_known_by_its_variable_is_redacted_in_every_form_an_error_carri
     from parsl_torch.common.raised import raised_line
 
     monkeypatch.setenv("HF_TOKEN", "hf_SHELLSECRET")
+    monkeypatch.setenv("PWD", str(tmp_path))  # ("pwd" looks secret; the working directory is not)
+    monkeypatch.setenv("SSH_KEY_FILE", str(tmp_path))
     said = raised_line(RuntimeError("request failed: Authorization: Bearer hf_SHELLSECRET"))
     assert "SHELLSECRET" not in said and said.startswith("RuntimeError: request failed: Authorization: Bearer ***")
     stage = tmp_path / "leaky"
@@ -507,6 +509,7 @@ def test_a_secret_known_by_its_variable_is_redacted_in_every_form_an_error_carri
     for secret in ("ARGV5678", "PW998877", "NT445566", "ENVGIVEN1234", "SHELLSECRET"):
         assert secret not in text, text
     assert "'--lr', '0.1'" in text and "lr=0.1" in text  # what is not secret stays
+    assert str(stage / "stderr.txt") in text  # paths too
 
 
 def test_sites_show_hides_secret_environment_values(tmp_path, monkeypatch, capsys):
@@ -685,3 +688,25 @@ def test_a_workflow_stopped_by_a_signal_says_how_and_leaves_nothing_running(tmp_
                          text=True)
     assert f", {said} at " in out.stdout and f"[slow] stopped - the workflow was {said}" in out.stdout, out.stdout
     assert not processes_under(tmp_path), processes_under(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_damaged_output_is_set_aside_and_the_rerun_writes_it_anew(tmp_path):
+    """train.h5 overwritten with garbage: the rerun was triggered, then failed reading it, and so did every
+    later rerun. Now it is set aside (said in the log) and the rerun succeeds; the next run skips."""
+    run_dir = tmp_path / "run"
+    args = ["--run-dir", str(run_dir), *small_configs(tmp_path)]
+    first = run_script(REPO / "workflows" / "train_eval.py", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    history = run_dir / "train" / "train.h5"
+    history.write_bytes(b"not an HDF5 file, overwritten by hand")
+    again = run_script(REPO / "workflows" / "train_eval.py", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[train] runs again: the output train.h5 of its finished run was changed" in again.stderr
+    assert "[train] set aside, so that the rerun starts without them: output train.h5 -> train.h5.changed" \
+        in again.stderr, again.stderr[-3000:]
+    assert (run_dir / "train" / "train.h5.changed").read_bytes() == b"not an HDF5 file, overwritten by hand"
+    with h5py.File(history) as f:
+        assert f.attrs["status"] == "complete"
+    last = run_script(REPO / "workflows" / "train_eval.py", *args)
+    assert last.returncode == 0 and "[train] skipped" in last.stderr, last.stderr[-3000:]

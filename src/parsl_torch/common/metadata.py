@@ -43,10 +43,16 @@ _BEARER = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token)\s+(?P<value>[A-Za-z0
 MIN_SECRET_CHARS = 6
 
 
+#: variables whose names look secret but are not (the shell's working directories: "pwd")
+_NOT_SECRET_VARIABLES = frozenset({"PWD", "OLDPWD"})
+
+
 def secret_values(env: Mapping[str, str]) -> list[str]:
     """The values of the variables whose names mark them secret (``HF_TOKEN``, ``MY_API_TOKEN``), longest
-    first: wherever they appear in text, they are known to be secrets."""
-    found = {v for k, v in env.items() if is_secret_name(k) and isinstance(v, str) and len(v) >= MIN_SECRET_CHARS}
+    first: wherever they appear in text, they are known to be secrets. A path is not looked for (a
+    ``*_KEY_FILE`` names where a secret is, and every message naming a file under it would lose it)."""
+    found = {v for k, v in env.items() if is_secret_name(k) and k not in _NOT_SECRET_VARIABLES
+             and isinstance(v, str) and len(v) >= MIN_SECRET_CHARS and not v.startswith(("/", "~", "."))}
     return sorted(found, key=len, reverse=True)
 
 

@@ -55,7 +55,7 @@ from .configfiles import files_named_by_configs
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
 from .namedfiles import named_files
-from .outputs import output_digests, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
+from .outputs import output_digests, set_aside, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
 from .packages import package_change, package_components
 
 #: keyword arguments of a stage's app that are Parsl's, not the call's own

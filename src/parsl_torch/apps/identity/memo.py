@@ -84,6 +84,10 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
                     identity.why_rerun(call.stage, call.name, before, now, result is not None)
                 get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", call.stage,
                                                         " again" if before or result else "", why)
+            if changed:  # (the rerun writes them anew; read as they are, they could fail it every time)
+                moved = identity.set_aside(call.opts.stage_dir, kwargs.get("outputs", ()), before, cache)
+                get_logger("parsl_torch.workflow").info("[%s] set aside, so that the rerun starts without them: %s",
+                                                        call.stage, ", ".join(moved))
             return None
 
         def update_memo_result(self, task, r):

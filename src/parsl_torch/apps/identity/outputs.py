@@ -38,6 +38,25 @@ def spoiled_files(stage_dir: str | os.PathLike, function: bool, outputs: Sequenc
     return gone, changed
 
 
+#: the suffix of an output set aside because it was changed after its call wrote it
+ASIDE_SUFFIX = ".changed"
+
+
+def set_aside(stage_dir: str | os.PathLike, outputs: Sequence[Any], before: stagedir.CallRecord,
+              cache: Any) -> list[str]:
+    """Rename each output that differs from what its finished call left to ``<name>.changed`` (an
+    older one replaced): the rerun then starts without it (a train stage would otherwise resume
+    from a damaged checkpoint of its own call, and fail the same way at every rerun). Returns
+    what was moved, as ``spoiled_files`` names it."""
+    moved = []
+    for output in filter(_local, outputs):
+        left = before.outputs.get(output.filepath)
+        if left is not None and os.path.exists(output.filepath) and cache.file_digest(output.filepath) != left:
+            os.replace(output.filepath, output.filepath + ASIDE_SUFFIX)
+            moved.append(f"{_shown(output.filepath, stage_dir)} -> {os.path.basename(output.filepath)}{ASIDE_SUFFIX}")
+    return moved
+
+
 def spoiled_said(gone: Sequence[str], changed: Sequence[str]) -> str:
     """Why a stage whose files are gone or changed runs again (``spoiled_files``)."""
     said = []

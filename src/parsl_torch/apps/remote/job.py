@@ -104,6 +104,8 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     name = call.fn.name if call.fn is not None else job.stage
     why = identity.spoiled_said(gone, changed) if gone or changed else \
         identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
+    if changed:  # (as where the workflow runs: the rerun starts without them)
+        why += f"; set aside: {', '.join(identity.set_aside(stage_dir, outputs, before, digests))}"
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
             shipped = str(_unpack(stage_dir / SOURCES, job.sources))
