@@ -84,10 +84,8 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
                     identity.why_rerun(call.stage, call.name, before, now, result is not None)
                 get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", call.stage,
                                                         " again" if before or result else "", why)
-            if changed:  # (the rerun writes them anew; read as they are, they could fail it every time)
-                moved = identity.set_aside(call.opts.stage_dir, kwargs.get("outputs", ()), before, cache)
-                get_logger("parsl_torch.workflow").info("[%s] set aside, so that the rerun starts without them: %s",
-                                                        call.stage, ", ".join(moved))
+            if changed:
+                _set_aside(call, kwargs.get("outputs", ()), before, cache)
             return None
 
         def update_memo_result(self, task, r):
@@ -102,3 +100,11 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             super().update_memo_exception(task, e)
 
     return StageMemoizer(checkpoint_files=checkpoint_files, checkpoint_mode="task_exit")
+
+
+def _set_aside(call: StageCall, outputs: Any, before: Any, cache: Any) -> None:
+    """A rerun's outputs that were changed since its call wrote them go aside, said in the log: read as
+    they are, a damaged one could fail the rerun, and every rerun after it."""
+    moved = identity.set_aside(call.opts.stage_dir, outputs, before, cache)
+    get_logger("parsl_torch.workflow").info("[%s] set aside, so that the rerun starts without them: %s",
+                                            call.stage, ", ".join(moved))
