@@ -102,8 +102,8 @@ def script_command_length(script: Sequence[Any]) -> int:
 def check_script_argument(arg: Any, where: str) -> None:
     """A word of a script's command line: a string, a number, a path, a File or a future (a previous
     stage's ``outputs[i]``, resolved to its path); anything else has no text a script could parse."""
-    if isinstance(arg, (str, int, float, os.PathLike, Future)) and not isinstance(arg, bool) \
-            or hasattr(arg, "filepath"):
+    if hasattr(arg, "filepath") or (isinstance(arg, (str, int, float, os.PathLike, Future))
+                                    and not isinstance(arg, bool)):
         return
     raise ConfigError(f"{where}: argument {arg!r} ({type(arg).__name__}) cannot go on a script's command line: "
                       f"give strings, numbers, paths, Files or a previous stage's outputs[i]")
@@ -126,10 +126,9 @@ def script_word(arg: Any, outputs: Sequence[Any], stage_dir: os.PathLike | str) 
 def _output_named(value: str, outputs: Sequence[Any], stage_dir: os.PathLike | str) -> str | None:
     """The path in ``stage_dir`` of the output that ``value`` names, if it names one."""
     for output in outputs:
-        name = os.fspath(getattr(output, "filepath", output)) if isinstance(output, (str, os.PathLike)) or \
-            hasattr(output, "filepath") else None
-        if name is None:
+        if not (isinstance(output, (str, os.PathLike)) or hasattr(output, "filepath")):
             continue
+        name = command_text(output)
         placed = name if os.path.isabs(name) else os.path.join(os.fspath(stage_dir), name)
         if os.path.normpath(value) in (os.path.normpath(name), os.path.normpath(placed)):
             return os.path.normpath(placed)
