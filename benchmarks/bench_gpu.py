@@ -1,16 +1,17 @@
 """The built-in train stage on one GPU against a hand-written loop at the same precision, bf16
 against fp32, compile on and off, with MFU: printed as ratios measured in one process.
 
-    python benchmarks/bench_gpu.py [--models big,small] [--steps 30] [--repeats 3]
+    python benchmarks/bench_gpu.py [--models big,small] [--steps 80] [--repeats 3]
     python benchmarks/bench_gpu.py --device cpu --models tiny --steps 5 --repeats 1   # the script itself, on a CPU
 
 Each variant runs ``--repeats`` times, interleaved (a small model varies by +-20 % between runs);
 its rate is the median over repeats of steps / seconds after warm-up steps, both loops doing the
 same per-step work: the same batches from ``stages.data.batch`` copied to the device, one
-``loss.item()`` per step (the stage's one sync, for its history). The stage is
-``stages.train.run_train`` in this process (one rank), its rate from its history's ``dt``. MFU:
-torchtitan's FLOPs per token (6N + 12 L d T) over the device's dense bf16 peak
-(``core.flops``). The baseline, a plain torch loop, is measured in the same run.
+``loss.item()`` per step (the stage's one sync, for its history). "fp32" uses TF32 matmuls, as
+the stage does; the plain fp32 loop (TF32 off, torch's default) is the baseline of the bf16
+ratio. The stage is ``stages.train.run_train`` in this process (one rank), its rate from its
+history's ``dt``. MFU: torchtitan's FLOPs per token (6N + 12 L d T) over the device's dense
+bf16 peak (``core.flops``). The baseline, a plain torch loop, is measured in the same run.
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def hand_loop(name: str, precision: str, compiled: bool, steps: int, device: torch.device) -> float:
-    """Steps per second of a plain torch loop (no parsl-torch on the step path)."""
+def hand_loop(name: str, precision: str, compiled: bool, steps: int, device: torch.device,
+              tf32: bool = True) -> float:
+    """Steps per second of a plain torch loop (no parsl-torch on the step path); ``tf32=False``
+    is plain fp32, the baseline bf16 is compared with (torch's own default)."""
     model_cfg, data_cfg = configs(name)
     torch.manual_seed(0)
     model = Transformer(model_cfg.vocab_size, model_cfg.dim, model_cfg.n_heads, model_cfg.n_layers,
                         model_cfg.seq_len).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda" or None)
-    use_tf32(device.type, precision == "fp32")
+    use_tf32(device.type, tf32 and precision == "fp32")
     forward = torch.compile(model) if compiled else model
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
@@ -98,7 +101,7 @@ def stage(name: str, precision: str, compiled: bool, steps: int, device: torch.d
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="big,small")
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=80)  # 30 steps of the big model varied by +-8 %
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda")
     args = p.parse_args()
@@ -117,6 +120,8 @@ def main() -> None:
                                     model_cfg.n_layers, model_cfg.dim, model_cfg.seq_len)
         rates: dict[tuple[str, bool, str], list[float]] = {}
         for _ in range(args.repeats):  # interleaved: drift hits every variant alike
+            rates.setdefault(("fp32", False, "plain"), []).append(
+                hand_loop(model_name, "fp32", False, args.steps, device, tf32=False))
             for precision, compiled in variants:
                 for kind, run in (("loop", hand_loop), ("stage", stage)):
                     rates.setdefault((precision, compiled, kind), []).append(
@@ -129,7 +134,10 @@ def main() -> None:
             mfu = f", MFU {ours * tokens * per_token / peak:.1%}" if peak else ""
             print(f"  {precision}{' + compile' if compiled else '':<10} stage {ours:7.2f} steps/s, loop {loop:7.2f} "
                   f"-> stage/loop {ours / loop:.3f}x{mfu}")
-        print(f"  bf16 / fp32 (stage): {median[('bf16', False, 'stage')] / median[('fp32', False, 'stage')]:.2f}x; "
+        plain = median[("fp32", False, "plain")]
+        print(f"  plain fp32 loop (no TF32) {plain:7.2f} steps/s; bf16 (stage) / plain fp32: "
+              f"{median[('bf16', False, 'stage')] / plain:.2f}x, bf16 + compile: {median[('bf16', True, 'stage')] / plain:.2f}x")
+        print(f"  bf16 / fp32 with TF32 (stage): {median[('bf16', False, 'stage')] / median[('fp32', False, 'stage')]:.2f}x; "
               f"compile (stage, bf16): {median[('bf16', True, 'stage')] / median[('bf16', False, 'stage')]:.2f}x")
 
 

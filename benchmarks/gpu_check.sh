@@ -26,11 +26,11 @@ step() {  # step NAME SECONDS COMMAND...: runs it, its output to NAME.log, a lin
   python3 -c 'import torch, parsl_torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "gpus", torch.cuda.device_count()); print("parsl-torch", parsl_torch.__version__)'; } > "$logs/machine.txt" 2>&1
 cat "$logs/machine.txt"
-step doctor 120 parsl-torch doctor
-step tests 300 python3 -m pytest -m gpu tests -q -p no:cacheprovider
-step demo 300 parsl-torch run workflows/train_eval.py --run-dir "$logs/demo-run" --fresh
+step doctor 60 parsl-torch doctor
+step tests 180 python3 -m pytest -m gpu tests -q -p no:cacheprovider
+step demo 150 parsl-torch run workflows/train_eval.py --run-dir "$logs/demo-run" --fresh
 # shellcheck disable=SC2086  # (the arguments are meant to split)
-step bench 420 python3 benchmarks/bench_gpu.py ${GPU_CHECK_BENCH:---models big,small --repeats 2}
+step bench 360 python3 benchmarks/bench_gpu.py ${GPU_CHECK_BENCH:---models big,small --repeats 2}
 tail -n 20 "$logs/bench.log"
 if ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     echo "no CUDA GPU here: the gpu tests were skipped, so this run checked the script, not a GPU" | tee -a "$summary"
