@@ -137,11 +137,13 @@ def test_train_never_resumes_a_checkpoint_of_another_config(tmp_path):
     second = run(wf, str(runs), "0.05")
     loss, resumed = result(second).split()
     assert resumed == "0" and loss != "nan"
-    logs = "".join(p.read_text() for p in (runs / "train").glob("std*.txt"))  # the ranks' log
-    assert "was written by another call of this stage: training from step 0" in logs
+    # a new call starts in an empty directory: the first call's checkpoint is aside, never resumed
+    assert "the previous call's files go to train/.previous/" in second.stderr, second.stderr[-3000:]
     with h5py.File(runs / "train" / "train.h5") as f:
         assert list(f["step"][:]) == [0, 1, 2, 3]
         assert set(f["lr"][:]) == {0.05}
+    with h5py.File(runs / "train" / ".previous" / "train.h5") as f:
+        assert set(f["lr"][:]) == {0.001}
 
 
 def test_two_workflows_on_one_run_directory_the_second_fails_at_once_naming_the_first(tmp_path):

@@ -24,9 +24,11 @@ from ..common.files import open_private
 from ..common.outcome import forget_outcome
 from ..common.stagedir import ARGV as ARGV_FILE
 from ..common.stagedir import ENV as ENV_FILE
-from ..common.stagedir import PAYLOAD, RESULT, STARTED, STDERR, STDOUT
+from ..common.stagedir import PAYLOAD, PREVIOUS, RESULT, STARTED, STDERR, STDOUT
+from ..core.log import get_logger
 from . import identity
 from .call import StageCall
+from .freshdir import start_fresh
 from .payload import ShippedFunction, StageOptions, plain_files
 from .scriptargs import command_text
 
@@ -58,7 +60,7 @@ def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequen
     call_id = call.id or identity.call_id(identity.stage_components(
         call, args, {**kwargs, "inputs": inputs, "outputs": outputs},
         identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
-    _begin_attempt(opts.stage_dir)
+    _begin_attempt(call.stage, opts.stage_dir, call_id)
     for output in outputs:  # (``ckpt/model.pt``: its folder is there for the ranks to write into)
         Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
     if call.fn is not None:
@@ -71,9 +73,14 @@ def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequen
     return rank_cmd
 
 
-def _begin_attempt(stage_dir: str) -> None:
-    """From now on the directory holds this attempt's files: an earlier call's record and launch
-    outcome go (they must not explain this one), earlier logs are kept aside, ``status`` sees it run."""
+def _begin_attempt(stage: str, stage_dir: str, call_id: str) -> None:
+    """From now on the directory holds this attempt's files: another call's files go to ``.previous/``
+    (``freshdir``), this call's record and launch outcome go (they must not explain this attempt),
+    its earlier logs are kept aside, ``status`` sees it run."""
+    moved = start_fresh(stage_dir, call_id)
+    if moved:
+        get_logger("parsl_torch.workflow").info("[%s] a new call: the previous call's %d files moved to %s/%s/",
+                                                stage, len(moved), stage, PREVIOUS)
     identity.forget_call(stage_dir)
     forget_outcome(stage_dir)
     _keep_earlier_attempt(stage_dir)

@@ -36,6 +36,8 @@ ENV, ARGV = ".env.json", ".argv.json"
 PAYLOAD, RESULT = "payload.pkl", "result.pkl"
 #: on an endpoint: the user modules a remote function stage reaches, shipped with it (first on the ranks' path)
 SOURCES = ".sources"
+#: the files of the call before this one (a new call starts in an empty directory); PREVIOUS_PARTIAL while moving
+PREVIOUS, PREVIOUS_PARTIAL = ".previous", ".previous.partial"
 #: what the ranks print (earlier attempts: stdout.1.txt, ...)
 STDOUT, STDERR = "stdout.txt", "stderr.txt"
 #: beside each history file: rank 0's progress (``<history>.progress.json``)

@@ -24,6 +24,7 @@ from ...core.log import get_logger
 from ...errors import StageError
 from .. import identity
 from ..call import StageCall
+from ..freshdir import note
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
 #: ``id_for_memo`` is one process-wide function that cannot be handed it (set only around that call)
@@ -80,10 +81,7 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             if hit and not gone and not changed:
                 return result
             if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
-                why = identity.spoiled_said(gone, changed) if gone or changed else \
-                    identity.why_rerun(call.stage, call.name, before, now, result is not None)
-                get_logger("parsl_torch.workflow").info("[%s] runs%s: %s", call.stage,
-                                                        " again" if before or result else "", why)
+                _say_why(call, key, before, now, result is not None, gone, changed)
             if changed:
                 _set_aside(call, kwargs.get("outputs", ()), before, cache)
             return None
@@ -100,6 +98,14 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             super().update_memo_exception(task, e)
 
     return StageMemoizer(checkpoint_files=checkpoint_files, checkpoint_mode="task_exit")
+
+
+def _say_why(call: StageCall, key: str, before: Any, now: dict[str, str], memo_hit: bool, gone: list[str],
+             changed: list[str]) -> None:
+    why = identity.spoiled_said(gone, changed) if gone or changed else \
+        identity.why_rerun(call.stage, call.name, before, now, memo_hit)
+    get_logger("parsl_torch.workflow").info("[%s] runs%s: %s%s", call.stage, " again" if before or memo_hit else "",
+                                            why, note(call.stage, call.opts.stage_dir, key))
 
 
 def _set_aside(call: StageCall, outputs: Any, before: Any, cache: Any) -> None:
