@@ -112,7 +112,7 @@ def _write_argv(stage_dir: str, script: Sequence[Any]) -> str:
 def _write_env(opts: StageOptions, call: str) -> None:
     """The stage's environment for the supervisor, in a private file, not on the command line,
     which Parsl echoes into stderr.txt (and so into errors): its values may be secrets."""
-    env = {**opts.environment, settings.CALL_ID.name: call}
+    env = {**opts.environment, settings.CALL_ID.name: call, settings.OBSERVE.name: "1"}  # (its reads: ``observed``)
     if opts.rank_path:  # the ranks import what the workflow imports from its own folders
         env["PYTHONPATH"] = os.pathsep.join(opts.rank_path)
     with open_private(os.path.join(opts.stage_dir, ENV_FILE)) as f:

@@ -221,6 +221,10 @@ WORKFLOW = _add(Setting("PARSL_TORCH_WORKFLOW", "the token of the workflow that 
                         "ends them with it)", None, text, INTERNAL))
 LAUNCH_NOTIFY = _add(Setting("PARSL_TORCH_LAUNCH_NOTIFY", "where a rank's shim reports to `parsl-torch launch` "
                              "(host:port)", None, text, INTERNAL))
+OBSERVE = _add(Setting("PARSL_TORCH_OBSERVE", "set in a stage's environment: the ranks' shims observe what their "
+                       "Python processes read (`common.observe`), and tell the supervisor", False, flag, INTERNAL))
+READS_DIR = _add(Setting("PARSL_TORCH_READS_DIR", "the node-local folder where a rank's Python processes write "
+                         "what they read (set by the shim)", None, text, INTERNAL))
 RAISED = _add(Setting("PARSL_TORCH_RAISED", "the node-local file where a rank writes the exception that ended it, "
                       "for its shim's report (set by the shim)", None, text, INTERNAL))
 KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "

@@ -36,6 +36,8 @@ ENV, ARGV = ".env.json", ".argv.json"
 PAYLOAD, RESULT = "payload.pkl", "result.pkl"
 #: on an endpoint: the user modules a remote function stage reaches, shipped with it (first on the ranks' path)
 SOURCES = ".sources"
+#: what the ranks' Python processes read, merged by the supervisor (``common.observe``)
+READS = ".reads.json"
 #: the files of the call before this one (a new call starts in an empty directory); PREVIOUS_PARTIAL while moving
 PREVIOUS, PREVIOUS_PARTIAL = ".previous", ".previous.partial"
 #: what the ranks print (earlier attempts: stdout.1.txt, ...)
@@ -54,6 +56,18 @@ class CallRecord:
     components: dict[str, str]
     #: each declared output's digest when the call finished (an older record has none: not compared)
     outputs: dict[str, str] = field(default_factory=dict)
+    #: what its ranks read, each by its digest when it finished (None: not observed; ``identity.observed``)
+    reads: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ReadsRecord:
+    """Written by the supervisor when every rank finished: what they read (``f``/``F``/``d``/``e`` lines,
+    ``common.observe``), and how many of its ``expected`` ranks told it (fewer: not all was seen)."""
+
+    ranks: int
+    expected: int
+    reads: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from .events import NodeSilent, RankReport
 
-_MAX_LINE = 1 << 16
+_MAX_LINE = 1 << 26  # (a rank's reads: one line of up to ~300,000 paths; folders of many files are one)
 
 
 LOCAL_NAMES = ("", "localhost", "127.0.0.1")
@@ -44,6 +44,7 @@ class RankListener:
     """The ranks' shims talk to this one socket (JSON lines carrying the token):
 
     * a failure report (one line on its own connection): a ``RankReport``;
+    * a rank's reads (one line on its own connection, closed here once taken: ``common.observe``);
     * a node's heartbeat: local rank 0's shim says hello (host, its node's
       ranks), then a newline every few seconds, and "bye" when it ends. EOF
       without bye: a ``NodeSilent`` "vanished"; silence for ``node_timeout``
@@ -66,6 +67,8 @@ class RankListener:
         self.selector.register(self.server, selectors.EVENT_READ)
         self._closed = False
         self.greeted: set[str] = set()  # short names of the nodes that said hello
+        self.reads: set[str] = set()  # what the ranks' Python processes read (``common.observe``), merged
+        self.read_ranks: set[int] = set()  # the ranks that sent theirs
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -131,6 +134,10 @@ class RankListener:
         elif message.get("bye"):
             if sock in nodes:
                 nodes[sock]["bye"] = True
+        elif isinstance(message.get("reads"), list):
+            self.reads.update(str(line) for line in message["reads"])
+            self.read_ranks.add(int(message.get("rank", -1)))
+            self._drop(sock, buffers)  # (the shim waits for this: its reads are here before it exits)
         else:
             self.events.put(RankReport.of(message))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from ..common import settings
-from ..common.blocks import deadline_from_env
+from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SHIM
+from ..common.observe import rank_env, reads_of
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
@@ -54,6 +56,40 @@ def torchrun_env(env: Mapping[str, str]) -> tuple[Topology, dict[str, str]]:
     if "OMP_NUM_THREADS" not in env and topo.local_world_size > 1:
         extra["OMP_NUM_THREADS"] = "1"
     return topo, extra
+
+
+def send_reads(address: str, rank: int, reads: set[str]) -> bool:
+    """What the rank's Python processes read, to the supervisor, which answers by closing the
+    connection once it has them (so they are there before the launcher's exit); False if it cannot
+    be reached."""
+    host, port, token = address.rsplit(":", 2)
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall((json.dumps({"reads": sorted(reads), "rank": rank, "token": token}) + "\n").encode())
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(4096):
+                pass
+        return True
+    except OSError:
+        return False
+
+
+def _observing(address: str | None) -> str | None:
+    """The rank's node-local folder for what its processes read (None: not observed: no stage, or no folder)."""
+    if not (address and settings.OBSERVE.get()):
+        return None
+    try:
+        return tempfile.mkdtemp(prefix="parsl-torch-reads-")
+    except OSError:
+        return None
+
+
+def _report_reads(address: str, rank: int, folder: str) -> None:
+    try:
+        reads = reads_of(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    send_reads(address, rank, reads)
 
 
 def notify_failure(address: str, report: dict) -> bool:
@@ -159,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     raised = _raised_file()
     if raised:  # node-local: no shared file system's delay between the rank's write and this read
         extra[settings.RAISED.name] = raised
+    if reads := _observing(address):  # (node-local too: no file per rank on the shared file system)
+        extra.update(rank_env(reads, {**os.environ, **extra}))
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **extra})
     except OSError as exc:
@@ -176,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             signal_at_deadline(child, deadline)
         code = child.wait()
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
+    if reads and address and code in (0, CONTINUE_EXIT):  # (a block's end: the next block reads on)
+        _report_reads(address, topo.rank, reads)
+    elif reads:
+        shutil.rmtree(reads, ignore_errors=True)
     if code != 0 and not stopping:
         report = RankReport(topo.rank, topo.hostname, code, raised=said)
         if not (address and notify_failure(address, asdict(report))):

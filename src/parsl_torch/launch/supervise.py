@@ -99,7 +99,10 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     if stage_dir:
         forget_outcome(stage_dir)
     started = time.time()
-    outcome = _Watch(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started)).run()
+    watch = _Watch(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started))
+    outcome = watch.run()
+    if stage_dir and outcome.cause in (Cause.OK, Cause.CONTINUED) and settings.OBSERVE.get(plan.env):
+        _record_reads(stage_dir, watch.listener, plan.num_ranks)
     if outcome.cause is Cause.OK and result and not os.path.exists(result):
         outcome = Outcome(Cause.NO_RESULT, NO_RESULT_EXIT, (
             f"every rank exited with code 0, but rank 0 never returned a value ({os.path.basename(result)} was not "
@@ -238,6 +241,14 @@ class _Watch:
             stop(self.proc, self.grace)
             return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {self.timeout:g} s")
         return None
+
+
+def _record_reads(stage_dir: str, listener: RankListener, expected: int) -> None:
+    """What the ranks read, with what the call's earlier blocks read (a continuation reads on)."""
+    path = os.path.join(stage_dir, stagedir.READS)
+    earlier = stagedir.read_or_none(path, stagedir.ReadsRecord)
+    reads = listener.reads | set(earlier.reads if earlier else ())
+    stagedir.write(path, stagedir.ReadsRecord(len(listener.read_ranks), expected, sorted(reads)))
 
 
 def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:

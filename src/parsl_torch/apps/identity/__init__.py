@@ -45,16 +45,17 @@ from pathlib import Path
 from typing import Any
 
 from ...common import stagedir
-from ...core.claim import VISIBILITY
 from ...core.log import get_logger
 from ...errors import ConfigError
 from ..call import StageCall
-from ..scriptargs import PathNames, is_pattern, script_command_length
+from ..scriptargs import script_command_length
 from . import usercode
 from .configfiles import files_named_by_configs
+from .environment import LAUNCH_NAMES, LAUNCH_PREFIXES, env_components, env_files  # noqa: F401 - (API)
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
 from .namedfiles import named_files
+from .observed import reads_of_call, stale_reads  # noqa: F401 - (the sub-package's API)
 from .outputs import output_digests, set_aside, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
 from .packages import package_change, package_components
 
@@ -64,13 +65,6 @@ PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specifi
 #: environment variables the code reads (``env <NAME>``), the installed modules it imports (``package
 #: <name>``), the files its modules name (``input <path>``)
 ENV_NAMES, PACKAGES, NAMED_FILES = "reads environment", "imports packages", "names files"
-#: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
-LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HYDRA_", "SLURM_", "PBS_", "PARSL_",
-                   "TORCHELASTIC_", *VISIBILITY)
-LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                          "MASTER_ADDR", "MASTER_PORT"})
-
-
 @dataclasses.dataclass(frozen=True)
 class Arguments:
     """A call's arguments as its identity sees them: their digest, the files they name (with their
@@ -153,31 +147,6 @@ def data_components(opts: Any, arguments: Arguments, inputs: Sequence[Any], cach
             **_inputs(given, opts.stage_dir, cache)}
 
 
-def env_components(names: Sequence[str], stage_env: Mapping[str, str],
-                   environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env <NAME>`` for each variable the code reads: its value as the ranks get it (the stage's
-    ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
-    variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
-    return {f"env {name}": "unset" if value is None else sha(f"{name}={value}".encode())
-            for name, value in _env_values(names, stage_env, environ).items()}
-
-
-def env_files(names: Sequence[str], stage_env: Mapping[str, str],
-              environ: Mapping[str, str] | None = None) -> dict[str, None]:
-    """The files the values of those variables name (``open(os.environ["DATA"])``: the file is an input,
-    not only its name); a folder named so is compared by its name alone (``HOME``, ``SCRATCH``: places)."""
-    paths = PathNames()
-    named = (paths.named(value) for value in _env_values(names, stage_env, environ).values() if value)
-    return {path: None for path in named if path is not None and (os.path.isfile(path) or is_pattern(path))}
-
-
-def _env_values(names: Sequence[str], stage_env: Mapping[str, str],
-                environ: Mapping[str, str] | None) -> dict[str, str | None]:
-    environ = os.environ if environ is None else environ
-    return {name: stage_env.get(name, environ.get(name)) for name in names
-            if not (name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES))}
-
-
 @functools.lru_cache(maxsize=1)
 def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -210,10 +179,12 @@ def read_call(stage_dir: str | os.PathLike) -> stagedir.CallRecord | None:
 
 
 def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, str], outputs: Sequence[Any],
-               cache: DigestCache) -> None:
-    """The call finished: its identity, and its outputs' digests (a skip stands while they are unchanged)."""
+               cache: DigestCache, stage_env: Mapping[str, str]) -> None:
+    """The call finished: its identity, its outputs' digests and what it read, as it left them (a skip
+    stands while they are unchanged). ``stage_env``: its ``env=``, as its ranks got it."""
+    reads = reads_of_call(str(stage_dir), stage_env, cache)
     stagedir.write(Path(stage_dir) / stagedir.CALL,
-                   stagedir.CallRecord(memo_key, dict(parts), output_digests(outputs, cache)))
+                   stagedir.CallRecord(memo_key, dict(parts), output_digests(outputs, cache), reads))
     cache.save()
 
 

@@ -97,9 +97,10 @@ class DigestCache:
             self._remember(path, {"stat": key, "sha256": h.hexdigest()})
         return h.hexdigest()
 
-    def _tree(self, path: str) -> list[tuple[str, int, int]]:
-        """(relative path, size, mtime) of each file under a directory, in order; hidden folders,
-        ``__pycache__`` and the run directory left out."""
+    def _tree(self, path: str) -> list[tuple[str, int, int, int]]:
+        """(relative path, size, mtime, ctime) of each file under a directory, in order (ctime: a file
+        replaced by ``cp -p`` keeps size and mtime); hidden folders, ``__pycache__`` and the run
+        directory left out."""
         found = []
         for top, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
@@ -107,7 +108,8 @@ class DigestCache:
             for name in sorted(files):
                 with contextlib.suppress(OSError):
                     st = os.stat(os.path.join(top, name))
-                    found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns))
+                    found.append((os.path.relpath(os.path.join(top, name), path), st.st_size, st.st_mtime_ns,
+                                  st.st_ctime_ns))
         return found
 
     def _pattern_digest(self, pattern: str) -> str:

@@ -78,10 +78,12 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             hit = result is not None and before is not None and before.memo_key == key
             gone, changed = identity.spoiled_files(call.opts.stage_dir, call.returns, kwargs.get("outputs", ()),
                                                    before, cache) if hit else ([], [])
-            if hit and not gone and not changed:
+            read = identity.stale_reads(before, call.opts.stage_dir, call.opts.environment, cache) \
+                if hit and not gone and not changed else []
+            if hit and not gone and not changed and not read:
                 return result
             if not task.get("try_id"):  # a retry or continuation: why it runs was said at its first try
-                _say_why(call, key, before, now, result is not None, gone, changed)
+                _say_why(call, key, before, now, result is not None, gone, changed, read)
             if changed:
                 _set_aside(call, kwargs.get("outputs", ()), before, cache)
             return None
@@ -91,7 +93,7 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             call, parts = StageCall.of_task(task), checked.pop(task["id"], None)
             if call is not None and parts is not None and task.get("hashsum"):
                 identity.write_call(call.opts.stage_dir, task["hashsum"], parts, task["kwargs"].get("outputs", ()),
-                                    cache)
+                                    cache, call.opts.environment)
 
         def update_memo_exception(self, task, e):
             checked.pop(task["id"], None)
@@ -101,8 +103,8 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
 
 
 def _say_why(call: StageCall, key: str, before: Any, now: dict[str, str], memo_hit: bool, gone: list[str],
-             changed: list[str]) -> None:
-    why = identity.spoiled_said(gone, changed) if gone or changed else \
+             changed: list[str], read: list[str]) -> None:
+    why = identity.spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
         identity.why_rerun(call.stage, call.name, before, now, memo_hit)
     get_logger("parsl_torch.workflow").info("[%s] runs%s: %s%s", call.stage, " again" if before or memo_hit else "",
                                             why, note(call.stage, call.opts.stage_dir, key))

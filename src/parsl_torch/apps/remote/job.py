@@ -100,10 +100,12 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     key, before = identity.call_id(parts), identity.read_call(stage_dir)
     hit = job.memoize and before is not None and before.memo_key == key
     gone, changed = identity.spoiled_files(stage_dir, call.returns, outputs, before, digests) if hit else ([], [])
-    if hit and not gone and not changed and (stored := _value(stage_dir, call)) is not False:
+    read = identity.stale_reads(before, str(stage_dir), call.opts.environment, digests) \
+        if hit and not gone and not changed else []
+    if hit and not gone and not changed and not read and (stored := _value(stage_dir, call)) is not False:
         return RemoteAnswer(job.stage, stored)
     name = call.fn.name if call.fn is not None else job.stage
-    why = identity.spoiled_said(gone, changed) if gone or changed else \
+    why = identity.spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
         identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
     if changed:  # (as where the workflow runs: the rerun starts without them)
         why += f"; set aside: {', '.join(identity.set_aside(stage_dir, outputs, before, digests))}"
@@ -128,7 +130,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
             f"stage {job.stage!r} returned {len(value) / 2**20:.1f} MiB, more than Globus Compute carries back "
             f"({RESULT_LIMIT // 2**20} MiB): write it to a file in outputs= (it stays on the endpoint, in "
             f"{stage_dir}) and return its path or a summary"))
-    identity.write_call(stage_dir, key, parts, outputs, digests)
+    identity.write_call(stage_dir, key, parts, outputs, digests, call.opts.environment)
     return RemoteAnswer(job.stage, value, why)
 
 

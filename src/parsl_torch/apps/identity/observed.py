@@ -1,0 +1,148 @@
+"""What a finished stage read, as its ranks' Python processes saw it (``common.observe``), kept with
+its call: a skip needs every such read unchanged, besides an equal identity.
+
+A call's record holds one digest per read, taken when the stage finished (so a stage that
+rewrites what it read is compared with what it left): ``read <path>`` a file (its digest: a stat
+key with ctime, then SHA-256), ``read folder <path>`` a folder of many files read (every file in
+it), ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in
+the stage's own directory and the run directory (outputs) are not inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ...common import stagedir
+from ...core.log import get_logger
+from .digests import DigestCache, sha
+from .environment import env_components
+
+#: environment variables that are the session's or the launch's, not the stage's input, when a stage
+#: reads the whole environment (``dict(os.environ)``; the interpreter's PYTHON* too); one read by its name is
+#: compared all the same
+SESSION = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TMP", "TEMP", "PYTHONPATH", "OMP_NUM_THREADS",
+                     "TERM", "COLORTERM", "DISPLAY", "LS_COLORS", "MAIL", "WINDOWID", "STY", "HOSTNAME"})
+SESSION_PREFIXES = ("PYTHON", "SSH_", "XDG_", "DBUS_", "TMUX", "TERM_", "LC_TERMINAL", "VSCODE_", "KITTY_", "ITERM_")
+
+
+def observed(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
+    """The reads its supervisor recorded (None: not observed: an older record, a warm stage)."""
+    return stagedir.read_or_none(Path(stage_dir) / stagedir.READS, stagedir.ReadsRecord,
+                                 get_logger("parsl_torch.workflow"))
+
+
+def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mapping[str, str],
+                 cache: DigestCache, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each observed read's digest now (at the stage's end, and again at each skip check)."""
+    outputs = tuple(os.path.join(p, "") for p in {os.path.realpath(stage_dir),
+                                                   os.path.realpath(os.path.dirname(stage_dir))})
+    digests: dict[str, str] = {}
+    names: set[str] = set()
+    for line in record.reads:
+        kind, _, what = line.partition(" ")
+        if kind == "e":
+            names.update(_whole_environment(stage_env, environ) if what == "*" else [what])
+        elif not os.path.join(os.path.realpath(what), "").startswith(outputs):
+            key, digest = _digest(kind, what, cache)
+            if key:
+                digests[key] = digest
+    if any(line == "e *" for line in record.reads):  # (dict(os.environ) reads each name too: not told apart)
+        names = {n for n in names if n not in SESSION and not n.startswith(SESSION_PREFIXES)}
+        digests["env *"] = _names_digest(stage_env, environ)
+    digests.update(env_components(sorted(names), stage_env, environ))
+    return digests
+
+
+def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> str:
+    """Which variables there are (a stage that read them all sees one more, or one fewer)."""
+    return sha(json.dumps(sorted(_whole_environment(stage_env, environ))).encode())
+
+
+def _digest(kind: str, path: str, cache: DigestCache) -> tuple[str | None, str]:
+    if kind == "f":
+        return f"read {path}", cache.file_digest(path) if not os.path.isdir(path) else "folder"
+    if kind == "F":
+        return f"read folder {path}", _folder(path, cache)
+    if kind == "d":
+        try:
+            return f"listed {path}", sha(json.dumps(sorted(os.listdir(path))).encode())
+        except OSError:
+            return f"listed {path}", "missing"
+    return None, ""
+
+
+def _folder(path: str, cache: DigestCache) -> str:
+    """Every file directly in a folder, each by its digest (stat-cached: a few microseconds a file)."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return "missing"
+    files = [(n, cache.file_digest(os.path.join(path, n))) for n in names if os.path.isfile(os.path.join(path, n))]
+    return sha(json.dumps(files).encode())
+
+
+def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> set[str]:
+    environ = os.environ if environ is None else environ
+    return {n for n in {*environ, *stage_env} if n not in SESSION and not n.startswith(SESSION_PREFIXES)}
+
+
+def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """What changed among a finished call's reads, for the log (``input /data/a.npy changed (read by it)``)."""
+    said = []
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            kind, _, what = key.partition(" ")
+            if key == "env *":
+                said.append("the environment's variables changed (it read all of them)")
+            elif kind == "env":
+                said.append(f"environment variable {what} changed (read by it)")
+            elif key in before and now.get(key, "missing") == "missing":
+                said.append(f"{what.removeprefix('folder ')} it read is gone")
+            else:
+                said.append(f"{'the folder ' if kind == 'listed' else 'input '}{what.removeprefix('folder ')} "
+                            f"changed (read by it)")
+    return said
+
+
+def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache,
+            environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The digests of the same reads now (the names and paths a finished call's record lists)."""
+    lines, names = [], []
+    for key in before:
+        kind, _, what = key.partition(" ")
+        if kind == "env":
+            names.append(what)
+        elif kind == "read":
+            lines.append(f"F {what[len('folder '):]}" if what.startswith("folder ") else f"f {what}")
+        elif kind == "listed":
+            lines.append(f"d {what}")
+    now = read_digests(stagedir.ReadsRecord(0, 0, lines), stage_dir, stage_env, cache, environ)
+    if "*" in names:
+        names.remove("*")
+        now["env *"] = _names_digest(stage_env, environ)
+    return {**now, **env_components(names, stage_env, environ)}
+
+
+def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache) -> dict[str, str] | None:
+    """For a finished call's record: its reads' digests now (None: not observed, or not by every rank)."""
+    record = observed(stage_dir)
+    if record is None:
+        return None
+    if record.ranks < record.expected:
+        get_logger("parsl_torch.workflow").warning(
+            "[%s] %d of its %d ranks told what they read (a rank's Python without parsl-torch, or its shim could "
+            "not reach the supervisor): its skip compares what it is given only", os.path.basename(stage_dir),
+            record.ranks, record.expected)
+        return None
+    return read_digests(record, stage_dir, stage_env, cache)
+
+
+def stale_reads(before: stagedir.CallRecord, stage_dir: str, stage_env: Mapping[str, str],
+                cache: DigestCache) -> list[str]:
+    """What changed since the finished call ``before`` read it (empty: its reads are as it left them)."""
+    if not before.reads:
+        return []
+    return changed_reads(before.reads, current(before.reads, stage_dir, stage_env, cache))

@@ -1,0 +1,231 @@
+"""What a stage's Python processes read, seen as they read it (PEP 578 audit hooks).
+
+Installed in every Python process a stage starts (its ranks and their children: the shim puts
+``observe_boot`` on their ``PYTHONPATH``; forked children keep the hook). Each process appends a
+line per new thing it reads to its own file in the rank's node-local folder
+(``settings.READS_DIR``), at once, so a worker ended by ``os._exit`` or a kill loses nothing:
+
+* ``f PATH``: a file opened for reading (``open``, ``os.open``, ``io.open_code``: code too;
+  ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python);
+* ``d PATH``: a directory listed (``os.listdir``, ``os.scandir``, ``glob``);
+* ``e NAME``: an environment variable read by name from the user's code; ``e *``: the whole
+  environment (``dict(os.environ)``, ``os.environ.copy()``).
+
+Not recorded, being compared otherwise or being no input: the standard library, installed
+packages, parsl-torch itself, the temporary folder (``$TMPDIR``, else ``/tmp``; ``/var/tmp``), the
+compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``. The shim merges a
+rank's files (``reads_of``); the workflow keeps what a stage read (``apps.identity.observed``).
+It imports the standard library and ``settings`` only: it runs at every interpreter's start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterable
+
+from . import settings
+
+#: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
+MANY = 256
+_EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
+
+
+def _skipped_prefixes() -> tuple[str, ...]:
+    import site
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # parsl_torch itself
+    stdlib = os.path.dirname(os.__file__)
+    packages = [*site.getsitepackages(), site.getusersitepackages(),
+                *{os.path.join(p, "lib") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}]
+    home = os.path.expanduser("~")
+    caches = [os.environ.get(v) for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR")]
+    caches += [os.path.join(home, p) for p in (".triton", ".nv", ".cache/matplotlib", ".config/matplotlib")]
+    temp = os.environ.get("TMPDIR") or "/tmp"  # (torch.compile's caches are there too)
+    places = [here, stdlib, *packages, *(c for c in caches if c), temp, "/var/tmp", "/proc", "/sys", "/dev"]
+    return tuple({os.path.join(f(p), "") for p in places for f in (os.path.realpath, os.path.abspath)})
+
+
+class Recorder:
+    """One process's reads: each new one appended at once to ``<folder>/<pid>.txt``."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.skipped = folder, _skipped_prefixes()
+        #: code that lists sys.path's folders to find modules and installed packages (importlib.metadata)
+        self.finders = ("<frozen", os.path.join(os.path.dirname(os.__file__), "importlib", ""))
+        self.seen: set[str] = set()
+        self.local = threading.local()  # (set while the recorder itself opens its file)
+        self.lock = threading.Lock()
+        self.out: int | None = None
+
+    def hook(self, event: str, args: tuple) -> None:
+        if event not in _EVENTS or getattr(self.local, "busy", False):
+            return
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int) or not _reads(mode, flags):
+                return
+            self.note("f", path)
+        elif args[0] is not None and not isinstance(args[0], int) and \
+                not sys._getframe(1).f_code.co_filename.startswith(self.finders):
+            self.note("d", args[0])  # (not the import system's: the modules it finds are recorded as files)
+
+    def note(self, kind: str, path: object) -> None:
+        try:
+            text = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
+        except TypeError:
+            return
+        full = _source_of(os.path.abspath(text))
+        inside = os.path.join(full, "")
+        if inside.startswith(self.skipped) or inside.startswith(self.folder):
+            return
+        self.line(f"{kind} {full}")
+
+    def line(self, text: str) -> None:
+        if text in self.seen:
+            return
+        self.local.busy = True
+        try:
+            with self.lock:
+                if self.out is None:
+                    self.out = os.open(os.path.join(self.folder, f"{os.getpid()}.txt"),
+                                       os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.write(self.out, (text + "\n").encode("utf-8", "surrogateescape"))
+                self.seen.add(text)
+        except OSError:
+            pass  # a folder gone: the shim ended; nothing is left to tell
+        finally:
+            self.local.busy = False
+
+    def after_fork(self) -> None:
+        """A forked child writes its own file (what its parent saw is in the parent's)."""
+        self.out = None
+        self.lock = threading.Lock()
+
+
+def _source_of(path: str) -> str:
+    """A module's compiled cache (``pkg/__pycache__/mod.cpython-312.pyc``) stands for its source
+    (``pkg/mod.py``), which is what an edit changes: the cache follows only at the next import."""
+    if not path.endswith(".pyc"):
+        return path
+    folder, name = os.path.split(path)
+    if os.path.basename(folder) != "__pycache__":
+        return path
+    return os.path.join(os.path.dirname(folder), name.split(".", 1)[0] + ".py")
+
+
+def _reads(mode: object, flags: object) -> bool:
+    if isinstance(mode, str):
+        return "r" in mode or "+" in mode
+    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
+
+
+def _user_frame(skipped: tuple[str, ...]) -> bool:
+    """Whether the code that reads the environment is the user's (not a package's, not parsl-torch's)."""
+    frame = sys._getframe(2)
+    stdlib = (os.path.join(os.path.dirname(os.__file__), ""), "<frozen")  # (os and abc are frozen modules)
+    while frame is not None and frame.f_code.co_filename.startswith(stdlib):
+        frame = frame.f_back  # os.getenv, Mapping.get: on behalf of their caller
+    return frame is not None and not frame.f_code.co_filename.startswith(skipped)
+
+
+def _watch_environ(recorder: Recorder) -> None:
+    base = type(os.environ)
+
+    class Environ(base):  # type: ignore[misc,valid-type]
+        def __getitem__(self, key):
+            if _user_frame(recorder.skipped):
+                recorder.line(f"e {key}")
+            return base.__getitem__(self, key)
+
+        def __contains__(self, key):
+            if _user_frame(recorder.skipped):
+                recorder.line(f"e {key}")
+            return base.__contains__(self, key)
+
+        def __iter__(self):
+            if _user_frame(recorder.skipped):
+                recorder.line("e *")
+            return base.__iter__(self)
+
+    os.environ.__class__ = Environ
+
+
+def _watch_h5py(recorder: Recorder) -> None:
+    """h5py's files are opened by the HDF5 library, not Python: ``h5py.File`` is wrapped where it is defined."""
+    import importlib.abc
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "h5py._hl.files":
+                return None
+            sys.meta_path.remove(self)
+            try:
+                import importlib.util
+
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None:
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                opened = module.File.__init__
+
+                def init(self, name, mode="r", *args, **kwargs):
+                    if isinstance(name, (str, bytes, os.PathLike)) and mode in ("r", "r+", "a", None):
+                        recorder.note("f", name)
+                    opened(self, name, mode, *args, **kwargs)
+
+                module.File.__init__ = init
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+def install_from_env() -> Recorder | None:
+    """Observe this process when its shim asked for it (``settings.READS_DIR``, a folder that exists)."""
+    folder = settings.READS_DIR.get()
+    return install(folder) if folder and os.path.isdir(folder) else None
+
+
+def install(folder: str) -> Recorder:
+    """Observe this process (and its forked children) into ``folder``."""
+    recorder = Recorder(os.path.join(os.path.abspath(folder), ""))
+    sys.addaudithook(recorder.hook)
+    os.register_at_fork(after_in_child=recorder.after_fork)
+    _watch_environ(recorder)
+    _watch_h5py(recorder)
+    return recorder
+
+
+def reads_of(folder: str) -> set[str]:
+    """The lines of every process's file in a rank's folder, with folders of many files read taken whole
+    (``F PATH``: the folder and every file in it)."""
+    lines: set[str] = set()
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), encoding="utf-8", errors="surrogateescape") as f:
+            lines.update(line.rstrip("\n") for line in f if line.strip())
+    return _folded(lines)
+
+
+def _folded(lines: Iterable[str]) -> set[str]:
+    by_folder: dict[str, list[str]] = {}
+    for line in lines:
+        if line.startswith("f "):
+            by_folder.setdefault(os.path.dirname(line[2:]), []).append(line)
+    many = {folder for folder, files in by_folder.items() if len(files) > MANY}
+    return {line for line in lines if not (line.startswith("f ") and os.path.dirname(line[2:]) in many)} | \
+        {f"F {folder}" for folder in many}
+
+
+def rank_env(folder: str, environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """What the shim adds to its rank's environment so that every Python process in it is observed."""
+    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe_boot")
+    path = environ.get("PYTHONPATH")
+    return {settings.READS_DIR.name: folder, "PYTHONPATH": boot + (os.pathsep + path if path else "")}

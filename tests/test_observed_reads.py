@@ -1,0 +1,150 @@
+"""Reruns from what a stage actually read (``common.observe``): the audit's cases that no rule
+reading the code can see, each a separate ``python wf.py`` after one edit (other hash seeds).
+The edit reruns exactly the stage that read it, the log names the read, the result is new; an
+unchanged rerun skips every stage, the one that writes into the folder it reads too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parsl_torch.common.observe import _folded, _source_of
+
+from .conftest import clean_env
+
+HELPERS = '''
+import os
+from pathlib import Path
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def read(name):
+    return open(os.path.join(DATA_DIR, name)).read().strip()  # a name the caller passes
+
+
+def shards():
+    folder = Path(DATA_DIR).parent / "shards"
+    return sum(int((folder / f"s{i}.txt").read_text()) for i in range(300))  # a folder of many files
+'''
+
+WORKFLOW = '''
+import glob, importlib, json, os
+import parsl_torch as pt
+import helpers
+
+ARCH = "archmod"
+
+
+@pt.distributed_app(ranks_per_node=1)
+def reader(name):
+    return helpers.read(name)
+
+
+@pt.distributed_app(ranks_per_node=1)
+def arch():
+    return importlib.import_module(ARCH).WIDTH
+
+
+@pt.distributed_app(ranks_per_node=1)
+def envy():
+    return sorted((k, v) for k, v in dict(os.environ).items() if k.startswith("MYAPP_"))
+
+
+@pt.distributed_app(ranks_per_node=1)
+def summarize():
+    here = os.path.join(os.path.dirname(helpers.DATA_DIR), "inbox")
+    total = sum(int(open(p).read()) for p in sorted(glob.glob(os.path.join(here, "*.num"))))
+    open(os.path.join(here, "summary.txt"), "w").write(str(total))  # into the folder it reads
+    return total
+
+
+@pt.distributed_app(ranks_per_node=1)
+def sharded():
+    return helpers.shards()
+
+
+with pt.workflow(site="local", run_dir="runs"):
+    futures = {"reader": reader("b.txt"), "arch": arch(), "envy": envy(), "summarize": summarize(),
+               "sharded": sharded()}
+    print("RESULT", json.dumps({k: f.result() for k, f in futures.items()}), flush=True)
+'''
+
+
+def _project(root: Path) -> None:
+    (root / "data").mkdir()
+    (root / "data" / "b.txt").write_text("one")
+    (root / "inbox").mkdir()
+    (root / "inbox" / "a.num").write_text("2")
+    (root / "shards").mkdir()
+    for i in range(300):
+        (root / "shards" / f"s{i}.txt").write_text("1")
+    (root / "helpers.py").write_text(HELPERS)
+    (root / "archmod.py").write_text("WIDTH = 64\n")
+    (root / "wf.py").write_text(WORKFLOW)
+    (root / "tmp").mkdir()
+
+
+def _run(root: Path, seed: str, **env: str) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=300, cwd=root,
+                         env=clean_env(PYTHONHASHSEED=seed, TMPDIR=str(root / "tmp"), MYAPP_MODE="a", **env))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.split("RESULT ", 1)[1]), out.stderr
+
+
+def _ran(log: str) -> set[str]:
+    return {s for s in ("reader", "arch", "envy", "summarize", "sharded") if f"[{s}] runs" in log}
+
+
+@pytest.mark.slow
+def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
+    _project(tmp_path)
+    first, _ = _run(tmp_path, "1")
+    assert first == {"reader": "one", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300}
+    again, log = _run(tmp_path, "2")
+    assert again == first and not _ran(log), log  # nothing changed: every stage skipped, summarize too
+    (tmp_path / "data" / "b.txt").write_text("two")  # DATA_DIR joined with a name the caller passes
+    result, log = _run(tmp_path, "3")
+    assert result["reader"] == "two" and _ran(log) == {"reader"}, log
+    assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed (read by it)" in log, log
+    (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # importlib.import_module(ARCH)
+    result, log = _run(tmp_path, "4")
+    assert result["arch"] == 128 and _ran(log) == {"arch"}, log
+    result, log = _run(tmp_path, "5", MYAPP_EXTRA="x")  # the whole environment, read through dict(os.environ)
+    assert result["envy"] == [["MYAPP_EXTRA", "x"], ["MYAPP_MODE", "a"]] and _ran(log) == {"envy"}, log
+    (tmp_path / "shards" / "s7.txt").write_text("11")  # one shard of many
+    result, log = _run(tmp_path, "6", MYAPP_EXTRA="x")
+    assert result["sharded"] == 310 and _ran(log) == {"sharded"}, log
+    assert f"input {tmp_path / 'shards'} changed (read by it)" in log, log
+
+
+def test_a_folder_of_many_files_read_is_kept_as_the_folder_and_a_module_cache_as_its_source():
+    many = {f"f /d/s{i}.bin" for i in range(300)}
+    assert _folded(many | {"f /e/one.txt", "e HOME"}) == {"F /d", "f /e/one.txt", "e HOME"}
+    assert _source_of("/p/pkg/__pycache__/mod.cpython-312.pyc") == "/p/pkg/mod.py"
+    assert _source_of("/p/data.pyc") == "/p/data.pyc"
+
+
+def test_the_recorder_sees_reads_in_children_and_forked_workers_and_not_the_standard_library(tmp_path):
+    data = tmp_path / "in.txt"
+    data.write_text("x")
+    folder = tmp_path / "reads"
+    folder.mkdir()
+    code = (f"import os, subprocess, sys, multiprocessing as mp\n"
+            f"open({str(data)!r}).read(); os.environ.get('MYAPP_KEY'); os.listdir({str(tmp_path)!r})\n"
+            f"subprocess.run([sys.executable, '-c', 'import os; os.environ.get(\"CHILD_KEY\")'], check=True)\n"
+            f"p = mp.get_context('fork').Process(target=lambda: open({str(data)!r} + '.2', 'w') and "
+            f"open({str(data)!r} + '.2').read())\n"
+            f"p.start(); p.join()\n")
+    from parsl_torch.common.observe import rank_env, reads_of
+
+    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **rank_env(str(folder), os.environ))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    reads = reads_of(str(folder))
+    assert {f"f {data}", "e MYAPP_KEY", f"d {tmp_path}", "e CHILD_KEY", f"f {data}.2"} <= reads, reads
+    assert not any("python3" in line or "site-packages" in line for line in reads), reads
