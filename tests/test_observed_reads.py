@@ -69,7 +69,7 @@ def sharded():
     return helpers.shards()
 
 
-with pt.workflow(site="local", run_dir="runs"):
+with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1"):
     futures = {"reader": reader("b.txt"), "arch": arch(), "envy": envy(), "summarize": summarize(),
                "sharded": sharded()}
     print("RESULT", json.dumps({k: f.result() for k, f in futures.items()}), flush=True)
@@ -121,6 +121,20 @@ def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     result, log = _run(tmp_path, "6", MYAPP_EXTRA="x")
     assert result["sharded"] == 310 and _ran(log) == {"sharded"}, log
     assert f"input {tmp_path / 'shards'} changed (read by it)" in log, log
+
+
+@pytest.mark.slow
+def test_warm_ranks_observe_each_call_on_its_own(tmp_path):
+    """A warm rank reads the first call's files before the second call: each call's record is its own."""
+    _project(tmp_path)
+    first, _ = _run(tmp_path, "1", WARM="1")
+    assert first["reader"] == "one" and first["sharded"] == 300
+    again, log = _run(tmp_path, "2", WARM="1")
+    assert again == first and not _ran(log), log
+    (tmp_path / "data" / "b.txt").write_text("two")
+    result, log = _run(tmp_path, "3", WARM="1")
+    assert result["reader"] == "two" and _ran(log) == {"reader"}, log
+    assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed (read by it)" in log, log
 
 
 def test_a_folder_of_many_files_read_is_kept_as_the_folder_and_a_module_cache_as_its_source():

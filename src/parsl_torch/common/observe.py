@@ -29,7 +29,9 @@ from . import settings
 
 #: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
 MANY = 256
-_EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
+#: an audit event of our own: a warm rank starts its next call (what the recorder saw so far is the last call's)
+BEGIN = "parsl_torch.observe.begin"
+_EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
 
 
 def _skipped_prefixes() -> tuple[str, ...]:
@@ -62,7 +64,9 @@ class Recorder:
     def hook(self, event: str, args: tuple) -> None:
         if event not in _EVENTS or getattr(self.local, "busy", False):
             return
-        if event == "open":
+        if event == BEGIN:
+            self.begin()
+        elif event == "open":
             path, mode, flags = args
             if isinstance(path, int) or not _reads(mode, flags):
                 return
@@ -97,6 +101,14 @@ class Recorder:
             pass  # a folder gone: the shim ended; nothing is left to tell
         finally:
             self.local.busy = False
+
+    def begin(self) -> None:
+        """Forget what was seen: the next call's reads are recorded anew (into a fresh file)."""
+        with self.lock:
+            if self.out is not None:
+                os.close(self.out)
+            self.out = None
+            self.seen.clear()
 
     def after_fork(self) -> None:
         """A forked child writes its own file (what its parent saw is in the parent's)."""
@@ -202,6 +214,18 @@ def install(folder: str) -> Recorder:
     _watch_environ(recorder)
     _watch_h5py(recorder)
     return recorder
+
+
+def begin_call() -> str | None:
+    """A warm rank's next call: the folder emptied and this process's recorder told (no handle on it
+    is kept anywhere: it hears its own audit event). The folder, or None where nothing is observed."""
+    folder = settings.READS_DIR.get()
+    if not folder or not os.path.isdir(folder):
+        return None
+    for name in os.listdir(folder):
+        os.unlink(os.path.join(folder, name))
+    sys.audit(BEGIN)
+    return folder
 
 
 def reads_of(folder: str) -> set[str]:

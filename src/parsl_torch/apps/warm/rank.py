@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ...common import settings, stagedir
 from ...common.files import write_atomic
+from ...common.observe import begin_call, reads_of
 from ...common.raised import write_raised
 from ..stage_main import write_result
 from .baseline import Baseline
@@ -193,6 +194,7 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
         if timer is not None:
             timer.daemon = True
             timer.start()
+        observing = begin_call()  # (what this call reads is its own: ``common.observe``)
         try:
             with open(job.file(stagedir.PAYLOAD), "rb") as f:
                 shipped, args, kwargs = dill.load(f)
@@ -206,6 +208,8 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
             timer.cancel()
         if rank == 0:
             write_result(value, job.file(stagedir.RESULT))
+        if observing is not None:
+            _share_reads(job, observing, rank)
     import torch.distributed as dist
 
     for group in _process_groups() - groups:
@@ -219,6 +223,19 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
         print(f"parsl-torch: the call left thread(s) running ({', '.join(left)}): its warm ranks stop after it, and "
               f"the next call starts fresh ones", file=sys.stderr, flush=True)
     return not left
+
+
+def _share_reads(job: stagedir.WarmJob, folder: str, rank: int) -> None:
+    """Collective: what every rank read in this call, merged; rank 0 records it in the stage's directory
+    (one file per stage, as a cold stage's supervisor writes it)."""
+    import torch.distributed as dist
+
+    mine = sorted(reads_of(folder))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        merged = sorted({line for reads in everyone for line in reads})
+        stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(len(everyone), len(everyone), merged))
 
 
 def _next_job(group_dir: str, n: int, imports: ImportWatch) -> stagedir.WarmJob | str | None:
