@@ -73,7 +73,7 @@ def test_an_edited_resumable_script_trains_anew_and_a_continuation_of_the_same_c
     assert "previous call" not in log and not (stage / PREVIOUS).exists()
     result, log = _run(tmp_path, "0.25")  # the learning rate edited: a new call, trained from epoch 0
     assert result == {"weight": 1.0, "resumed_from": 0}, log
-    assert f"the previous call's files go to resumable/{PREVIOUS}/" in log, log
+    assert f"a new call: the previous call's files go to resumable/{PREVIOUS}/" in log, log
     assert json.loads((stage / PREVIOUS / "out.json").read_text())["weight"] == 2.0  # kept, aside
     result, log = _run(tmp_path, "0.25")  # unchanged: skipped, the new result returned
     assert result == {"weight": 1.0, "resumed_from": 0} and "[resumable] skipped" in log, log

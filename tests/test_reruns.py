@@ -138,7 +138,7 @@ def test_train_never_resumes_a_checkpoint_of_another_config(tmp_path):
     loss, resumed = result(second).split()
     assert resumed == "0" and loss != "nan"
     # a new call starts in an empty directory: the first call's checkpoint is aside, never resumed
-    assert "the previous call's files go to train/.previous/" in second.stderr, second.stderr[-3000:]
+    assert "a new call: the previous call's files go to train/.previous/" in second.stderr, second.stderr[-3000:]
     with h5py.File(runs / "train" / "train.h5") as f:
         assert list(f["step"][:]) == [0, 1, 2, 3]
         assert set(f["lr"][:]) == {0.05}

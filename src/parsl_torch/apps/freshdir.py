@@ -37,11 +37,6 @@ def is_new_call(stage_dir: str | os.PathLike, call_id: str) -> bool:
     return (before is not None and before != call_id) or Path(stage_dir, PREVIOUS_PARTIAL).exists()
 
 
-def note(stage: str, stage_dir: str | os.PathLike, call_id: str) -> str:
-    """For the log line that says why a stage runs: where the previous call's files go."""
-    return f"; the previous call's files go to {stage}/{PREVIOUS}/" if is_new_call(stage_dir, call_id) else ""
-
-
 def start_fresh(stage_dir: str | os.PathLike, call_id: str) -> list[str]:
     """Move another call's files to ``.previous/`` (replacing the one before); the names moved. Safe to
     cut short: the owner's record moves last, and a partial move is finished by the next attempt."""

@@ -79,7 +79,7 @@ def _begin_attempt(stage: str, stage_dir: str, call_id: str) -> None:
     its earlier logs are kept aside, ``status`` sees it run."""
     moved = start_fresh(stage_dir, call_id)
     if moved:
-        get_logger("parsl_torch.workflow").info("[%s] a new call: the previous call's %d files moved to %s/%s/",
+        get_logger("parsl_torch.workflow").info("[%s] a new call: the previous call's files (%d) moved to %s/%s/",
                                                 stage, len(moved), stage, PREVIOUS)
     identity.forget_call(stage_dir)
     forget_outcome(stage_dir)

@@ -31,6 +31,8 @@ from . import settings
 MANY = 256
 #: an audit event of our own: a warm rank starts its next call (what the recorder saw so far is the last call's)
 BEGIN = "parsl_torch.observe.begin"
+#: the first line of every observed process's file
+STARTED = "s"
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
 
 
@@ -213,6 +215,7 @@ def install(folder: str) -> Recorder:
     os.register_at_fork(after_in_child=recorder.after_fork)
     _watch_environ(recorder)
     _watch_h5py(recorder)
+    recorder.line(STARTED)  # (a rank whose Python could not observe writes nothing: its shim tells)
     return recorder
 
 
@@ -235,7 +238,12 @@ def reads_of(folder: str) -> set[str]:
     for name in os.listdir(folder):
         with open(os.path.join(folder, name), encoding="utf-8", errors="surrogateescape") as f:
             lines.update(line.rstrip("\n") for line in f if line.strip())
-    return _folded(lines)
+    return _folded(lines - {STARTED})
+
+
+def observed_any(folder: str) -> bool:
+    """Whether any process of the rank was observed (a Python without parsl-torch leaves nothing)."""
+    return any(True for _ in os.scandir(folder))
 
 
 def _folded(lines: Iterable[str]) -> set[str]:

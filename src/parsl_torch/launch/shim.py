@@ -31,7 +31,7 @@ from dataclasses import asdict
 from ..common import settings
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SHIM
-from ..common.observe import rank_env, reads_of
+from ..common.observe import observed_any, rank_env, reads_of
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
@@ -85,11 +85,14 @@ def _observing(address: str | None) -> str | None:
 
 
 def _report_reads(address: str, rank: int, folder: str) -> None:
+    """The rank's reads to the supervisor; nothing where its Python was not observed (the supervisor then
+    knows that not every rank told, and the stage's skip does not lean on its reads)."""
     try:
-        reads = reads_of(folder)
+        reads = reads_of(folder) if observed_any(folder) else None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    send_reads(address, rank, reads)
+    if reads is not None:
+        send_reads(address, rank, reads)
 
 
 def notify_failure(address: str, report: dict) -> bool:

@@ -24,7 +24,8 @@ from ...core.log import get_logger
 from ...errors import StageError
 from .. import identity
 from ..call import StageCall
-from ..freshdir import note
+from ...common.stagedir import PREVIOUS
+from ..freshdir import is_new_call
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
 #: ``id_for_memo`` is one process-wide function that cannot be handed it (set only around that call)
@@ -106,8 +107,10 @@ def _say_why(call: StageCall, key: str, before: Any, now: dict[str, str], memo_h
              changed: list[str], read: list[str]) -> None:
     why = identity.spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
         identity.why_rerun(call.stage, call.name, before, now, memo_hit)
-    get_logger("parsl_torch.workflow").info("[%s] runs%s: %s%s", call.stage, " again" if before or memo_hit else "",
-                                            why, note(call.stage, call.opts.stage_dir, key))
+    log = get_logger("parsl_torch.workflow")
+    log.info("[%s] runs%s: %s", call.stage, " again" if before or memo_hit else "", why)
+    if is_new_call(call.opts.stage_dir, key):
+        log.info("[%s] a new call: the previous call's files go to %s/%s/", call.stage, call.stage, PREVIOUS)
 
 
 def _set_aside(call: StageCall, outputs: Any, before: Any, cache: Any) -> None:

@@ -34,7 +34,6 @@ from ...common.stagedir import RESULT, SOURCES, STDERR, STDOUT
 from ...errors import ConfigError, StageError
 from .. import identity
 from ..call import StageCall
-from ..freshdir import note
 from ..scriptargs import named_path
 from ..stage_errors import stage_error
 from ..stagecmd import stage_command
@@ -109,7 +108,6 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
         identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
     if changed:  # (as where the workflow runs: the rerun starts without them)
         why += f"; set aside: {', '.join(identity.set_aside(stage_dir, outputs, before, digests))}"
-    why += note(job.stage, stage_dir, key)
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
             shipped = str(_unpack(stage_dir / SOURCES, job.sources))
