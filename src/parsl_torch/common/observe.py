@@ -30,7 +30,7 @@ from . import settings
 #: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
 MANY = 256
 #: an audit event of our own: a warm rank starts its next call (what the recorder saw so far is the last call's)
-BEGIN = "parsl_torch.observe.begin"
+BEGIN = "parsl-torch: observe: begin"
 #: the first line of every observed process's file
 STARTED = "s"
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
