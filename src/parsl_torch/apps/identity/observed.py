@@ -37,15 +37,15 @@ def observed(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
 def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mapping[str, str],
                  cache: DigestCache, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Each observed read's digest now (at the stage's end, and again at each skip check)."""
-    outputs = tuple(os.path.join(p, "") for p in {os.path.realpath(stage_dir),
-                                                   os.path.realpath(os.path.dirname(stage_dir))})
+    run_dir = os.path.dirname(os.path.abspath(stage_dir))  # (the stage's own directory is inside it)
+    outputs = tuple({os.path.join(p, "") for p in (run_dir, os.path.realpath(run_dir))})
     digests: dict[str, str] = {}
     names: set[str] = set()
     for line in record.reads:
         kind, _, what = line.partition(" ")
         if kind == "e":
             names.update(_whole_environment(stage_env, environ) if what == "*" else [what])
-        elif not os.path.join(os.path.realpath(what), "").startswith(outputs):
+        elif not os.path.join(what, "").startswith(outputs):  # (recorded absolute; a stat per read is the cost)
             key, digest = _digest(kind, what, cache)
             if key:
                 digests[key] = digest
