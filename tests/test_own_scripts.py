@@ -48,10 +48,15 @@ silent = pt.script_app("mingpt/main.py", args=["--data=data/tokens.txt"], name="
 with pt.workflow(site="local", run_dir="runs/default") as wf:
     done = trainer(outputs=["log.txt"])
     print("result", done.result(), done.stage, wf.run_dir, flush=True)
+    failed = silent(outputs=["model.pt"])
     try:
-        silent(outputs=["model.pt"]).result()
+        failed.result()
     except pt.StageError as exc:
         print("missing:", exc, flush=True)
+    try:  # its file raises the same error as its result
+        failed.outputs[0].result()
+    except pt.StageError as exc:
+        print("output:", exc, flush=True)
 """
 
 
@@ -90,6 +95,7 @@ def test_a_folder_script_runs_from_the_workflow_with_run_flags_and_a_missing_out
     assert not (tmp_path / "runs" / "default").exists()
     assert (f"missing: stage 'silent' finished but did not write its output(s) {run_dir / 'silent' / 'model.pt'}: "
             f"its ranks run in {run_dir / 'silent'}") in out.stdout
+    assert "output: stage 'silent' finished but did not write its output(s)" in out.stdout, out.stdout
 
 
 TRAIN_CKPT = """

@@ -13,16 +13,20 @@ from .stage_errors import stage_error
 
 
 class StageFuture(Future):
-    """A stage's result, or a StageError; ``outputs`` are its DataFutures.
+    """A stage's result, or a StageError; ``outputs`` are its DataFutures (done when it is, or
+    raising its StageError).
 
     ``result_file``: where rank 0's return value lands (None: the app's own
     result is the stage's: a script's exit code, a remote stage's answer)."""
 
     def __init__(self, stage: str, app_future: Any, stderr: Path | None, result_file: Path | None) -> None:
+        from parsl.app.futures import DataFuture
+
         super().__init__()
         self.stage = stage
         self.app_future = app_future
-        self.outputs = app_future.outputs
+        # (this future's own, not the app's: a failed stage's file raises the same StageError as its result)
+        self.outputs = [DataFuture(self, out.file_obj, tid=out.tid) for out in app_future.outputs]
         self._stderr, self._result_file = stderr, result_file
         self.skipped_remotely = False  # a remote stage the endpoint did not run again
         app_future.add_done_callback(self._finish)
