@@ -4,7 +4,7 @@ its call: a skip needs every such read unchanged, besides an equal identity.
 A call's record holds one digest per read, taken when the stage finished (so a stage that
 rewrites what it read is compared with what it left): ``read <path>`` a file (its digest: a stat
 key with ctime, then SHA-256), ``read folder <path>`` a folder of many files read (every file in
-it), ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in
+it, by its stat), ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in
 the stage's own directory and the run directory (outputs) are not inputs.
 """
 
@@ -75,13 +75,9 @@ def _digest(kind: str, path: str, cache: DigestCache) -> tuple[str | None, str]:
 
 
 def _folder(path: str, cache: DigestCache) -> str:
-    """Every file directly in a folder, each by its digest (stat-cached: a few microseconds a file)."""
-    try:
-        names = sorted(os.listdir(path))
-    except OSError:
-        return "missing"
-    files = [(n, cache.file_digest(os.path.join(path, n))) for n in names if os.path.isfile(os.path.join(path, n))]
-    return sha(json.dumps(files).encode())
+    """Every file under a folder of many files read, by its size, mtime and ctime (a stat each, no hashing:
+    such a folder is a dataset's shards, too large to hash at every stage's end)."""
+    return cache.file_digest(path) if os.path.isdir(path) else "missing"
 
 
 def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> set[str]:
