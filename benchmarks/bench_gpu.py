@@ -134,10 +134,10 @@ def main() -> None:
             mfu = f", MFU {ours * tokens * per_token / peak:.1%}" if peak else ""
             print(f"  {precision}{' + compile' if compiled else '':<10} stage {ours:7.2f} steps/s, loop {loop:7.2f} "
                   f"-> stage/loop {ours / loop:.3f}x{mfu}")
-        plain = median[("fp32", False, "plain")]
+        plain, bf16 = median[("fp32", False, "plain")], median[("bf16", False, "stage")]
         print(f"  plain fp32 loop (no TF32) {plain:7.2f} steps/s; bf16 (stage) / plain fp32: "
-              f"{median[('bf16', False, 'stage')] / plain:.2f}x, bf16 + compile: {median[('bf16', True, 'stage')] / plain:.2f}x")
-        print(f"  bf16 / fp32 with TF32 (stage): {median[('bf16', False, 'stage')] / median[('fp32', False, 'stage')]:.2f}x; "
+              f"{bf16 / plain:.2f}x, bf16 + compile: {median[('bf16', True, 'stage')] / plain:.2f}x")
+        print(f"  bf16 / fp32 with TF32 (stage): {bf16 / median[('fp32', False, 'stage')]:.2f}x; "
               f"compile (stage, bf16): {median[('bf16', True, 'stage')] / median[('bf16', False, 'stage')]:.2f}x")
 
 

@@ -20,11 +20,11 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from ...common.stagedir import PREVIOUS
 from ...core.log import get_logger
 from ...errors import StageError
 from .. import identity
 from ..call import StageCall
-from ...common.stagedir import PREVIOUS
 from ..freshdir import is_new_call
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
