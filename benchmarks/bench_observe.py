@@ -43,9 +43,9 @@ print((time.perf_counter() - t0) / steps)
 
 
 def step_time(shards: Path, steps: int, reads: Path | None, compute: bool = True) -> float:
-    from parsl_torch.common.observe import rank_env
+    from parsl_torch.launch.shim import observing_env
 
-    extra = rank_env(str(reads), os.environ) if reads else {}
+    extra = observing_env(str(reads), os.environ) if reads else {}
     out = subprocess.run([sys.executable, "-c", LOOP, str(shards), str(steps), "1" if compute else "0"],
                          capture_output=True, text=True,
                          env=bench_env(TMPDIR=str(shards.parent / "tmp"), **extra), check=True)

@@ -155,9 +155,10 @@ def test_the_recorder_sees_reads_in_children_and_forked_workers_and_not_the_stan
             f"p = mp.get_context('fork').Process(target=lambda: open({str(data)!r} + '.2', 'w') and "
             f"open({str(data)!r} + '.2').read())\n"
             f"p.start(); p.join()\n")
-    from parsl_torch.common.observe import rank_env, reads_of
+    from parsl_torch.common.observe import reads_of
+    from parsl_torch.launch.shim import observing_env
 
-    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **rank_env(str(folder), os.environ))
+    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **observing_env(str(folder), os.environ))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     reads = reads_of(str(folder))
     assert {f"f {data}", "e MYAPP_KEY", f"d {tmp_path}", "e CHILD_KEY", f"f {data}.2"} <= reads, reads

@@ -1,9 +1,10 @@
 """What a stage's Python processes read, seen as they read it (PEP 578 audit hooks).
 
-Installed in every Python process a stage starts (its ranks and their children: the shim puts
-``observe_boot`` on their ``PYTHONPATH``; forked children keep the hook). Each process appends a
-line per new thing it reads to its own file in the rank's node-local folder
-(``settings.READS_DIR``), at once, so a worker ended by ``os._exit`` or a kill loses nothing:
+Installed in every Python process a stage starts (its ranks and their children: the shim writes
+a ``sitecustomize.py`` (``BOOT``) into the rank's node-local folder and puts it first on their
+``PYTHONPATH``; forked children keep the hook). Each process appends a line per new thing it
+reads to its own file in that folder, at once, so a worker ended by ``os._exit`` or a kill loses
+nothing:
 
 * ``f PATH``: a file opened for reading (``open``, ``os.open``, ``io.open_code``: code too;
   ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python);
@@ -15,7 +16,8 @@ Not recorded, being compared otherwise or being no input: the standard library, 
 packages, parsl-torch itself, the temporary folder (``$TMPDIR``, else ``/tmp``; ``/var/tmp``), the
 compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``. The shim merges a
 rank's files (``reads_of``); the workflow keeps what a stage read (``apps.identity.observed``).
-It imports the standard library and ``settings`` only: it runs at every interpreter's start.
+It imports the standard library only, and is loaded by its path, not through the package: it
+runs at every interpreter's start (about 10 ms).
 """
 
 from __future__ import annotations
@@ -25,12 +27,26 @@ import sys
 import threading
 from collections.abc import Iterable
 
-from . import settings
-
 #: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
 MANY = 256
 #: an audit event of our own: a warm rank starts its next call (what the recorder saw so far is the last call's)
 BEGIN = "parsl-torch: observe: begin"
+#: the ``sitecustomize.py`` of a rank's processes (``boot_folder``): the standard library and this file only
+BOOT = """# parsl-torch: observe what this process reads (common/observe.py), then the sitecustomize this one hides
+import importlib.machinery, importlib.util, os, sys
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_hidden = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
+try:
+    _spec = importlib.util.spec_from_file_location("parsl_torch_observe", {observe!r})
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
+    _module.install({folder!r})
+except (ImportError, OSError):
+    pass
+if _hidden is not None and _hidden.loader is not None:
+    _hidden.loader.exec_module(importlib.util.module_from_spec(_hidden))
+"""
 #: the first line of every observed process's file
 STARTED = "s"
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
@@ -168,9 +184,8 @@ def _watch_environ(recorder: Recorder) -> None:
 
 def _watch_h5py(recorder: Recorder) -> None:
     """h5py's files are opened by the HDF5 library, not Python: ``h5py.File`` is wrapped where it is defined."""
-    import importlib.abc
 
-    class Finder(importlib.abc.MetaPathFinder):
+    class Finder:  # (a meta path finder: importlib.abc costs 17 ms at every start)
         def find_spec(self, name, path, target=None):
             if name != "h5py._hl.files":
                 return None
@@ -202,12 +217,6 @@ def _watch_h5py(recorder: Recorder) -> None:
     sys.meta_path.insert(0, Finder())
 
 
-def install_from_env() -> Recorder | None:
-    """Observe this process when its shim asked for it (``settings.READS_DIR``, a folder that exists)."""
-    folder = settings.READS_DIR.get()
-    return install(folder) if folder and os.path.isdir(folder) else None
-
-
 def install(folder: str) -> Recorder:
     """Observe this process (and its forked children) into ``folder``."""
     recorder = Recorder(os.path.join(os.path.abspath(folder), ""))
@@ -219,23 +228,24 @@ def install(folder: str) -> Recorder:
     return recorder
 
 
-def begin_call() -> str | None:
+def begin_call(folder: str) -> None:
     """A warm rank's next call: the folder emptied and this process's recorder told (no handle on it
-    is kept anywhere: it hears its own audit event). The folder, or None where nothing is observed."""
-    folder = settings.READS_DIR.get()
-    if not folder or not os.path.isdir(folder):
-        return None
-    for name in os.listdir(folder):
+    is kept anywhere: it hears its own audit event)."""
+    for name in _files(folder):
         os.unlink(os.path.join(folder, name))
     sys.audit(BEGIN)
-    return folder
+
+
+def _files(folder: str) -> list[str]:
+    """The processes' files (``<pid>.txt``; not the boot folder)."""
+    return [name for name in os.listdir(folder) if name.endswith(".txt")]
 
 
 def reads_of(folder: str) -> set[str]:
     """The lines of every process's file in a rank's folder, with folders of many files read taken whole
     (``F PATH``: the folder and every file in it)."""
     lines: set[str] = set()
-    for name in os.listdir(folder):
+    for name in _files(folder):
         with open(os.path.join(folder, name), encoding="utf-8", errors="surrogateescape") as f:
             lines.update(line.rstrip("\n") for line in f if line.strip())
     return _folded(lines - {STARTED})
@@ -243,7 +253,7 @@ def reads_of(folder: str) -> set[str]:
 
 def observed_any(folder: str) -> bool:
     """Whether any process of the rank was observed (a Python without parsl-torch leaves nothing)."""
-    return any(True for _ in os.scandir(folder))
+    return bool(_files(folder))
 
 
 def _folded(lines: Iterable[str]) -> set[str]:
@@ -256,8 +266,11 @@ def _folded(lines: Iterable[str]) -> set[str]:
         {f"F {folder}" for folder in many}
 
 
-def rank_env(folder: str, environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """What the shim adds to its rank's environment so that every Python process in it is observed."""
-    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe_boot")
-    path = environ.get("PYTHONPATH")
-    return {settings.READS_DIR.name: folder, "PYTHONPATH": boot + (os.pathsep + path if path else "")}
+def boot_folder(folder: str) -> str:
+    """Write the rank's ``sitecustomize.py`` into ``<folder>/boot`` (to go first on the ranks' ``PYTHONPATH``):
+    it loads this file by its path and observes into ``folder``, then runs the ``sitecustomize`` it hides."""
+    boot = os.path.join(folder, "boot")
+    os.mkdir(boot, 0o700)
+    with open(os.path.join(boot, "sitecustomize.py"), "w") as f:
+        f.write(BOOT.format(observe=os.path.abspath(__file__), folder=folder))
+    return boot

@@ -31,7 +31,7 @@ from dataclasses import asdict
 from ..common import settings
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SHIM
-from ..common.observe import observed_any, rank_env, reads_of
+from ..common.observe import boot_folder, observed_any, reads_of
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
@@ -82,6 +82,13 @@ def _observing(address: str | None) -> str | None:
         return tempfile.mkdtemp(prefix="parsl-torch-reads-")
     except OSError:
         return None
+
+
+def observing_env(folder: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a rank's environment gets so that every Python process in it is observed into ``folder``."""
+    path = environ.get("PYTHONPATH")
+    boot = boot_folder(folder)
+    return {settings.READS_DIR.name: folder, "PYTHONPATH": boot + (os.pathsep + path if path else "")}
 
 
 def _report_reads(address: str, rank: int, folder: str) -> None:
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if raised:  # node-local: no shared file system's delay between the rank's write and this read
         extra[settings.RAISED.name] = raised
     if reads := _observing(address):  # (node-local too: no file per rank on the shared file system)
-        extra.update(rank_env(reads, {**os.environ, **extra}))
+        extra.update(observing_env(reads, {**os.environ, **extra}))
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **extra})
     except OSError as exc:
