@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ...common import settings, stagedir
 from ...common.files import write_atomic
-from ...common.observe import begin_call, reads_of
+from ...common.observe import begin_call, observed_any, reads_of
 from ...common.raised import write_raised
 from ..stage_main import write_result
 from .baseline import Baseline
@@ -106,6 +106,27 @@ class _Meeting:
             time.sleep(0.2)
             with contextlib.suppress(Exception):  # a store gone with its group: the rank is ending
                 self._count()
+
+    def share_reads(self, n: int) -> None:
+        """This rank's reads in call ``n`` (``common.observe``) into the group's store: no collective, which
+        could pair with one a rank left unmatched in the call."""
+        folder = settings.READS_DIR.get()
+        if folder is not None and observed_any(folder):
+            self.store.set(self._key(n, f"reads/{self.rank}"), json.dumps(sorted(reads_of(folder))))
+
+    def record_reads(self, n: int, job: stagedir.WarmJob) -> None:
+        """Rank 0, once every rank finished call ``n``: their reads, merged, in the stage's directory (one
+        file per stage, as a cold stage's supervisor writes it); a rank not observed leaves it incomplete."""
+        merged: set[str] = set()
+        told = 0
+        for rank in range(self.world):
+            key = self._key(n, f"reads/{rank}")
+            if self.store.check([key]):
+                merged.update(json.loads(self.store.get(key)))
+                self.store.delete_key(key)
+                told += 1
+        if told or settings.READS_DIR.get() is not None:
+            stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(told, self.world, sorted(merged)))
 
     def end(self, n: int, clean: bool) -> bool:
         """Wait for every rank to finish call ``n``; whether none of them left a thread running. A rank
@@ -194,9 +215,8 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
         if timer is not None:
             timer.daemon = True
             timer.start()
-        observing = settings.READS_DIR.get()  # (what this call reads is its own: ``common.observe``)
-        if observing is not None:
-            begin_call(observing)
+        if (folder := settings.READS_DIR.get()) is not None:
+            begin_call(folder)  # (what this call reads is its own: ``common.observe``)
         try:
             with open(job.file(stagedir.PAYLOAD), "rb") as f:
                 shipped, args, kwargs = dill.load(f)
@@ -210,8 +230,6 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
             timer.cancel()
         if rank == 0:
             write_result(value, job.file(stagedir.RESULT))
-        if observing is not None:
-            _share_reads(job, observing, rank)
     import torch.distributed as dist
 
     for group in _process_groups() - groups:
@@ -225,19 +243,6 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
         print(f"parsl-torch: the call left thread(s) running ({', '.join(left)}): its warm ranks stop after it, and "
               f"the next call starts fresh ones", file=sys.stderr, flush=True)
     return not left
-
-
-def _share_reads(job: stagedir.WarmJob, folder: str, rank: int) -> None:
-    """Collective: what every rank read in this call, merged; rank 0 records it in the stage's directory
-    (one file per stage, as a cold stage's supervisor writes it)."""
-    import torch.distributed as dist
-
-    mine = sorted(reads_of(folder))
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    if rank == 0:
-        merged = sorted({line for reads in everyone for line in reads})
-        stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(len(everyone), len(everyone), merged))
 
 
 def _next_job(group_dir: str, n: int, imports: ImportWatch) -> stagedir.WarmJob | str | None:
@@ -280,8 +285,11 @@ def serve(group_dir: str) -> str:
         if job == "stop":
             return "stopped"
         meeting.begin(n)
-        clean = meeting.end(n, _run(job, baseline, rank))  # every rank finished: only then is the call done
+        finished = _run(job, baseline, rank)
+        meeting.share_reads(n)
+        clean = meeting.end(n, finished)  # every rank finished: only then is the call done
         if rank == 0:
+            meeting.record_reads(n, job)
             write_atomic(job_path(group_dir, n, "done"), "")
         if not clean:
             return "stopped"  # a thread of a call still runs: later calls get fresh ranks
