@@ -22,7 +22,6 @@ import pytest
 from parsl_torch.apps import identity
 from parsl_torch.apps.identity import usercode
 from parsl_torch.apps.identity.fingerprint import Fingerprinter, Unidentifiable
-from parsl_torch.apps.identity.namedfiles import named_files
 
 from .conftest import clean_env
 
@@ -100,26 +99,26 @@ def test_common_argument_types_have_an_identity_and_others_are_named(tmp_path):
         fp.token({"lock": threading.Lock()}, "argument 'cfg'")
 
     # a library's mapping and sequence (OmegaConf's DictConfig and ListConfig are such): by their items, and a
-    # path inside one names an input (it was hashed whole before, and the file was not seen)
+    # Path inside one names an input
     import types
     from collections import UserDict, UserList
 
     (tmp_path / "tokens.bin").write_text("t")
     fp = Fingerprinter(strict=True)
-    cfg = UserDict(data=UserList([str(tmp_path / "tokens.bin")]), lr=0.1)
-    assert fp.token(cfg, "a") == fp.token(UserDict(lr=0.1, data=UserList([str(tmp_path / "tokens.bin")])), "a")
-    assert fp.token(cfg, "a") != fp.token(UserDict(data=UserList([str(tmp_path / "tokens.bin")]), lr=0.2), "a")
+    cfg = UserDict(data=UserList([tmp_path / "tokens.bin"]), lr=0.1)
+    assert fp.token(cfg, "a") == fp.token(UserDict(lr=0.1, data=UserList([tmp_path / "tokens.bin"])), "a")
+    assert fp.token(cfg, "a") != fp.token(UserDict(data=UserList([tmp_path / "tokens.bin"]), lr=0.2), "a")
     assert fp.files == {str(tmp_path / "tokens.bin")}
     with pytest.raises(Unidentifiable, match=r"argument 'cfg'\['lock'\] is a _thread.lock"):  # named inside one too
         fp.token(UserDict(lock=threading.Lock()), "argument 'cfg'")
     assert fp.token(types.MappingProxyType({"a": 1}), "a") != fp.token(types.MappingProxyType({"a": 2}), "a")
-    import argparse  # train(parser.parse_args()): by its attributes, its paths inputs
+    import argparse  # train(parser.parse_args()): by its attributes, a string naming a file is a value
 
     (tmp_path / "val.bin").write_text("v")
     ns = argparse.Namespace(lr=0.1, val=str(tmp_path / "val.bin"))
     assert fp.token(ns, "a") == fp.token(argparse.Namespace(val=str(tmp_path / "val.bin"), lr=0.1), "a")
     assert fp.token(ns, "a") != fp.token(argparse.Namespace(lr=0.2, val=str(tmp_path / "val.bin")), "a")
-    assert str(tmp_path / "val.bin") in fp.files
+    assert str(tmp_path / "val.bin") not in fp.files  # a string: what the stage opens is observed
 
 
 def test_user_modules_are_followed_through_imports_and_packages(tmp_path):
@@ -198,159 +197,35 @@ def test_module_digests_ignore_comments_and_follow_code(tmp_path):
     assert usercode.parse_module(b"def (:\n", "a.py")[0].startswith("bytes:")
 
 
-def test_strings_that_name_existing_files_or_directories_are_inputs(tmp_path, monkeypatch):
-    """The script_app rule, for every string of a call: relative to the working directory or absolute,
-    inside containers too; not "/", ".", "..", a device, a dict's key, or a bare word (a folder's name
-    without a / is a word: "data", "train")."""
+def test_a_string_is_a_value_and_a_path_names_a_file_the_stage_is_told_about(tmp_path, monkeypatch):
+    """A Path or File is a file the stage is given (its content joins the identity); a string is a value,
+    even one naming a file: what the stage opens is observed when it runs (``identity.observed``)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.txt").write_text("1")
     fp = Fingerprinter(strict=True)
-    fp.token(["data/x.txt", {"dir": "./data", "sep": "/", "here": ".", "up": "..", "word": "the", "null": "/dev/null",
-                             "absolute": str(tmp_path / "data" / "x.txt"), "nul": "a\0b", "long": "x" * 5000,
-                             "data": "a word, as is the key", "bare": "data"}], "a")
-    assert fp.files == {str(tmp_path / "data" / "x.txt"), str(tmp_path / "data")}
+    fp.token(["data/x.txt", {"p": Path("data/x.txt"), "long": "x" * 5000}], "a")
+    assert fp.files == {str(tmp_path / "data" / "x.txt")}
     assert fp.token("data/x.txt", "a") == fp.token("data/x.txt", "a") != fp.token("data/y.txt", "a")
 
     def reads():
-        return open("data/x.txt").read(), "%.3f" % 1, "w"
+        return open("data/x.txt").read()
 
     fp = Fingerprinter(strict=False)
-    fp.function(reads)  # a path literal in a function of the workflow script
-    assert fp.files == {str(tmp_path / "data" / "x.txt")}
+    fp.function(reads)
+    assert fp.files == set()
 
 
-def test_files_a_user_module_or_script_names_are_inputs_and_scratch_and_system_folders_are_not(tmp_path,
-                                                                                               monkeypatch):
-    """A module's (or a script's) path literals, and the paths its globals hold once imported, are inputs
-    of the stages that reach it; folders, docstrings, f-string pieces, the temporary folders and /proc are not."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "data").mkdir()
-    for name in ("literal.csv", "global.csv", "listed.csv", "fpiece.csv", "doc.csv", "script.csv", "fstr.csv"):
-        (tmp_path / "data" / name).write_text(name)
-    source = textwrap.dedent(f'''
-        """data/doc.csv"""
-        import os
-        from pathlib import Path
-        LITERAL = "data/literal.csv"
-        GLOBAL = Path(__file__).parent / "data" / ("glo" + "bal.csv")
-        LISTED = {{"a": [str(Path(__file__).parent / "data" / "list" "ed.csv")]}}
-        SCRATCH = os.environ.get("TMPDIR", "{tempfile.gettempdir()}")
-        LOGS = "data/"  # a folder a module names is a place, not an input
-        def f(name):
-            return open(f"{{name}}data/fstr.csv"), open("data/fpiece" + ".csv"), open("/proc/cpuinfo")
-    ''')
-    (tmp_path / "projmod.py").write_text(source)
-    (tmp_path / "job.py").write_text("print(open('data/script.csv').read())\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(sys.modules, "projmod", None)  # (gone again after the test)
-    del sys.modules["projmod"]
-    import projmod  # noqa: F401 - imported, as the workflow imports it: its globals are seen
-
-    cache = identity.DigestCache(None)
-    reached = usercode.user_modules([(str(tmp_path / "projmod.py"), "projmod")], [], cache)
-    assert {Path(p).name for p in named_files(reached)} == {"literal.csv", "global.csv", "listed.csv"}
-    reached = usercode.user_modules([(str(tmp_path / "job.py"), "__main__")], [], cache)
-    assert {Path(p).name for p in named_files(reached)} == {"script.csv"}  # not imported: its literals
-    # a literal that names a file beside its module, not where the workflow runs (os.path.join(HERE, ...))
-    (tmp_path / "lib" / "assets").mkdir(parents=True)
-    (tmp_path / "lib" / "assets" / "vocab.json").write_text("{}")
-    (tmp_path / "lib" / "libmod.py").write_text(
-        "import os\nHERE = os.path.dirname(__file__)\ndef f():\n    return open(os.path.join(HERE, 'assets/vocab.json'))\n")
-    reached = usercode.user_modules([(str(tmp_path / "lib" / "libmod.py"), "libmod")], [], cache)
-    assert named_files(reached) == {str(tmp_path / "lib" / "assets" / "vocab.json")}
-
-
-def test_files_a_yaml_json_or_toml_input_names_are_inputs_too(tmp_path, monkeypatch):
-    """A config file given to a stage names the data it reads: those files (relative to the working
-    directory or to the config's folder, a config named by a config too, once) are inputs; folders, words,
-    a config that does not parse, one over the size limit, a manifest of many files and a YAML list that holds
-    itself add nothing."""
-    from parsl_torch.apps.identity import configfiles
-
-    monkeypatch.chdir(tmp_path)
-    for name in ("data/a.bin", "data/b.bin", "conf/near.txt", "data/deep.bin", "data/toml.bin", "data/big.bin"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(name)
-    (tmp_path / "conf" / "exp.yaml").write_text(textwrap.dedent("""
-        data: {train: data/a.bin, files: [/nowhere/x.bin, near.txt, data/]}
-        name: data
-        include: inc.json
-        loop: &l [1, *l]
-    """))
-    (tmp_path / "conf" / "inc.json").write_text('{"more": ["../data/b.bin", "deeper.toml"]}')
-    (tmp_path / "conf" / "deeper.toml").write_text('x = "data/deep.bin"\ny = "deepest.json"\n')  # a third level
-    (tmp_path / "conf" / "deepest.json").write_text('{"x": "data/fourth.bin"}')  # a fourth: named, not followed
-    (tmp_path / "data" / "fourth.bin").write_text("4")
-    (tmp_path / "conf" / "bad.yaml").write_text("data: [data/a.bin\n")
-    (tmp_path / "conf" / "other.toml").write_text('[paths]\ntrain = "data/toml.bin"\n')
-    (tmp_path / "conf" / "big.json").write_text(json.dumps({"d": "data/big.bin", "pad": "x" * (1 << 20)}))
-    for i in range(configfiles.MAX_FILES + 1):  # a manifest: it stands for its files
-        (tmp_path / "data" / f"img{i}.png").write_text(str(i))
-    (tmp_path / "conf" / "list.json").write_text(json.dumps([f"data/img{i}.png" for i in range(configfiles.MAX_FILES + 1)]))
-    found = configfiles.files_named_by_configs(["conf/exp.yaml", "conf/bad.yaml", str(tmp_path / "conf/other.toml"),
-                                                "conf/big.json", "conf/list.json", "data/a.bin"])
-    assert {str(Path(p).relative_to(tmp_path)) for p in found} == {
-        "data/a.bin", "conf/near.txt", "conf/inc.json", "data/b.bin", "conf/deeper.toml", "data/toml.bin",
-        "data/deep.bin", "conf/deepest.json"}
-    assert configfiles.files_named_by_configs(["conf/inc.json"]) == {  # three levels from the one given
-        str(tmp_path / p) for p in ("data/b.bin", "conf/deeper.toml", "data/deep.bin", "conf/deepest.json",
-                                    "data/fourth.bin")}
-
-
-def test_the_config_files_a_hydra_application_reads_are_inputs(tmp_path, monkeypatch):
-    """``@hydra.main(config_path="conf", config_name="config")`` names conf/config.yaml, and its defaults list
-    ``model: gpt`` names conf/model/gpt.yaml (a group in a group: relative to its config; ``/group``: from a
-    folder above): an edit of a learning rate there reruns the script's stage."""
-    from parsl_torch.apps.identity import configfiles
-
-    monkeypatch.chdir(tmp_path)
-    app, conf = tmp_path / "app", tmp_path / "app" / "conf"
-    files = {"config.yaml": "defaults:\n  - model: gpt\n  - optional db: mysql\n  - /trainer@t: fast\n"
-                            "  - override hydra/launcher: basic\n  - _self_\nseed: 1\n",
-             "model/gpt.yaml": "defaults: [enc: big]\nlr: 0.1\n", "model/enc/big.yaml": "layers: 12\n",
-             "db/mysql.yaml": "host: x\n", "trainer/fast.yaml": "steps: 10\n", "other.yaml": "x: 1\n"}
-    for name, text in files.items():
-        (conf / name).parent.mkdir(parents=True, exist_ok=True)
-        (conf / name).write_text(text)
-    script = app / "train.py"
-    script.write_text('import hydra\n\n@hydra.main(version_base=None, config_path="conf", config_name="config")\n'
-                      'def main(cfg):\n    print(cfg.model.lr)\n\nmain()\n')
-    reached = usercode.user_modules([(str(script), "__main__")], [], identity.DigestCache(None))
-    assert named_files(reached) == {str(conf / "config.yaml")}
-    found = configfiles.files_named_by_configs([str(conf / "config.yaml")])
-    assert {str(Path(p).relative_to(conf)) for p in found} == {"model/gpt.yaml", "db/mysql.yaml", "trainer/fast.yaml",
-                                                                "model/enc/big.yaml"}
-    # the compose API names it too
-    (app / "nb.py").write_text('from hydra import compose, initialize\nwith initialize(config_path="conf"):\n'
-                               '    cfg = compose(config_name="other")\n')
-    reached = usercode.user_modules([(str(app / "nb.py"), "nb")], [], identity.DigestCache(None))
-    assert named_files(reached) == {str(conf / "other.yaml")}
-    (app / "nb2.py").write_text(f'from hydra import compose, initialize_config_dir\n'
-                                f'with initialize_config_dir(config_dir="{conf}"):\n'
-                                f'    cfg = compose(config_name="other")\n')
-    reached = usercode.user_modules([(str(app / "nb2.py"), "nb2")], [], identity.DigestCache(None))
-    assert named_files(reached) == {str(conf / "other.yaml")}
-
-
-def test_a_glob_pattern_that_matches_files_is_an_input_wherever_a_path_would_be(tmp_path, monkeypatch):
-    """``data/shard_*.bin`` in an argument, a script's arguments, a module's code, a config or a variable: its
-    matches, each by size and mtime (as a directory's files), so a shard added, removed or rewritten reruns
-    the stage; a pattern that matches nothing, a bare ``*.bin`` (its first part is no entry here) and a
-    file whose name holds a ``*`` are not patterns."""
-    from parsl_torch.apps.identity import configfiles
+def test_a_glob_pattern_given_as_a_file_is_compared_by_its_matches(tmp_path, monkeypatch):
+    """``files=["data/shard_*.bin"]``: its matches, each by size and mtime (as a directory's files), so a shard
+    added, removed or rewritten reruns the stage; a script's pattern argument is made absolute, as a path is."""
     from parsl_torch.apps.scriptargs import caller_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "deep").mkdir(parents=True)
     for name in ("shard_1.bin", "shard_2.bin", "deep/shard_3.bin"):
         (tmp_path / "data" / name).write_text(name)
-    (tmp_path / "data" / "odd*.txt").write_text("a file with a star in its name")
-    fp = Fingerprinter(strict=True)
-    fp.token(["data/shard_*.bin", "data/**/*.bin", "data/none_*.bin", "*.bin", "data/odd*.txt"], "a")
     pattern, deep = str(tmp_path / "data" / "shard_*.bin"), str(tmp_path / "data" / "**" / "*.bin")
-    assert fp.files == {pattern, deep, str(tmp_path / "data" / "odd*.txt")}
-    # the ranks start in the stage's directory: a script's pattern is made absolute, as a path is
     assert caller_path("--data=data/shard_*.bin") == f"--data={pattern}" and caller_path("x_*.bin") == "x_*.bin"
 
     cache = identity.DigestCache(None)
@@ -365,13 +240,6 @@ def test_a_glob_pattern_that_matches_files_is_an_input_wherever_a_path_would_be(
     # matches in the run directory are left out, as a directory's are ("runs/*/metrics.json": its own outputs)
     in_run = identity.DigestCache(None, tmp_path / "data" / "deep")
     assert in_run.file_digest(deep) == in_run.file_digest(pattern.replace("shard_*", "*")) != cache.file_digest(deep)
-
-    (tmp_path / "mod.py").write_text("import glob\ndef load():\n    return glob.glob('data/shard_*.bin')\n")
-    reached = usercode.user_modules([(str(tmp_path / "mod.py"), "mod")], [], cache)
-    assert named_files(reached) == {pattern}
-    (tmp_path / "exp.yaml").write_text("train: data/shard_*.bin\n")
-    assert configfiles.files_named_by_configs(["exp.yaml"]) == {pattern}
-    assert identity.env_files(["SHARDS"], {"SHARDS": "data/shard_*.bin"}, {}) == {pattern: None}
 
 
 def test_an_installed_package_joins_by_its_version_and_files(tmp_path, monkeypatch):
@@ -408,80 +276,18 @@ def test_an_installed_package_joins_by_its_version_and_files(tmp_path, monkeypat
     packages._distributions.cache_clear()
 
 
-def test_environment_reads_and_literal_imports_are_found_in_functions_and_modules():
+def test_literal_imports_are_found_in_functions_and_modules():
     import importlib
-    import os
 
     def stage():
-        a = os.environ.get("SCALE", "1")
-        b = os.environ["MODE"] + os.getenv("LEVEL", "")
-        c = "FLAG" in os.environ
-        d = os.environ.setdefault("KEPT", "x")
-        name = "NOT_" + "LITERAL"
-        mod = importlib.import_module("helpermod")
-        return a, b, c, d, os.environ.get(name), mod, {"dict_key": os.sep}
+        name = "not_" + "literal"
+        return importlib.import_module("helpermod"), importlib.import_module(name)
 
-    fp = Fingerprinter(strict=False)
-    fp.function(stage)  # as for a function of the workflow script (this module's are read as modules)
-    assert fp.env_names == {"SCALE", "MODE", "LEVEL", "FLAG", "KEPT"}
     from parsl_torch.apps.identity.fingerprint import _imported_names
 
-    assert "helpermod" in _imported_names(stage.__code__)
-    source = (b"import os, importlib\nfrom os import environ, getenv\nX = os.environ['A'] + environ.get('B')\n"
-              b"def f():\n    return getenv('C'), 'D' in os.environ, importlib.import_module('pkg.mod'), "
-              b"os.environ.get(name)\n")
-    parsed = usercode.parse_module(source, "m.py")
-    assert parsed.env == ["A", "B", "C", "D"] and [0, "pkg.mod", []] in parsed.imports
-
-
-def test_the_folders_a_module_adds_to_sys_path_are_read_without_running_it():
-    from parsl_torch.apps.identity import syspath
-
-    source = """
-import os, site, sys
-from pathlib import Path
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(os.path.join(HERE, "lib"))
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.extend([os.path.join(HERE, "a"), "rel/b"])
-sys.path += [HERE + "/c"]
-sys.path[:0] = [Path(__file__).parent / "d", f"{HERE}/g"]
-site.addsitedir(os.path.join(os.path.dirname(__file__), "e"))
-sys.path.append(str(Path(HERE, "h")))
-def f(x, name):
-    sys.path.append(x)  # computed at run time: not seen
-    sys.path.insert(0, os.path.join(os.getcwd(), name))
-    sys.path.append(f"{HERE:>9}")
-    sys.path.append(os.path.join(HERE, "lib2", x))
-"""
-    folders = syspath.additions(ast.parse(source), "/proj/scripts/train.py")
-    assert folders == sorted(["/proj/scripts/lib", "/proj/src", "/proj/scripts/a", "rel/b", "/proj/scripts/c",
-                              "/proj/scripts/d", "/proj/scripts/g", "/proj/scripts/e", "/proj/scripts/h"])
-    # a name assigned again with a value computed at run time no longer names the first folder
-    assert syspath.additions(ast.parse("import sys\nX = '/a'\nX = f()\nsys.path.append(X)\n"), "/m.py") == []
-
-
-def test_a_script_reaches_the_modules_of_the_folders_it_adds_to_sys_path(tmp_path):
-    """``sys.path.append(os.path.join(HERE, "lib"))`` then ``import mymod``: an edit of lib/mymod.py reruns
-    the script's stage (mymod was taken for an installed package without a distribution, and skipped)."""
-    (tmp_path / "lib").mkdir()
-    (tmp_path / "src" / "pkg").mkdir(parents=True)
-    (tmp_path / "lib" / "mymod.py").write_text("def f():\n    return 1\n")
-    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
-    (tmp_path / "src" / "pkg" / "core.py").write_text("import helper\nK = 1\n")
-    (tmp_path / "src" / "helper.py").write_text("H = 1\n")  # found on the added folder, from another module
-    script = tmp_path / "train.py"
-    script.write_text("import os, sys\nHERE = os.path.dirname(os.path.abspath(__file__))\n"
-                      "sys.path.append(os.path.join(HERE, 'lib'))\n"
-                      "import mymod\nimport setup_paths\nfrom pkg import core\nprint(mymod.f(), core.K)\n")
-    (tmp_path / "setup_paths.py").write_text("import sys\nfrom pathlib import Path\n"
-                                             "sys.path.insert(0, str(Path(__file__).parent / 'src'))\n")
-    reached = usercode.user_modules([(str(script), "__main__")], [], identity.DigestCache(None))
-    names = {usercode.display_name(p).replace(str(tmp_path) + "/", "") for p in reached.digests}
-    assert names == {"train.py", "setup_paths.py", "lib/mymod.py", "src/pkg/__init__.py", "src/pkg/core.py",
-                     "src/helper.py"}
-    assert "mymod" not in reached.packages and "pkg" not in reached.packages
+    assert "helpermod" in _imported_names(stage.__code__) and "not_literal" not in _imported_names(stage.__code__)
+    source = b"import os, importlib\ndef f():\n    return importlib.import_module('pkg.mod')\n"
+    assert [0, "pkg.mod", []] in usercode.parse_module(source, "m.py").imports
 
 
 def test_env_components_take_the_stages_env_over_the_shell_and_leave_launch_variables_out():

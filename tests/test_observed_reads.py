@@ -72,6 +72,7 @@ def sharded():
 with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1"):
     futures = {"reader": reader("b.txt"), "arch": arch(), "envy": envy(), "summarize": summarize(),
                "sharded": sharded()}
+    futures["arch2"] = arch(stage="arch2")  # (warm: after arch, in ranks that imported archmod already)
     print("RESULT", json.dumps({k: f.result() for k, f in futures.items()}), flush=True)
 '''
 
@@ -98,29 +99,30 @@ def _run(root: Path, seed: str, **env: str) -> tuple[dict, str]:
 
 
 def _ran(log: str) -> set[str]:
-    return {s for s in ("reader", "arch", "envy", "summarize", "sharded") if f"[{s}] runs" in log}
+    return {s for s in ("reader", "arch", "envy", "summarize", "sharded", "arch2") if f"[{s}] runs" in log}
 
 
 @pytest.mark.slow
 def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     _project(tmp_path)
     first, _ = _run(tmp_path, "1")
-    assert first == {"reader": "one", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300}
+    assert first == {"reader": "one", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300,
+                     "arch2": 64}
     again, log = _run(tmp_path, "2")
     assert again == first and not _ran(log), log  # nothing changed: every stage skipped, summarize too
     (tmp_path / "data" / "b.txt").write_text("two")  # DATA_DIR joined with a name the caller passes
     result, log = _run(tmp_path, "3")
     assert result["reader"] == "two" and _ran(log) == {"reader"}, log
-    assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed (read by it)" in log, log
+    assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed" in log, log
     (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # importlib.import_module(ARCH)
     result, log = _run(tmp_path, "4")
-    assert result["arch"] == 128 and _ran(log) == {"arch"}, log
+    assert result["arch"] == result["arch2"] == 128 and _ran(log) == {"arch", "arch2"}, log
     result, log = _run(tmp_path, "5", MYAPP_EXTRA="x")  # the whole environment, read through dict(os.environ)
     assert result["envy"] == [["MYAPP_EXTRA", "x"], ["MYAPP_MODE", "a"]] and _ran(log) == {"envy"}, log
     (tmp_path / "shards" / "s7.txt").write_text("11")  # one shard of many
     result, log = _run(tmp_path, "6", MYAPP_EXTRA="x")
     assert result["sharded"] == 310 and _ran(log) == {"sharded"}, log
-    assert f"input {tmp_path / 'shards'} changed (read by it)" in log, log
+    assert f"input {tmp_path / 'shards'} changed" in log, log
 
 
 @pytest.mark.slow
@@ -134,7 +136,10 @@ def test_warm_ranks_observe_each_call_on_its_own(tmp_path):
     (tmp_path / "data" / "b.txt").write_text("two")
     result, log = _run(tmp_path, "3", WARM="1")
     assert result["reader"] == "two" and _ran(log) == {"reader"}, log
-    assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed (read by it)" in log, log
+    assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed" in log, log
+    (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # imported by a computed name, maybe by an earlier call
+    result, log = _run(tmp_path, "4", WARM="1")
+    assert result["arch"] == result["arch2"] == 128 and {"arch", "arch2"} <= _ran(log), log
 
 
 def test_a_folder_of_many_files_read_is_kept_as_the_folder_and_a_module_cache_as_its_source():
@@ -163,3 +168,117 @@ def test_the_recorder_sees_reads_in_children_and_forked_workers_and_not_the_stan
     reads = reads_of(str(folder))
     assert {f"f {data}", "e MYAPP_KEY", f"d {tmp_path}", "e CHILD_KEY", f"f {data}.2"} <= reads, reads
     assert not any("python3" in line or "site-packages" in line for line in reads), reads
+
+
+CONFIG_WORKFLOW = '''
+import json, os
+from pathlib import Path
+import yaml
+import parsl_torch as pt
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pt.distributed_app(ranks_per_node=1)
+def chain():
+    def load(path):  # an include chain, as research code writes one
+        cfg = yaml.safe_load(open(path))
+        include = cfg.pop("include", None)
+        return {**(load(os.path.join(os.path.dirname(path), include)) if include else {}), **cfg}
+
+    cfg = load(os.path.join(HERE, "conf", "a.yaml"))
+    return cfg["scale"] * sum(int(open(os.path.join(HERE, f)).read()) for f in cfg["shards"])
+
+
+@pt.distributed_app(ranks_per_node=1)
+def dirin(folder):
+    return sorted((p.name, p.read_text()) for p in Path(folder).iterdir())
+
+
+@pt.distributed_app(ranks_per_node=1)
+def envcopy():
+    return os.environ.copy().get("MYAPP_EXTRA", "unset")
+
+
+def text(future):
+    future.result()
+    return Path(future.outputs[0].result().filepath).read_text()
+
+
+with pt.workflow(site="local", run_dir="runs"):
+    hydra = pt.script_app("hyd/app.py", ranks_per_node=1)  # (its stage: hyd, its folder)
+    futures = {"hyd": hydra("model=large", "data.path=" + os.path.join(HERE, "data", "in.txt"), outputs=["out.txt"]),
+               "hyd2": hydra("-cn", "other", stage="hyd2", outputs=["out.txt"]),
+               "chain": chain(), "dirin": dirin(Path("dirin")), "envcopy": envcopy()}
+    print("RESULT", json.dumps({k: text(f) if k.startswith("hyd") else f.result() for k, f in futures.items()}))
+'''
+
+HYDRA_APP = '''
+import hydra
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg):
+    width = cfg.model.width if "model" in cfg else cfg.width
+    data = open(cfg.data.path).read().strip() if "data" in cfg else "-"
+    open("out.txt", "w").write(f"{width}|{cfg.extra}|{data}")
+
+
+main()
+'''
+
+
+def _config_project(root: Path) -> None:
+    files = {"wf.py": CONFIG_WORKFLOW, "hyd/app.py": HYDRA_APP, "data/in.txt": "in-v1",
+             "hyd/conf/config.yaml": "defaults:\n  - model: small\n  - _self_\ndata:\n  path: /nonexistent\n"
+                                     "extra: ${oc.env:MYAPP_EXTRA,none}\n",
+             "hyd/conf/model/small.yaml": "width: 8\n", "hyd/conf/model/large.yaml": "width: 64\n",
+             "hyd/conf/other.yaml": "width: 3\nextra: ${oc.env:MYAPP_EXTRA,none}\n",
+             "conf/a.yaml": "include: b.yaml\n", "conf/b.yaml": "include: c.yaml\n", "conf/c.yaml": "include: d.yaml\n",
+             "conf/d.yaml": "scale: 1\nshards:\n" + "".join(f"  - shards2/s{i}.txt\n" for i in range(70)),
+             "dirin/x.txt": "aaa"}
+    files.update({f"shards2/s{i}.txt": "1" for i in range(70)})
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    (root / "tmp").mkdir()
+
+
+def _ran_of(log: str) -> set[str]:
+    return {s for s in ("hyd", "hyd2", "chain", "dirin", "envcopy") if f"[{s}] runs" in log}
+
+
+@pytest.mark.slow
+def test_configs_hydra_and_an_include_chain_are_seen_by_what_the_stage_read(tmp_path):
+    """The audit's config cases: a Hydra group picked on the command line, ``-cn``, ``${oc.env:X}`` and a data
+    file named by an override; a 4-deep include chain listing 70 shards; a file replaced by ``cp -p`` in a
+    folder given as a Path; the environment read through ``os.environ.copy()``."""
+    _config_project(tmp_path)
+    first, _ = _run(tmp_path, "1")
+    assert first == {"hyd": "64|none|in-v1", "hyd2": "3|none|-", "chain": 70, "dirin": [["x.txt", "aaa"]],
+                     "envcopy": "unset"}
+    again, log = _run(tmp_path, "2")
+    assert again == first and not _ran_of(log), log
+    (tmp_path / "hyd/conf/model/large.yaml").write_text("width: 65\n")  # the group picked by model=large
+    (tmp_path / "hyd/conf/other.yaml").write_text("width: 4\nextra: ${oc.env:MYAPP_EXTRA,none}\n")  # -cn other
+    (tmp_path / "shards2/s5.txt").write_text("5")  # a shard the last include lists
+    old = tmp_path / "dirin/x.txt"
+    (tmp_path / "new.txt").write_text("bbb")
+    os.utime(tmp_path / "new.txt", ns=(old.stat().st_atime_ns, old.stat().st_mtime_ns))
+    subprocess.run(["cp", "-p", str(tmp_path / "new.txt"), str(old)], check=True)  # same size, same mtime
+    result, log = _run(tmp_path, "3")
+    assert result == {**first, "hyd": "65|none|in-v1", "hyd2": "4|none|-", "chain": 74, "dirin": [["x.txt", "bbb"]]}
+    assert _ran_of(log) == {"hyd", "hyd2", "chain", "dirin"}, log
+    for said in (f"input {tmp_path}/hyd/conf/model/large.yaml changed", f"input {tmp_path}/hyd/conf/other.yaml changed",
+                 f"input {tmp_path}/shards2/s5.txt changed", f"input {tmp_path}/dirin changed"):
+        assert said in log, (said, log)
+    (tmp_path / "data/in.txt").write_text("in-v2")  # named by an override: data.path=...
+    (tmp_path / "conf/d.yaml").write_text((tmp_path / "conf/d.yaml").read_text().replace("scale: 1", "scale: 2"))
+    result, log = _run(tmp_path, "4", MYAPP_EXTRA="x")  # ${oc.env:MYAPP_EXTRA}, and the whole environment
+    assert result == {**first, "hyd": "65|x|in-v2", "hyd2": "4|x|-", "chain": 148, "dirin": [["x.txt", "bbb"]],
+                      "envcopy": "x"}
+    assert _ran_of(log) == {"hyd", "hyd2", "chain", "envcopy"}, log
+    for said in (f"input {tmp_path}/data/in.txt changed", f"input {tmp_path}/conf/d.yaml changed",
+                 "[hyd2] runs again: environment variable MYAPP_EXTRA changed",
+                 "[envcopy] runs again: the environment's variables changed"):
+        assert said in log, (said, log)

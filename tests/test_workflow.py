@@ -330,10 +330,8 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
         return {**identity.code_components(o, cache), **identity.data_components(o, identity.Arguments("args", {}, ()), [], cache)}
 
     first = parts()
-    assert set(first) == {"code", "options", "arguments", f"module {helper}", identity.ENV_NAMES, identity.PACKAGES,
-                          identity.NAMED_FILES}
+    assert set(first) == {"code", "options", "arguments", f"module {helper}", identity.PACKAGES}
     assert first[identity.PACKAGES] == '["os"]'  # (no distribution: no package component)
-    assert first[identity.ENV_NAMES] == '["SEED"]'  # the variables its modules read, resolved per call
     assert parts(walltime=60.0) == first and parts(import_path=("/elsewhere",)) == first  # not compared
     script.write_text("# a comment\n\nimport helper\nprint(helper.X)  # moved down\n")
     assert parts() == first
@@ -354,25 +352,26 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
         "it now runs on nodes with accelerators"
 
 
-def test_a_file_named_by_an_environment_variable_the_code_reads_is_an_input(tmp_path, monkeypatch):
+def test_a_stage_given_a_variable_compares_its_value_and_one_not_observed_always_runs(tmp_path):
+    """A variable given with ``env=`` is known before the run (its value is compared); a stage whose ranks
+    could not tell what they read (a shell script: no Python to observe) makes no skip promise."""
     from parsl_torch.apps import identity
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "data.bin").write_text("v1")
-    env = {"DATA": str(tmp_path / "data.bin"), "SCRATCH": str(tmp_path), "WORD": "fast", "RANK": "data.bin"}
-    names = ["DATA", "SCRATCH", "WORD", "RANK", "UNSET"]
-    assert identity.env_files(names, {}, env) == {str(tmp_path / "data.bin"): None}  # a folder is a place
-    assert identity.env_files(names, {"DATA": "data.bin"}, {}) == {str(tmp_path / "data.bin"): None}  # env= first
-    # a script the stage's code reading cannot see into (a shell script reads $DATA): a file that a variable the
-    # stage is given (env=) names is an input all the same
     from parsl_torch.apps.call import StageCall
     from parsl_torch.apps.payload import StageOptions
+    from parsl_torch.common.stagedir import CallRecord
 
     (tmp_path / "run.sh").write_text('cat "$DATA"\n')
-    opts = StageOptions(str(tmp_path / "runs" / "s"), 1, 1, None, (("DATA", "data.bin"),), (), script="run.sh")
-    call = StageCall(opts, "mpi", (), script=("bash", "run.sh"))
-    parts = identity.stage_components(call, (), {}, identity.DigestCache(None))
-    assert f"input {tmp_path / 'data.bin'}" in parts
+    parts = {}
+    for value in ("data.bin", "other.bin"):
+        opts = StageOptions(str(tmp_path / "runs" / "s"), 1, 1, None, (("DATA", value),), (), script="run.sh")
+        parts[value] = identity.stage_components(StageCall(opts, "mpi", (), script=("bash", "run.sh")), (), {},
+                                                 identity.DigestCache(None))
+    assert parts["data.bin"]["env DATA"] != parts["other.bin"]["env DATA"]
+    unobserved = CallRecord("key", parts["data.bin"], {}, None)
+    assert identity.stale_reads(unobserved, str(tmp_path / "runs" / "s"), {}, identity.DigestCache(None)) == \
+        ["what its finished run read was not observed (see the warning of that run)"]
+    observed = CallRecord("key", parts["data.bin"], {}, {})
+    assert identity.stale_reads(observed, str(tmp_path / "runs" / "s"), {}, identity.DigestCache(None)) == []
 
 
 @pytest.mark.slow

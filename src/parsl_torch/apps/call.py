@@ -31,6 +31,8 @@ class StageCall:
     #: the call's identity (``identity.call_id``), set by the memoizer when the call is ready to run; the
     #: ranks resume a checkpoint only if it was written under the same one
     id: str | None = None
+    #: the user modules its identity holds (known before it runs: its code imports them); set with ``id``
+    modules: tuple[str, ...] = ()
 
     @property
     def stage(self) -> str:
@@ -53,8 +55,8 @@ class StageCall:
         """``resources`` as Parsl takes them."""
         return dict(self.resources)
 
-    def identified(self, call_id: str) -> StageCall:
-        return replace(self, id=call_id)
+    def identified(self, call_id: str, modules: tuple[str, ...] = ()) -> StageCall:
+        return replace(self, id=call_id, modules=modules)
 
     @staticmethod
     def of_task(task: Any) -> StageCall | None:

@@ -35,7 +35,7 @@ from .payload import ShippedFunction, StageOptions
 from .placement import Placement
 from .remote.client import remote_job, submit_remote
 from .request import BuiltinCall
-from .scriptargs import check_script_argument, named_path, script_command_length, script_stage_name, script_word
+from .scriptargs import check_script_argument, script_command_length, script_stage_name, script_word
 from .stagecmd import bash_app_for
 from .identity.usercode import rank_import_path
 from .workflow import current_workflow
@@ -132,7 +132,7 @@ class DistributedApp:
                **placement.site.spec.environment, **placement.site.rank_env(), **stage_env}
         target, module = _script_target(script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
-                            **self._code(stage, script), script=target, module=module,
+                            **self._code(stage), script=target, module=module,
                             site_setup=placement.site.spec.provider.worker_init,
                             accelerated=placement.site.accelerated,
                             import_path=rank_import_path(),
@@ -156,18 +156,15 @@ class DistributedApp:
             if not isinstance(value, Future):
                 _identifiable(stage, fp, value, f"argument {key!r}")
 
-    def _code(self, stage: str, script: tuple[str, ...] | None) -> dict[str, Any]:
+    def _code(self, stage: str) -> dict[str, Any]:
         """The ``StageOptions`` fields of the function's identity, read now: its fingerprint, the user
-        modules it reaches, the files it is told about or its globals name, the environment variables it
-        reads and the installed modules it uses (a script's are read from its file; the files its
-        arguments name are its inputs)."""
+        modules it reaches, the files it is told about (its ``files=``, Path values among its globals) and
+        the installed modules it uses (a script's are read from its file when it is called)."""
         if self.fn is None:
-            arguments = (script or ())[script_command_length(script or ()):]
-            return {"files": (*self.files, *(p for p in map(named_path, arguments) if p is not None))}
+            return {"files": self.files}
         fp = Fingerprinter(strict=False)
         return {"code": fp.digest(self.fn, f"stage {stage!r}"), "code_roots": tuple(sorted(fp.roots)),
-                "files": (*self.files, *sorted(fp.files)), "env_reads": tuple(sorted(fp.env_names)),
-                "packages": tuple(sorted(fp.packages))}
+                "files": (*self.files, *sorted(fp.files)), "packages": tuple(sorted(fp.packages))}
 
 
 def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,

@@ -81,8 +81,7 @@ class StageOptions:
     code_roots: tuple[tuple[str, str], ...] = ()
     script: str | None = None  # the script a script stage runs (its imports are followed too)
     module: str | None = None  # the module a ``python -m`` stage runs
-    files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs= (or its code names)
-    env_reads: tuple[str, ...] = ()  # the variables its function reads by a literal name (apps.identity.fingerprint)
+    files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs= (Path arguments...)
     packages: tuple[str, ...] = ()  # installed top-level modules its function reaches (apps.identity.packages)
     site_setup: str = ""  # the site's provider.worker_init (module loads: the software the ranks get)
     #: its nodes have accelerators: a result computed on CPUs is not what a GPU node would compute (compared)

@@ -1,17 +1,13 @@
-"""Arguments that name files: a script stage's command line (its name; the arguments that name
-files, made absolute where the workflow runs and read as the stage's inputs), and any string of a
-call that names an existing file or directory, or a glob pattern that matches files
-(``data/shard_*.bin``: ``PathNames``, an input of the call)."""
+"""A script stage's command line: its name, and the arguments that name files (or a glob pattern
+that matches files: ``data/shard_*.bin``), made absolute where the workflow runs: the ranks start
+in the stage's directory. What the script then reads is observed (``identity.observed``)."""
 
 from __future__ import annotations
 
-import functools
 import glob
 import itertools
 import os
 import re
-import stat
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -19,8 +15,6 @@ from typing import Any
 
 from ..errors import ConfigError
 
-#: strings longer than this are not looked up as paths
-PATH_MAX = 4096
 #: a glob pattern's characters
 _MAGIC = re.compile(r"[*?[]")
 #: the most matches of one glob pattern looked at (they are listed at every call, as a directory's files)
@@ -54,16 +48,6 @@ def _matches(path: str) -> bool:
 def _names(path: str) -> bool:
     """``path`` exists, or is a glob pattern that matches a file."""
     return os.path.exists(path) or _matches(path)
-
-
-#: the machine's own folders: what is in them changes by itself (``/proc/cpuinfo``), never an input
-SYSTEM_DIRS = ("/proc/", "/sys/", "/dev/", "/run/")
-
-
-@functools.lru_cache(maxsize=1)
-def _scratch_dirs() -> frozenset[str]:
-    """The temporary folders themselves (not what is in them)."""
-    return frozenset(os.path.realpath(d) for d in ("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir()))
 
 
 #: script stems that say nothing about the script: the stage is named after its folder
@@ -140,57 +124,3 @@ def command_text(arg: Any) -> str:
     if hasattr(arg, "filepath"):
         return str(arg.filepath)
     return os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
-
-
-def named_path(arg: Any) -> str | None:
-    """The existing file or directory (or glob pattern) an argument names (after ``caller_path``): ``/d/x.npy``,
-    ``--data=/d/x.npy``, a ``Path``; None for anything else."""
-    if isinstance(arg, os.PathLike) and not hasattr(arg, "filepath"):
-        arg = os.fspath(arg)
-    if not isinstance(arg, str):
-        return None
-    value = arg.partition("=")[2] if arg.startswith("-") else arg
-    return value if value and os.path.isabs(value) and _names(value) else None
-
-
-class PathNames:
-    """Which strings name an existing file or directory, as an absolute path.
-
-    An absolute string, or a relative one that looks like a path (a ``/`` or a ``.`` in it:
-    ``data/x.txt``, ``x.csv``, ``./data``; a bare word such as ``data`` or ``train`` is a word),
-    looked up only when its first part is an entry of the working directory (one listing, so a
-    list of 50,000 words costs no 50,000 look-ups on a parallel file system). Not paths: a special
-    file (a device, a pipe: it is never read), a directory that holds the working directory
-    (``/``, ``.``, ``..``: a separator or a folder of everything), the machine's own folders (under
-    ``/proc``, ``/sys``, ``/dev``, ``/run``: they change by themselves) and the temporary folders
-    themselves (``os.environ.get("TMPDIR", "/tmp")`` is a scratch place, not an input; a file in
-    one is)."""
-
-    def __init__(self, cwd: str | None = None) -> None:
-        """``cwd``: where relative names are looked up (default: the working directory, when first asked)."""
-        self._cwd: str | None = cwd
-        self._entries: set[str] | None = None
-
-    def named(self, text: str) -> str | None:
-        if not text or len(text) > PATH_MAX or "\0" in text or "\n" in text:
-            return None
-        if self._entries is None:
-            self._cwd = self._cwd or os.getcwd()
-            try:
-                self._entries = {*os.listdir(self._cwd), ".", ".."}
-            except OSError:
-                self._entries = {".", ".."}
-        if not os.path.isabs(text) and ("/" not in text and "." not in text
-                                        or text.split(os.sep, 1)[0] not in self._entries):
-            return None
-        path = os.path.normpath(os.path.join(self._cwd, text))
-        if path.startswith(SYSTEM_DIRS):
-            return None
-        try:
-            mode = os.stat(path).st_mode
-        except (OSError, ValueError):
-            return path if _matches(path) else None  # a glob pattern: its matches are the input
-        if stat.S_ISDIR(mode) and (self._cwd == path or self._cwd.startswith(path.rstrip(os.sep) + os.sep)
-                                   or path in _scratch_dirs()):
-            return None
-        return path if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else None

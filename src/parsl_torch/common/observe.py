@@ -13,8 +13,9 @@ nothing:
   environment (``dict(os.environ)``, ``os.environ.copy()``).
 
 Not recorded, being compared otherwise or being no input: the standard library, installed
-packages, parsl-torch itself, the temporary folder (``$TMPDIR``, else ``/tmp``; ``/var/tmp``), the
-compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``. The shim merges a
+packages, parsl-torch itself, the compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``,
+and in the temporary folders (``$TMPDIR``, else ``/tmp``; ``/var/tmp``) what was made or changed
+since the call began (its scratch: a file there from before is an input like any other). The shim merges a
 rank's files (``reads_of``); the workflow keeps what a stage read (``apps.identity.observed``).
 It imports the standard library only, and is loaded by its path, not through the package: it
 runs at every interpreter's start (about 10 ms).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable
 
 #: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
@@ -41,7 +43,7 @@ try:
     _spec = importlib.util.spec_from_file_location("parsl_torch_observe", {observe!r})
     _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)
-    _module.install({folder!r})
+    _module.install({folder!r}, {since!r})
 except (ImportError, OSError):
     pass
 if _hidden is not None and _hidden.loader is not None:
@@ -49,6 +51,13 @@ if _hidden is not None and _hidden.loader is not None:
 """
 #: the first line of every observed process's file
 STARTED = "s"
+#: the import system's frames: a package reading the environment under them is reading its own settings
+_IMPORTING = ("<frozen importlib", os.path.join(os.path.dirname(os.__file__), "importlib", ""))
+#: variables a package reads for your code that are the session's, not your stage's input (your own code's
+#: reads of them are recorded)
+SESSION_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "COLUMNS",
+                           "LINES", "PWD", "TMPDIR", "TMP", "TEMP", "DISPLAY", "HOSTNAME", "TZ", "NO_COLOR"})
+SESSION_PREFIXES = ("LC_", "PYTHON", "XDG_", "SSH_")
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
 
 
@@ -62,16 +71,28 @@ def _skipped_prefixes() -> tuple[str, ...]:
     home = os.path.expanduser("~")
     caches = [os.environ.get(v) for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR")]
     caches += [os.path.join(home, p) for p in (".triton", ".nv", ".cache/matplotlib", ".config/matplotlib")]
-    temp = os.environ.get("TMPDIR") or "/tmp"  # (torch.compile's caches are there too)
-    places = [here, stdlib, *packages, *(c for c in caches if c), temp, "/var/tmp", "/proc", "/sys", "/dev"]
+    places = [here, stdlib, *packages, *(c for c in caches if c), "/proc", "/sys", "/dev"]
+    inductor = [os.path.join(t, "torchinductor_") for t in _temp_folders()]  # (torch.compile's, by user name)
+    return (*_both(places), *inductor)
+
+
+def _temp_folders() -> tuple[str, ...]:
+    """Where a stage's scratch goes: only what is older than its call there is an input."""
+    return _both([os.environ.get("TMPDIR") or "/tmp", "/var/tmp"])
+
+
+def _both(places: list[str]) -> tuple[str, ...]:
     return tuple({os.path.join(f(p), "") for p in places for f in (os.path.realpath, os.path.abspath)})
 
 
 class Recorder:
     """One process's reads: each new one appended at once to ``<folder>/<pid>.txt``."""
 
-    def __init__(self, folder: str) -> None:
-        self.folder, self.skipped = folder, _skipped_prefixes()
+    def __init__(self, folder: str, since: float) -> None:
+        self.folder, self.skipped, self.temp = folder, (*_skipped_prefixes(), "<frozen"), _temp_folders()
+        self.ours = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")  # parsl_torch/
+        self.stdlib = (os.path.join(os.path.dirname(os.__file__), ""), "<frozen")
+        self.since = since  # when the call began (the shim's start; a warm rank's next call)
         #: code that lists sys.path's folders to find modules and installed packages (importlib.metadata)
         self.finders = ("<frozen", os.path.join(os.path.dirname(os.__file__), "importlib", ""))
         self.seen: set[str] = set()
@@ -102,7 +123,10 @@ class Recorder:
         inside = os.path.join(full, "")
         if inside.startswith(self.skipped) or inside.startswith(self.folder):
             return
-        self.line(f"{kind} {full}")
+        line = f"{kind} {full}"
+        if line not in self.seen and inside.startswith(self.temp) and _made_since(full, self.since):
+            return
+        self.line(line)
 
     def line(self, text: str) -> None:
         if text in self.seen:
@@ -122,6 +146,7 @@ class Recorder:
 
     def begin(self) -> None:
         """Forget what was seen: the next call's reads are recorded anew (into a fresh file)."""
+        self.since = time.time()
         with self.lock:
             if self.out is not None:
                 os.close(self.out)
@@ -145,37 +170,56 @@ def _source_of(path: str) -> str:
     return os.path.join(os.path.dirname(folder), name.split(".", 1)[0] + ".py")
 
 
+def _made_since(path: str, since: float) -> bool:
+    """A file or folder the call made or changed itself (or that is gone): scratch, not an input."""
+    try:
+        return os.stat(path).st_ctime >= since
+    except OSError:
+        return True
+
+
 def _reads(mode: object, flags: object) -> bool:
     if isinstance(mode, str):
         return "r" in mode or "+" in mode
     return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
 
 
-def _user_frame(skipped: tuple[str, ...]) -> bool:
-    """Whether the code that reads the environment is the user's (not a package's, not parsl-torch's)."""
-    frame = sys._getframe(2)
-    stdlib = (os.path.join(os.path.dirname(os.__file__), ""), "<frozen")  # (os and abc are frozen modules)
-    while frame is not None and frame.f_code.co_filename.startswith(stdlib):
-        frame = frame.f_back  # os.getenv, Mapping.get: on behalf of their caller
-    return frame is not None and not frame.f_code.co_filename.startswith(skipped)
+def _reader(recorder: Recorder, depth: int) -> str | None:
+    """Who reads the environment: "user" (your code), "package" (a package your code called while it runs:
+    OmegaConf's ``${oc.env:X}``, Hydra's), None (parsl-torch; a package while it is imported: its settings)."""
+    frame, package = sys._getframe(depth + 1), False  # (``depth``: frames between the read and this function)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(recorder.ours) or (package and name.startswith(_IMPORTING)):
+            return None
+        if name.startswith(recorder.skipped):  # (the standard library and frozen modules: on behalf of a caller)
+            package = package or not name.startswith(recorder.stdlib)
+        else:
+            return "package" if package else "user"
+        frame = frame.f_back
+    return None
 
 
 def _watch_environ(recorder: Recorder) -> None:
     base = type(os.environ)
 
+    def note(key: object) -> None:
+        line = f"e {key}"
+        if line not in recorder.seen and (who := _reader(recorder, 2)) is not None and \
+                (who == "user" or not (key in SESSION_NAMES or str(key).startswith(SESSION_PREFIXES))):
+            recorder.line(line)
+
     class Environ(base):  # type: ignore[misc,valid-type]
         def __getitem__(self, key):
-            if _user_frame(recorder.skipped):
-                recorder.line(f"e {key}")
+            note(key)
             return base.__getitem__(self, key)
 
         def __contains__(self, key):
-            if _user_frame(recorder.skipped):
-                recorder.line(f"e {key}")
+            note(key)
             return base.__contains__(self, key)
 
         def __iter__(self):
-            if _user_frame(recorder.skipped):
+            if "e *" not in recorder.seen and _reader(recorder, 1) == "user":  # (a package copying it: a subprocess's)
                 recorder.line("e *")
             return base.__iter__(self)
 
@@ -217,9 +261,9 @@ def _watch_h5py(recorder: Recorder) -> None:
     sys.meta_path.insert(0, Finder())
 
 
-def install(folder: str) -> Recorder:
-    """Observe this process (and its forked children) into ``folder``."""
-    recorder = Recorder(os.path.join(os.path.abspath(folder), ""))
+def install(folder: str, since: float) -> Recorder:
+    """Observe this process (and its forked children) into ``folder``; ``since``: when the call began."""
+    recorder = Recorder(os.path.join(os.path.abspath(folder), ""), since)
     sys.addaudithook(recorder.hook)
     os.register_at_fork(after_in_child=recorder.after_fork)
     _watch_environ(recorder)
@@ -272,5 +316,5 @@ def boot_folder(folder: str) -> str:
     boot = os.path.join(folder, "boot")
     os.mkdir(boot, 0o700)
     with open(os.path.join(boot, "sitecustomize.py"), "w") as f:
-        f.write(BOOT.format(observe=os.path.abspath(__file__), folder=folder))
+        f.write(BOOT.format(observe=os.path.abspath(__file__), folder=folder, since=time.time()))
     return boot

@@ -113,6 +113,8 @@ class WarmJob:
 
     stage_dir: str
     walltime: float | None = None
+    #: the user modules the call's code imports, known before it runs (``StageCall.modules``)
+    modules: list[str] = field(default_factory=list)
 
     def file(self, name: str) -> str:
         return os.path.join(self.stage_dir, name)

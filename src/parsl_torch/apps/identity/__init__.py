@@ -13,18 +13,15 @@ with these rules. A call's components, each a digest:
 * ``runtime``: parsl-torch's version and sources, and torch's version;
 * ``options``: nodes, ranks per node, environment (the site's too), launcher flags, stage directory;
 * ``site setup``: the site's ``provider.worker_init`` (the modules the ranks load);
-* ``env <NAME>``: each environment variable the code reads by a literal name,
-  as the stage's ranks will see it (its ``env=``, the site's ``environment``,
-  else this process's);
+* ``env <NAME>``: each variable the stage is given (its ``env=``, the site's ``environment``);
 * ``arguments``: the call's own arguments and output names (``fingerprint``);
 * ``input <path>``: the content of each file the stage is told about:
-  ``inputs=``, ``Path``/File arguments, strings (in arguments, in the globals
-  its function uses) that name an existing file or directory, files named in
-  a script's ``args``, files named in a built-in stage's config, and the
-  files its user modules and script name (``namedfiles``: their literals,
-  the paths their globals hold), a file an ``env`` variable's value names, and
-  the files that the YAML, JSON and TOML files among those name (``configfiles``).
+  ``inputs=``, ``Path``/File arguments and globals, a built-in stage's data files.
 
+That is what is known before the stage runs. Everything else it depends on (the files it opens,
+however their names were made, the folders it lists, the variables it reads, the modules it
+imports by a computed name) is what its ranks were seen to read, kept with the finished call and
+compared at the next run (``observed``): a skip needs both unchanged.
 Not compared: ``walltime`` and ``retries`` (they cannot change a result).
 A file is hashed (SHA-256) when its size, mtime or inode differ from the last
 time; ``PARSL_TORCH_INPUT_HASH=stat`` uses those alone (for huge inputs), and
@@ -50,21 +47,18 @@ from ...errors import ConfigError
 from ..call import StageCall
 from ..scriptargs import script_command_length
 from . import usercode
-from .configfiles import files_named_by_configs
-from .environment import LAUNCH_NAMES, LAUNCH_PREFIXES, env_components, env_files  # noqa: F401 - (API)
+from .environment import LAUNCH_NAMES, LAUNCH_PREFIXES, env_components  # noqa: F401 - (API)
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
-from .namedfiles import named_files
 from .observed import reads_of_call, stale_reads  # noqa: F401 - (the sub-package's API)
 from .outputs import output_digests, set_aside, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
 from .packages import package_change, package_components
 
 #: keyword arguments of a stage's app that are Parsl's, not the call's own
 PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
-#: the code components' lists, resolved where the stage runs (a remote stage's on its endpoint): the
-#: environment variables the code reads (``env <NAME>``), the installed modules it imports (``package
-#: <name>``), the files its modules name (``input <path>``)
-ENV_NAMES, PACKAGES, NAMED_FILES = "reads environment", "imports packages", "names files"
+#: the code components' list of the installed modules it imports (``package <name>``), resolved where the
+#: stage runs (a remote stage's on its endpoint)
+PACKAGES = "imports packages"
 @dataclasses.dataclass(frozen=True)
 class Arguments:
     """A call's arguments as its identity sees them: their digest, the files they name (with their
@@ -97,9 +91,8 @@ def search_path(opts: Any) -> list[str]:
 
 
 def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None = None) -> dict[str, str]:
-    """``code`` and ``module <file>``: what the stage runs (read where its code is), and the lists
-    resolved where it runs (``ENV_NAMES``, ``PACKAGES``, ``NAMED_FILES``); ``arguments``: their functions
-    and classes reach more code."""
+    """``code`` and ``module <file>``: what the stage runs (read where its code is), and the list
+    resolved where it runs (``PACKAGES``); ``arguments``: their functions and classes reach more code."""
     parts = {"code": opts.code}
     roots = [*opts.code_roots, *(arguments.roots if arguments else ())]
     if opts.module:
@@ -111,10 +104,8 @@ def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None =
     if opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
-    parts[ENV_NAMES] = json.dumps(sorted(reached.env | set(opts.env_reads)))
     more = arguments.packages if arguments else ()
     parts[PACKAGES] = json.dumps(sorted({*reached.packages, *opts.packages, *more}))
-    parts[NAMED_FILES] = json.dumps(sorted(named_files(reached)))
     return parts
 
 
@@ -225,7 +216,7 @@ def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now
     for key in sorted(set(old) | set(now)):
         if key.startswith("env ") and old.get(key) != now.get(key):
             changed.append(f"environment variable {key[4:]} changed" if key in old and key in now else
-                           f"environment variable {key[4:]} {'now read' if key in now else 'no longer read'}")
+                           f"environment variable {key[4:]} {'now given' if key in now else 'no longer given'}")
     for key in sorted(set(old) | set(now)):
         if key.startswith("input ") and old.get(key) != now.get(key):
             changed.append(f"{key} changed" if key in old and key in now else
@@ -257,16 +248,8 @@ def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache
         more = argument_modules(arguments, search_path(opts), cache)
         packages.update(json.loads(more.pop(PACKAGES)))
         code_parts.update(more)
-    env_names = json.loads(code_parts.pop(ENV_NAMES, "[]"))
-    # a file named by a variable the code reads, or by one the stage is given (`env=`: a script's $DATA)
-    given_env = sorted({*env_names, *opts.environment})
-    named = dict.fromkeys([*json.loads(code_parts.pop(NAMED_FILES, "[]")), *env_files(given_env, opts.environment)])
     parts = {**code_parts, **package_components(packages), "runtime": runtime_digest(cache),
-             **env_components(env_names, opts.environment),
-             **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache),
-             **_inputs(named, opts.stage_dir, cache)}
-    given = [key[len("input "):] for key in parts if key.startswith("input ")]
-    configs_name = {path: None for path in files_named_by_configs(given) if f"input {path}" not in parts}
-    parts.update(_inputs(configs_name, opts.stage_dir, cache))
+             **env_components(sorted(opts.environment), opts.environment),
+             **data_components(opts, arguments, list(kwargs.get("inputs", ())), cache)}
     cache.save()  # once per call: what was hashed, for the next call and the next run
     return parts

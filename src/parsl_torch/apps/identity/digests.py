@@ -15,7 +15,7 @@ from typing import Any
 
 from ...common import settings
 from ...common.files import write_atomic
-from ..scriptargs import is_pattern, pattern_files, pattern_root
+from ..scriptargs import is_pattern, pattern_files
 from . import usercode
 
 #: in a run's parsl/ folder: the digests of its files and modules
@@ -125,22 +125,16 @@ class DigestCache:
         return "glob:" + sha(json.dumps(found).encode()) if found else "missing"
 
     def module(self, path: str) -> usercode.ParsedModule:
-        """``usercode.parse_module``, cached; of its literals only those that may name a file
-        (``_may_name_a_file``)."""
+        """``usercode.parse_module``, cached."""
         st = os.stat(path)
         key = _stat_key(st)
         entry = self._entry("py:" + path, key)
-        if entry is not None and "import_dirs" in entry:  # (an older entry lacks a field: read again)
-            return usercode.ParsedModule(entry["ast"], entry["imports"], entry["env"], entry["named"],
-                                         entry["import_dirs"])
+        if entry is not None:
+            return usercode.ParsedModule(entry["ast"], entry["imports"])
         parsed = usercode.parse_module(Path(path).read_bytes(), path)
-        folder = os.path.dirname(path)
-        paths = [text for text in parsed.literals
-                 if _may_name_a_file(text) or _may_name_a_file(os.path.join(folder, text))]
         if not recently_written(st):  # (as a file's digest)
-            self._remember("py:" + path, {"stat": key, "ast": parsed.digest, "imports": parsed.imports,
-                                          "env": parsed.env, "named": paths, "import_dirs": parsed.import_dirs})
-        return parsed._replace(literals=paths)
+            self._remember("py:" + path, {"stat": key, "ast": parsed.digest, "imports": parsed.imports})
+        return parsed
 
     def save(self) -> None:
         with self._lock:
@@ -170,12 +164,3 @@ def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None)
         return digests.file_digest(path)
     finally:
         digests.save()
-
-
-def _may_name_a_file(text: str) -> bool:
-    """A literal kept with its module: one that names an existing path, or a path in an existing folder
-    other than ``/`` (a data file not written yet). Other strings (a token, a password, a format) are
-    never written to the run directory."""
-    path = os.path.abspath(text)
-    parent = pattern_root(path) if is_pattern(path) else os.path.dirname(path)  # (a glob: where it looks)
-    return os.path.exists(path) or ("/" in text and parent != os.sep and os.path.isdir(parent))

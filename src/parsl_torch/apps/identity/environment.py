@@ -1,4 +1,4 @@
-"""The environment variables a stage reads, as its ranks get them: its ``env=``, else the
+"""The environment variables a stage is given or was seen to read, as its ranks get them: its ``env=``, else the
 workflow's environment, which the ranks inherit; a launch's own variables are never compared."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ...core.claim import VISIBILITY
-from ..scriptargs import PathNames, is_pattern
 from .digests import sha
 
 #: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
@@ -19,20 +18,11 @@ LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
 
 def env_components(names: Sequence[str], stage_env: Mapping[str, str],
                    environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env <NAME>`` for each variable the code reads: its value as the ranks get it (the stage's
+    """``env <NAME>`` for each variable named: its value as the ranks get it (the stage's
     ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
     variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
     return {f"env {name}": "unset" if value is None else sha(f"{name}={value}".encode())
             for name, value in _env_values(names, stage_env, environ).items()}
-
-
-def env_files(names: Sequence[str], stage_env: Mapping[str, str],
-              environ: Mapping[str, str] | None = None) -> dict[str, None]:
-    """The files the values of those variables name (``open(os.environ["DATA"])``: the file is an input,
-    not only its name); a folder named so is compared by its name alone (``HOME``, ``SCRATCH``: places)."""
-    paths = PathNames()
-    named = (paths.named(value) for value in _env_values(names, stage_env, environ).values() if value)
-    return {path: None for path in named if path is not None and (os.path.isfile(path) or is_pattern(path))}
 
 
 def _env_values(names: Sequence[str], stage_env: Mapping[str, str],

@@ -13,17 +13,14 @@ their body), so a value is turned into a canonical token instead:
   (``parse_args()``'s) or a ``SimpleNamespace`` by its attributes;
 * a ``Path`` or File by its path, kept in ``files`` (a file the stage is told
   about: its content joins the call's identity where the call is launched);
-  so is a string that names an existing file or directory (``PathNames``),
-  wherever it is: an argument, inside one (not a dict's key), a global the
-  function uses, a literal in its code;
+  a string is a string (the files a stage reads, named however, are observed:
+  ``identity.observed``);
 * a function or class of the workflow script by its code: the bytecode and
   constants of every code object inside it (no line numbers, no file name:
   a comment or a blank line changes nothing), its defaults and closure, and
   the value of each global it uses, recursively; a user module it imports
   inside its body (``import x``, ``importlib.import_module("x")``) joins the
-  code roots, and each environment variable it reads by a literal name
-  (``os.environ["X"]``, ``.get("X")``, ``os.getenv("X")``, ``"X" in os.environ``)
-  is kept in ``env_names`` (its value joins the identity);
+  code roots;
 * a function, class or module of a user module (``usercode``) by name, and
   the module's file is added to the stage's code roots (its digest covers it);
   anything from an installed package by name, the package kept in ``packages``
@@ -49,10 +46,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from ...common.records import ENV_NAME
-from ..scriptargs import PathNames
 from .digests import sha
-from .usercode import ENV_METHODS, ENVIRON, GETENV, MODULE_IMPORTERS, is_user_file, user_files
+from .usercode import MODULE_IMPORTERS, is_user_file, user_files
 
 
 class Unidentifiable(TypeError):
@@ -82,13 +77,10 @@ class Fingerprinter:
         self.strict = strict
         #: (file, module name) of each user module the tokens reached
         self.roots: set[tuple[str, str]] = set()
-        #: the files and directories that Path and File values and strings name (absolute paths)
+        #: the files and directories that Path and File values name (absolute paths)
         self.files: set[str] = set()
-        #: the environment variables the functions read by a literal name
-        self.env_names: set[str] = set()
         #: top-level names of the installed modules the tokens reached (``identity.packages``)
         self.packages: set[str] = set()
-        self._paths = PathNames()
         self._active: set[int] = set()
 
     def digest(self, value: Any, where: str) -> str:
@@ -98,10 +90,7 @@ class Fingerprinter:
     # -- values --------------------------------------------------------------------------------------------
     def token(self, value: Any, where: str) -> Any:  # noqa: C901 - one dispatch over the kinds of value
         kind = type(value)
-        if kind is str:
-            if (path := self._paths.named(value)) is not None:
-                self.files.add(path)
-            # a long one by digest: repr() of a large value would copy it several times
+        if kind is str:  # a long one by digest: repr() of a large value would copy it several times
             return ("str", value) if len(value) <= LONG_STR else \
                 ("str", len(value), sha(value.encode(errors="surrogatepass")))
         if kind in (bytes, bytearray):
@@ -230,8 +219,6 @@ class Fingerprinter:
             self.roots.update(found)
             if not found:
                 self.packages.add(name.partition(".")[0])
-        self.env_names |= _env_reads(code)
-        self.files.update(p for c in _string_constants(code) if (p := self._paths.named(c)) is not None)
         parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
         return sha(repr(parts).encode())
@@ -275,35 +262,6 @@ def _loads(code: types.CodeType) -> list[tuple[str, Any]]:
             found.append(("name", ins.argval))
         else:
             found.append(("op", ins.opname))
-    return found
-
-
-def _env_reads(code: types.CodeType) -> set[str]:
-    """The variables a code object (and those nested in it) reads by a literal name:
-    ``getenv("X")``, ``environ["X"]``, ``environ.get("X")`` (``setdefault``, ``pop``), ``"X" in environ``."""
-    found: set[str] = set()
-    loads = _loads(code)
-    for i, (op, value) in enumerate(loads):
-        if op != "const" or not isinstance(value, str) or not ENV_NAME.match(value):
-            continue
-        before = loads[max(i - 2, 0):i]
-        after = loads[i + 1:i + 4]
-        if before[-1:] in ([("name", GETENV)], [("name", ENVIRON)]) or \
-                (len(before) == 2 and before[0] == ("name", ENVIRON) and before[1][1] in ENV_METHODS) or \
-                any(a == ("name", ENVIRON) and b == ("op", "CONTAINS_OP") for a, b in zip(after, after[1:])):
-            found.add(value)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= _env_reads(const)
-    return found
-
-
-def _string_constants(code: types.CodeType) -> set[str]:
-    """The string literals of a code object and those nested in it (``open("/data/x.txt")``)."""
-    found = {c for c in code.co_consts if type(c) is str}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= _string_constants(const)
     return found
 
 

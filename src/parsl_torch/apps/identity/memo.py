@@ -73,7 +73,8 @@ def stage_memoizer(checkpoint_files: list[str], cache: identity.DigestCache, sto
             args, kwargs = task["args"][1:], task["kwargs"]
             checked[task["id"]] = now = identity.stage_components(call, args, kwargs, cache)
             task["hashsum"] = key = identity.call_id(now)
-            task["args"][0] = call.identified(key)  # (the list Parsl submits: the ranks' checkpoints are this call's)
+            modules = tuple(k[len("module "):] for k in now if k.startswith("module "))
+            task["args"][0] = call.identified(key, modules)  # (the list Parsl submits: the ranks' checkpoints are this call's)
             result = self.memo_lookup_table.get(key)
             before = identity.read_call(call.opts.stage_dir)
             hit = result is not None and before is not None and before.memo_key == key

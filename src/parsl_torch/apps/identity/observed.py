@@ -3,7 +3,7 @@ its call: a skip needs every such read unchanged, besides an equal identity.
 
 A call's record holds one digest per read, taken when the stage finished (so a stage that
 rewrites what it read is compared with what it left): ``read <path>`` a file (its digest: a stat
-key with ctime, then SHA-256), ``read folder <path>`` a folder of many files read (every file in
+key with ctime, then SHA-256; a ``.py`` file's syntax tree, as a module's: a comment changes nothing), ``read folder <path>`` a folder of many files read (every file in
 it, by its stat), ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get
 it. Reads in the stage's own directory and the run directory (outputs) are not inputs.
 """
@@ -19,6 +19,7 @@ from ...common import stagedir
 from ...core.log import get_logger
 from .digests import DigestCache, sha
 from .environment import env_components
+from .usercode import display_name
 
 #: environment variables that are the session's or the launch's, not the stage's input, when a stage
 #: reads the whole environment (``dict(os.environ)``; the interpreter's PYTHON* too); one read by its name is
@@ -62,6 +63,8 @@ def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | Non
 
 
 def _digest(kind: str, path: str, cache: DigestCache) -> tuple[str | None, str]:
+    if kind == "f" and path.endswith(".py") and os.path.isfile(path):  # code: by its syntax tree, as a module's
+        return f"read {path}", cache.module(path).digest
     if kind == "f":
         return f"read {path}", cache.file_digest(path) if not os.path.isdir(path) else "folder"
     if kind == "F":
@@ -86,20 +89,23 @@ def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] 
 
 
 def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """What changed among a finished call's reads, for the log (``input /data/a.npy changed (read by it)``)."""
+    """What changed among a finished call's reads, for the log, as a change of what it is given reads
+    (``input /data/a.npy changed``, ``mymod.py changed``, ``environment variable X changed``)."""
     said = []
     for key in sorted(set(before) | set(now)):
         if before.get(key) != now.get(key):
             kind, _, what = key.partition(" ")
+            path = what.removeprefix("folder ")
             if key == "env *":
                 said.append("the environment's variables changed (it read all of them)")
             elif kind == "env":
-                said.append(f"environment variable {what} changed (read by it)")
+                said.append(f"environment variable {what} changed")
             elif key in before and now.get(key, "missing") == "missing":
-                said.append(f"{what.removeprefix('folder ')} it read is gone")
+                said.append(f"{path}, which it read, is gone")
+            elif kind == "listed":
+                said.append(f"the folder {path} changed (its names)")
             else:
-                said.append(f"{'the folder ' if kind == 'listed' else 'input '}{what.removeprefix('folder ')} "
-                            f"changed (read by it)")
+                said.append(f"{display_name(path)} changed" if path.endswith(".py") else f"input {path} changed")
     return said
 
 
@@ -129,8 +135,8 @@ def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCac
         return None
     if record.ranks < record.expected:
         get_logger("parsl_torch.workflow").warning(
-            "[%s] %d of its %d ranks told what they read (a rank's Python without parsl-torch, or its shim could "
-            "not reach the supervisor): its skip compares what it is given only", os.path.basename(stage_dir),
+            "[%s] %d of its %d ranks told what they read (a rank's Python could not observe, or its shim could "
+            "not reach the supervisor): the next run runs it again", os.path.basename(stage_dir),
             record.ranks, record.expected)
         return None
     return read_digests(record, stage_dir, stage_env, cache)
@@ -139,6 +145,6 @@ def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCac
 def stale_reads(before: stagedir.CallRecord, stage_dir: str, stage_env: Mapping[str, str],
                 cache: DigestCache) -> list[str]:
     """What changed since the finished call ``before`` read it (empty: its reads are as it left them)."""
-    if not before.reads:
-        return []
+    if before.reads is None:  # (a skip is a promise: without what it read, there is none to make)
+        return ["what its finished run read was not observed (see the warning of that run)"]
     return changed_reads(before.reads, current(before.reads, stage_dir, stage_env, cache))

@@ -5,21 +5,16 @@ built in place) outside this Python's installation (the
 standard library, site-packages) and outside parsl-torch itself: the
 workflow script's folder, ``PYTHONPATH`` folders, the sources of editable
 installs (``pip install -e``: a path entry, or an import hook that maps the package to its sources,
-``find_spec``), and the folders those modules add to ``sys.path`` (``syspath``). A stage can run
-the user modules its code imports, and those they import in turn: found by reading each file's
-``import`` statements (all of them, also inside functions), resolved on the
-import path the ranks get (:func:`rank_import_path`); an import by a literal
-name (``importlib.import_module("helpers")``) too. A module imported by a name
-computed at run time cannot be seen: name it in ``inputs=``. The same reading
-finds the environment variables a module reads by a literal name
-(``os.environ["X"]``, ``.get("X")``, ``os.getenv("X")``, ``"X" in os.environ``).
+``find_spec``). A stage can run the user modules its code imports, and those they import in turn:
+found before it runs by reading each file's ``import`` statements (all of them, also inside
+functions; ``importlib.import_module("helpers")`` too), resolved on the import path the ranks get
+(:func:`rank_import_path`). What only running finds (a module imported by a computed name, from a
+folder added to ``sys.path``) is among what the stage was seen to read (``identity.observed``).
 
 A module's digest is that of its syntax tree (``ast.dump`` without
 positions): comments, blank lines and code moving to other lines do not
-change it; any change of what runs does. The same reading keeps the module's
-string literals that may name a file (``"/data/x.csv"``, ``"data/table.csv"``:
-not docstrings, nor the pieces of an f-string or a ``+``), and the top-level
-names of the modules it imports that are not the user's (an installed
+change it; any change of what runs does. The same reading keeps the
+top-level names of the modules it imports that are not the user's (an installed
 package's version and files join the identity: ``identity.packages``).
 """
 
@@ -39,13 +34,9 @@ from importlib.machinery import EXTENSION_SUFFIXES, PathFinder
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from . import hydra, syspath
-
 #: the package itself is the runtime, not the user's code (its version and sources are in every
 #: stage's identity: ``identity.runtime_digest``)
 PACKAGE_DIR = str(Path(__file__).resolve().parents[2])  # parsl_torch/ (this is parsl_torch/apps/identity/)
-#: how code reads a variable: ``os.getenv(NAME)``, ``os.environ[NAME]``, ``os.environ.get(NAME)``
-ENVIRON, GETENV, ENV_METHODS = "environ", "getenv", ("get", "setdefault", "pop")
 #: functions that import a module named by a string
 MODULE_IMPORTERS = ("import_module", "__import__")
 
@@ -55,9 +46,6 @@ class ParsedModule(NamedTuple):
 
     digest: str  # of its syntax tree
     imports: list[list[Any]]  # [level, module or "", [names]]
-    env: list[str]  # the environment variables it reads by a literal name
-    literals: list[str]  # its string literals that may name a file
-    import_dirs: list[str]  # the folders it adds to sys.path (``syspath``)
 
 
 class ModuleCache(Protocol):
@@ -122,13 +110,12 @@ def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:
 
 
 def parse_module(source: bytes, filename: str) -> ParsedModule:
-    """What the module in ``filename`` imports, reads and names, and the digest of its syntax tree."""
+    """What the module in ``filename`` imports, and the digest of its syntax tree."""
     try:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError):  # the ranks will say what is wrong; any byte change reruns it
-        return ParsedModule("bytes:" + hashlib.sha256(source).hexdigest(), [], [], [], [])
+        return ParsedModule("bytes:" + hashlib.sha256(source).hexdigest(), [])
     imports: list[list[Any]] = []
-    env: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imports += [[0, alias.name, []] for alias in node.names]
@@ -137,27 +124,7 @@ def parse_module(source: bytes, filename: str) -> ParsedModule:
         elif isinstance(node, ast.Call) and _name_of(node.func) in MODULE_IMPORTERS and (name := _literal(node)):
             level = len(name) - len(name.lstrip("."))
             imports.append([level, name[level:], []])
-        if (name := _env_read(node)) is not None:
-            env.add(name)
-    return ParsedModule(hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports, sorted(env),
-                        _path_literals(tree) + hydra.primary_configs(tree), syspath.additions(tree, filename))
-
-
-def _path_literals(tree: ast.AST) -> list[str]:
-    """String literals that may name a file: one line, a ``/`` or a ``.`` in it; not a docstring (a
-    statement of its own) nor a piece of an f-string or of a ``+`` (``f"/lus/{x}"``: "/lus/" is no input)."""
-    pieces: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.JoinedStr):
-            pieces.update(map(id, node.values))
-        elif isinstance(node, ast.BinOp):
-            pieces.update((id(node.left), id(node.right)))
-        elif isinstance(node, ast.Expr):
-            pieces.add(id(node.value))
-    return sorted({node.value for node in ast.walk(tree)
-                   if isinstance(node, ast.Constant) and type(node.value) is str and id(node) not in pieces
-                   and 0 < len(node.value) <= 1024 and "\n" not in node.value
-                   and ("/" in node.value or "." in node.value)})
+    return ParsedModule(hashlib.sha256(ast.dump(tree).encode()).hexdigest(), imports)
 
 
 def _name_of(node: ast.AST) -> str | None:
@@ -168,23 +135,6 @@ def _literal(call: ast.Call) -> str | None:
     """The call's first argument when it is a string literal."""
     first = call.args[0] if call.args else None
     return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
-
-
-def _env_read(node: ast.AST) -> str | None:
-    """The variable ``node`` reads by a literal name: ``getenv("X")``, ``environ["X"]``,
-    ``environ.get("X")`` (``setdefault``, ``pop``), ``"X" in environ``."""
-    if isinstance(node, ast.Call):
-        func = node.func
-        if _name_of(func) == GETENV or (isinstance(func, ast.Attribute) and func.attr in ENV_METHODS
-                                        and _name_of(func.value) == ENVIRON):
-            return _literal(node)
-    elif isinstance(node, ast.Subscript) and _name_of(node.value) == ENVIRON:
-        key = node.slice
-        return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
-    elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) \
-            and isinstance(node.ops[0], (ast.In, ast.NotIn)) and _name_of(node.comparators[0]) == ENVIRON:
-        return node.left.value
-    return None
 
 
 def find_spec(name: str, path: Sequence[str] | None, search: Sequence[str] | None = None) -> Any:
@@ -248,46 +198,28 @@ def _targets(imports: list[list[Any]], module: str, is_package: bool) -> list[st
 
 @dataclass
 class Reached:
-    """What a stage's code can run: each user module's digest and name (by file), the environment variables
-    they read, their string literals that may name a file (with the module's folder), and the installed
+    """What a stage's code can run: each user module's digest and name (by file), and the installed
     top-level modules they import."""
 
     digests: dict[str, str] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)
-    env: set[str] = field(default_factory=set)
-    literals: set[tuple[str, str]] = field(default_factory=set)
     packages: set[str] = field(default_factory=set)
 
 
 def user_modules(roots: Iterable[tuple[str, str]], search: Sequence[str], cache: ModuleCache) -> Reached:
     """Each user module the ``roots`` ((file, module name) pairs) can import, themselves included,
-    following imports transitively on ``search`` (the ranks' ``sys.path``), and on the folders those
-    modules add to it (``sys.path.append(...)``: read again with them, until no module adds another)."""
+    following imports transitively on ``search`` (the ranks' ``sys.path``)."""
     roots = list(roots)
     # a script's own folder comes first on its sys.path, for every module it imports
     search = [*(os.path.dirname(f) for f, m in roots if m == "__main__"), *search]
-    while True:
-        reached, added = _walk(roots, search, cache)
-        more = [d for d in dict.fromkeys(added) if d not in search]
-        if not more:
-            return reached
-        search += more
-
-
-def _walk(roots: list[tuple[str, str]], search: list[str], cache: ModuleCache) -> tuple[Reached, list[str]]:
-    """``user_modules`` on one import path, and the user folders the modules it reached add to it."""
-    reached, added = Reached(), []
+    reached = Reached()
     todo = [(os.path.realpath(f), m, os.path.basename(f) == "__init__.py") for f, m in roots if os.path.isfile(f)]
     queued = {f for f, _, _ in todo}
     while todo:
         path, module, is_package = todo.pop()
         parsed = cache.module(path)
-        reached.digests[path], imports = parsed.digest, parsed.imports
-        reached.names[path] = module
-        reached.env.update(parsed.env)
-        reached.literals.update((os.path.dirname(path), text) for text in parsed.literals)
-        added += _user_dirs(parsed.import_dirs, os.path.dirname(path))
-        for name in _targets(imports, module, is_package):
+        reached.digests[path], reached.names[path] = parsed.digest, module
+        for name in _targets(parsed.imports, module, is_package):
             found = _find(name, search)
             if not found:  # the standard library, an installed package (or nothing: the ranks will say)
                 reached.packages.add(name.partition(".")[0])
@@ -296,19 +228,7 @@ def _walk(roots: list[tuple[str, str]], search: list[str], cache: ModuleCache) -
                     queued.add(file)
                     todo.append((file, found_name, package))
     reached.digests = dict(sorted(reached.digests.items()))
-    return reached, added
-
-
-def _user_dirs(folders: list[str], module_dir: str) -> list[str]:
-    """The folders that exist and are the user's; a relative one as the working directory or the module's
-    folder makes it (where the code runs decides: either may be meant)."""
-    found = []
-    for folder in folders:
-        for candidate in [folder] if os.path.isabs(folder) else [os.path.abspath(folder),
-                                                                  os.path.join(module_dir, folder)]:
-            if os.path.isdir(candidate) and is_user_dir(candidate):
-                found.append(os.path.realpath(candidate))
-    return found
+    return reached
 
 
 def module_origin(name: str, search: Sequence[str]) -> list[tuple[str, str]]:

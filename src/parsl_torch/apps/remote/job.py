@@ -34,7 +34,6 @@ from ...common.stagedir import RESULT, SOURCES, STDERR, STDOUT
 from ...errors import ConfigError, StageError
 from .. import identity
 from ..call import StageCall
-from ..scriptargs import named_path
 from ..stage_errors import stage_error
 from ..stagecmd import stage_command
 
@@ -133,14 +132,11 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
 
 
 def _here(job: RemoteJob) -> StageCall:
-    """The job's call on this machine: a script run by this machine's Python, the files its arguments
-    name here among its inputs."""
+    """The job's call on this machine: a script run by this machine's Python."""
     call = job.call
     if call.fn is not None:
         return call
-    script = (job.python or sys.executable, *call.script[1:])
-    files = tuple(p for p in map(named_path, call.script[2:]) if p is not None)
-    return replace(call, script=script, opts=replace(call.opts, files=(*call.opts.files, *files)))
+    return replace(call, script=(job.python or sys.executable, *call.script[1:]))
 
 
 def _unpack(root: Path, sources: Sequence[tuple[str, bytes]]) -> Path:

@@ -115,7 +115,7 @@ class WarmGroups:
         for _ in range(MAX_UNTAKEN):
             group = self._take(call)
             try:
-                outcome = self._call(group, call.opts)
+                outcome = self._call(group, call)
             finally:
                 self._give_back(group)
             if outcome is not None:
@@ -166,13 +166,14 @@ class WarmGroups:
                       group_opts.num_nodes, group_opts.ranks_per_node)
         return _Group(key, directory, future)
 
-    def _call(self, group: _Group, opts: StageOptions) -> Outcome | None:
+    def _call(self, group: _Group, call: StageCall) -> Outcome | None:
         """The call in ``group``: None when it is done (or was never taken), else why it failed."""
+        opts = call.opts
         n = next(group.jobs)
         said = _size(group.directory / STDERR) if n else 0  # a new group's start lines are the call's
         stage_dir = Path(opts.stage_dir)
         started = time.monotonic()
-        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime))
+        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime, list(call.modules)))
         done, taken = job_path(group.directory, n, "done"), job_path(group.directory, n, "started")
         while not done.exists():
             if group.future.done() and not done.exists():

@@ -71,6 +71,8 @@ class _Meeting:
         self.rank, self.world = rank, world
         self._lock = threading.Lock()
         self._call: list[int] | None = None  # [call, sequence number at its start, collectives counted]
+        #: rank 0: the user modules earlier calls were seen to import that their code does not name
+        self.found: set[str] = set()
         threading.Thread(target=self._count_while_called, name="parsl-torch-warm-meeting", daemon=True).start()
 
     def _key(self, n: int, what: str) -> str:
@@ -116,7 +118,9 @@ class _Meeting:
 
     def record_reads(self, n: int, job: stagedir.WarmJob) -> None:
         """Rank 0, once every rank finished call ``n``: their reads, merged, in the stage's directory (one
-        file per stage, as a cold stage's supervisor writes it); a rank not observed leaves it incomplete."""
+        file per stage, as a cold stage's supervisor writes it); a rank not observed leaves it incomplete.
+        A module an earlier call imported by a name found at run time (``import_module(ARCH)``) is among
+        them: this call may run it without opening its file again (a needless rerun at worst)."""
         merged: set[str] = set()
         told = 0
         for rank in range(self.world):
@@ -126,7 +130,11 @@ class _Meeting:
                 self.store.delete_key(key)
                 told += 1
         if told or settings.READS_DIR.get() is not None:
-            stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(told, self.world, sorted(merged)))
+            found = {f"f {path}" for path in self.found}
+            stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(told, self.world, sorted(merged | found)))
+        known = {os.path.realpath(p) for p in job.modules}
+        self.found |= {line[2:] for line in merged if line.startswith("f ") and line.endswith(".py")
+                       and os.path.realpath(line[2:]) not in known}
 
     def end(self, n: int, clean: bool) -> bool:
         """Wait for every rank to finish call ``n``; whether none of them left a thread running. A rank
