@@ -548,3 +548,14 @@ def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves
                         env=env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and not ok.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_itself_is_named_not_the_peer_that_waited_for_it():
+    """Rank 1 stops itself (SIGSTOP): rank 0's collective times out, and the error names rank 1 as stopped."""
+    code = ("import os, signal, torch, torch.distributed as dist, parsl_torch as pt; pt.setup_torch(); "
+            "dist.get_rank() == 1 and os.kill(os.getpid(), signal.SIGSTOP); dist.all_reduce(torch.ones(1))")
+    out = parsl_torch("launch", "-n", "2", "--", sys.executable, "-c", code, env=clean_env(PARSL_TORCH_TIMEOUT="8"))
+    assert out.returncode != 0
+    assert re.search(r"rank 1 on \S+ was stopped by a signal \(SIGSTOP or SIGTSTP\) at [\d:]+ and stopped answering "
+                     r"its peers; then rank 0 on", out.stderr), out.stderr

@@ -195,8 +195,13 @@ def test_a_workflow_killed_with_warm_ranks_up_leaves_no_process(tmp_path):
 @pt.distributed_app(ranks_per_node=2)
 def leaks(step: int):
     """What the call sees of the state a cold process starts with; then it changes all of it."""
+    import atexit
+    import decimal
+    import faulthandler
+    import gc
     import io
     import logging
+    import resource
     import signal
     import socket
     import sys
@@ -221,7 +226,15 @@ def leaks(step: int):
             "sigterm": repr(signal.getsignal(signal.SIGTERM)), "stdout": type(sys.stdout).__name__,
             "recursion": sys.getrecursionlimit(), "stream_handlers": len(logging.getLogger("leaks.stream").handlers),
             "module_handlers": len(logging.getLogger("leaks.module").handlers),
-            "warns_raise": any(f[0] == "error" for f in warnings.filters)}
+            "warns_raise": any(f[0] == "error" for f in warnings.filters),
+            # the census (issue 55): every process-wide setting, put back or the group ends
+            "autocast": torch.is_autocast_enabled("cpu"), "matmul_dtype": str((torch.ones(2, 2) @ torch.ones(2, 2)).dtype),
+            "logger_level": logging.getLogger("leaks.level").level, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+            "gc": gc.isenabled(), "torch_print": torch._tensor_str.PRINT_OPTS.precision,
+            "numpy_print": np.get_printoptions()["precision"], "decimal": decimal.getcontext().prec,
+            "mkldnn": torch.backends.mkldnn.enabled, "digits": sys.get_int_max_str_digits(), "tz": list(time.tzname),
+            "switch": sys.getswitchinterval(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "faulthandler": faulthandler.is_enabled()}
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True)
     warnings.simplefilter("error")
@@ -241,6 +254,21 @@ def leaks(step: int):
     log.warning("call %d", step)
     logging.getLogger("leaks.stream").addHandler(logging.StreamHandler())  # in a cold process: one handler
     sys.setrecursionlimit(seen["recursion"] + 100)
+    torch.set_autocast_enabled("cpu", True)  # the next call's fp32 matmul would return bf16
+    logging.getLogger("leaks.level").setLevel(logging.ERROR)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, seen["nofile"][1]))
+    gc.disable()
+    torch.set_printoptions(precision=1)
+    np.set_printoptions(precision=2)
+    decimal.getcontext().prec = 5
+    torch.backends.mkldnn.enabled = False
+    sys.set_int_max_str_digits(1000)
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+    sys.setswitchinterval(0.001)
+    os.nice(2)
+    faulthandler.disable() if seen["faulthandler"] else faulthandler.enable()
+    atexit.register(lambda: open("atexit.txt", "w").write("ran"))  # runs at the call's end, as at a cold exit
     if step == 1:  # a thread nothing can stop: this group must not take another call
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
     return seen
@@ -261,11 +289,15 @@ def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group
     clean = {"grad": True, "deterministic": False, "umask": seen[0]["umask"], "timeout": None, "tf32": False,
              "matmul": "highest", "fp32": ["none", "tf32"], "threads": seen[0]["threads"], "anomaly": False,
              "flash": True, "numpy": "warn", "sigterm": seen[0]["sigterm"], "stdout": seen[0]["stdout"],
-             "recursion": seen[0]["recursion"], "stream_handlers": 0, "module_handlers": 1, "warns_raise": False}
+             "recursion": seen[0]["recursion"], "stream_handlers": 0, "module_handlers": 1, "warns_raise": False,
+             "autocast": False, "matmul_dtype": "torch.float32", "logger_level": 0, "gc": True, "torch_print": 4,
+             "numpy_print": 8, "mkldnn": True, **{k: seen[0][k] for k in ("nofile", "decimal", "digits", "tz", "switch",
+                                                                          "nice", "faulthandler")}}
     for s in seen:
         assert {k: s[k] for k in clean} == clean, s
     assert seen[0]["pid"] == seen[1]["pid"] != seen[2]["pid"]  # the thread left by call 1 ended its group
     assert [(wf.run_dir / f"l{i}" / "leaks.log").read_text() for i in range(3)] == [f"call {i}\n" * 2 for i in range(3)]
+    assert all((wf.run_dir / f"l{i}" / "atexit.txt").read_text() == "ran" for i in range(3))
     with pt.workflow(site="local", run_dir="cold") as cold:  # and cold alike
         with pytest.raises(pt.StageError, match="rank 0's return value .* cannot be pickled"):
             unpicklable().result(timeout=300)

@@ -9,8 +9,10 @@ nothing:
 * ``f PATH``: a file opened for reading (``open``, ``os.open``, ``io.open_code``: code too;
   ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python);
 * ``d PATH``: a directory listed (``os.listdir``, ``os.scandir``, ``glob``);
-* ``e NAME``: an environment variable read by name from the user's code; ``e *``: the whole
-  environment (``dict(os.environ)``, ``os.environ.copy()``).
+* ``e NAME``: an environment variable read by name by the user's code, or by a package it called
+  (OmegaConf's ``${oc.env:X}``; not a package's own settings, read while it is imported, nor the
+  session's variables a package reads: ``PATH``, ``HOME``...); ``e *``: the whole environment read
+  by the user's code (``dict(os.environ)``, ``os.environ.copy()``).
 
 Not recorded, being compared otherwise or being no input: the standard library, installed
 packages, parsl-torch itself, the compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``,

@@ -5,6 +5,7 @@ line in a stage's stderr and its error read the same."""
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +44,7 @@ class RankReport:
     code: int = 0
     preflight: bool = False
     raised: str = ""
+    stopped: str = ""  # what a rank that was stopped by a signal did to its peers (``blame_stopped``)
 
     @classmethod
     def of(cls, message: dict[str, Any]) -> RankReport:
@@ -51,9 +53,23 @@ class RankReport:
                    bool(message.get("preflight")), raised[:RAISED_CHARS] if isinstance(raised, str) else "")
 
     def __str__(self) -> str:
+        if self.stopped:
+            return f"rank {self.rank} on {self.host} {self.stopped}"
         if self.raised:
             return f"rank {self.rank} on {self.host} raised {self.raised}"
         return f"rank {self.rank} on {self.host} {describe_exit(self.code)}"
+
+
+def blame_stopped(report: RankReport, stopped: dict[int, tuple[str, float]]) -> RankReport:
+    """The rank to name for ``report``'s failure: the one its shim saw stopped by a signal (its peers time out
+    waiting for it, and would be named instead), else ``report``'s own."""
+    others = {rank: seen for rank, seen in stopped.items() if rank != report.rank}
+    if not others:
+        return report
+    rank, (host, since) = min(others.items(), key=lambda item: item[1][1])
+    when = time.strftime("%H:%M:%S", time.localtime(since))
+    return RankReport(rank, host, report.code, stopped=f"was stopped by a signal (SIGSTOP or SIGTSTP) at {when} "
+                                                       f"and stopped answering its peers; then {report}")
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class RankListener:
         self.greeted: set[str] = set()  # short names of the nodes that said hello
         self.reads: set[str] = set()  # what the ranks' Python processes read (``common.observe``), merged
         self.read_ranks: set[int] = set()  # the ranks that sent theirs
+        self.stopped: dict[int, tuple[str, float]] = {}  # rank -> (host, since when): stopped by a signal
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -134,6 +135,9 @@ class RankListener:
         elif message.get("bye"):
             if sock in nodes:
                 nodes[sock]["bye"] = True
+        elif isinstance(message.get("stopped"), (int, float)):  # (no event: its peers' failure follows)
+            self.stopped[int(message.get("rank", -1))] = (str(message.get("host", "?")), float(message["stopped"]))
+            self._drop(sock, buffers)
         elif isinstance(message.get("reads"), list):
             self.reads.update(str(line) for line in message["reads"])
             self.read_ranks.add(int(message.get("rank", -1)))

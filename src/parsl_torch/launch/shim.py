@@ -39,6 +39,9 @@ from .events import RankReport
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0
+#: seconds a rank stays stopped (SIGSTOP, SIGTSTP) before its shim tells the launch: its peers' collectives
+#: then time out, and the stage's error names the stopped rank, not the one that waited for it
+STOPPED_S = 2.0
 
 
 def torchrun_env(env: Mapping[str, str]) -> tuple[Topology, dict[str, str]]:
@@ -150,6 +153,26 @@ class Heartbeat:
             self._sock.close()
 
 
+def watch_stopped(child: subprocess.Popen, address: str, topo: Topology) -> None:
+    """Tell the launch once if the rank is stopped (its state ``T`` in /proc) for STOPPED_S."""
+
+    def watch() -> None:
+        since = None
+        while child.poll() is None:
+            try:
+                with open(f"/proc/{child.pid}/stat") as f:
+                    stopped = f.read().rsplit(")", 1)[1].split()[0] == "T"
+            except (OSError, IndexError):
+                return
+            since = (since or time.time()) if stopped else None
+            if since is not None and time.time() - since >= STOPPED_S:
+                notify_failure(address, {"stopped": since, "rank": topo.rank, "host": topo.hostname})
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def catches(pid: int, sig: int) -> bool:
     """Whether process ``pid`` has a handler for ``sig`` (Linux: /proc/PID/status SigCgt)."""
     try:
@@ -222,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, forward)
         if (deadline := deadline_from_env(os.environ)) is not None:
             signal_at_deadline(child, deadline)
+        if address:
+            watch_stopped(child, address, topo)
         code = child.wait()
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
     if reads and address and code in (0, CONTINUE_EXIT):  # (a block's end: the next block reads on)

@@ -50,7 +50,7 @@ from ..core.topology import free_port
 from . import quarantine
 from .cpushare import CpuShare, bound
 from .listener import RankListener
-from .events import NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, describe_exit
+from .events import NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, blame_stopped, describe_exit
 from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, overlapping
 from .nodeloss import say as _say
 from .machines import get_machine
@@ -178,6 +178,7 @@ class _Watch:
         return event.outcome()
 
     def _rank_ended(self, report: RankReport) -> Outcome:
+        report = blame_stopped(report, self.listener.stopped)
         if report.code == CONTINUE_EXIT and self.continues():
             _say(f"rank {report.rank} on {report.host} stopped for the block's end; the stage continues in the next "
                  f"block")
@@ -214,6 +215,7 @@ class _Watch:
             if isinstance(event, NodeSilent):
                 return self._node_lost(event, stopping=False)
             if isinstance(event, RankReport) and not event.preflight:
+                event = blame_stopped(event, self.listener.stopped)
                 _say(str(event))
                 return _rank_outcome(event, code)
         return Outcome(Cause.LAUNCHER_FAILED, code, f"the launcher {describe_exit(status)}")

@@ -34,6 +34,7 @@ from ...common.observe import begin_call, observed_any, reads_of
 from ...common.raised import write_raised
 from ..stage_main import write_result
 from .baseline import Baseline
+from .census import Census
 from .imports import ImportWatch
 
 #: how often rank 0 looks for the next job
@@ -208,7 +209,7 @@ def _output_to(stdout: str, stderr: str):
             os.close(old)
 
 
-def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
+def _run(job: stagedir.WarmJob, baseline: Baseline, census: Census, rank: int) -> bool:
     """One call, as ``stage_main`` runs it; a failure ends this rank (exit 1, or 124 past its walltime)."""
     import dill
 
@@ -244,13 +245,18 @@ def _run(job: stagedir.WarmJob, baseline: Baseline, rank: int) -> bool:
         with contextlib.suppress(Exception):
             dist.destroy_process_group(group)
     del value
+    census.run_exit_callbacks()
     baseline.restore(job.stage_dir)
     gc.collect()
     left = baseline.threads_left()
     if left:
         print(f"parsl-torch: the call left thread(s) running ({', '.join(left)}): its warm ranks stop after it, and "
               f"the next call starts fresh ones", file=sys.stderr, flush=True)
-    return not left
+    changed = census.restore()
+    if changed:
+        print(f"parsl-torch: the call changed process-wide settings that cannot be put back ({', '.join(changed)}): "
+              f"its warm ranks stop after it, and the next call starts fresh ones", file=sys.stderr, flush=True)
+    return not left and not changed
 
 
 def _next_job(group_dir: str, n: int, imports: ImportWatch) -> stagedir.WarmJob | str | None:
@@ -281,6 +287,7 @@ def serve(group_dir: str) -> str:
     rank = dist.get_rank()
     meeting = _Meeting(rank, dist.get_world_size())  # (its thread is part of the baseline)
     baseline = Baseline()
+    census = Census()  # (after the baseline: what it puts back, the census finds as it was)
     _keep_the_default_group()
     imports = ImportWatch()
     n = 0
@@ -293,7 +300,7 @@ def serve(group_dir: str) -> str:
         if job == "stop":
             return "stopped"
         meeting.begin(n)
-        finished = _run(job, baseline, rank)
+        finished = _run(job, baseline, census, rank)
         meeting.share_reads(n)
         clean = meeting.end(n, finished)  # every rank finished: only then is the call done
         if rank == 0:
