@@ -174,9 +174,26 @@ def test_cli_show_and_plot(tmp_path, capsys):
     assert cli(["history", "show", str(tmp_path / "h.h5")]) == 0
     out = capsys.readouterr().out
     assert "status complete, 4 steps" in out
-    assert out.splitlines()[-1].split() == ["loss", "1", "1", "4", "2.5", "rank", "0"]
+    assert out.splitlines()[-1].split() == ["loss", "1", "1", "4", "2.5", "0", "rank", "0"]
     assert cli(["history", "plot", str(tmp_path / "h.h5"), "--out", str(tmp_path / "p")]) == 0
     assert (tmp_path / "p" / "loss.png").stat().st_size > 1000
+
+
+def test_show_tells_a_loss_gone_nan_from_a_metric_not_recorded_at_the_last_step(tmp_path, capsys):
+    """The loss is NaN from step 1 on: last is nan and 3 steps are not finite; an eval metric recorded at
+    step 1 only keeps its last value (the steps without it are no NaN of its own)."""
+    h = pt.History("train", path=tmp_path / "h.h5")
+    h.update({"loss": 4.41663, "acc": 0.5})
+    h.update({"loss": float("nan"), "acc": 0.75})
+    h.update({"loss": float("inf")})
+    h.update({"loss": float("nan")})
+    h.finalize(plot=False)
+    assert cli(["history", "show", str(tmp_path / "h.h5")]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["loss"] == ["nan", "4.41663", "4.41663", "4.41663", "3", "rank", "0"]
+    assert rows["acc"] == ["0.75", "0.5", "0.75", "0.625", "0", "rank", "0"]
+    data = pt.read_history(tmp_path / "h.h5")
+    assert np.isnan(data.metrics["acc"][2:]).all()  # every reader still sees NaN where it was not recorded
 
 
 def test_foreign_or_corrupt_files_are_named(tmp_path, capsys):

@@ -9,7 +9,8 @@ from ..errors import ConfigError
 
 
 def _history_show(args: argparse.Namespace) -> int:
-    """A table of last/min/max/mean per metric, with the file's status and steps."""
+    """A table of last/min/max/mean (of the finite values) per metric and how many of its recorded steps
+    are not finite (a loss gone NaN: last shows nan), with the file's status and steps."""
     from ..history.h5file import read_history, summarize
 
     data = read_history(args.file)
@@ -18,10 +19,10 @@ def _history_show(args: argparse.Namespace) -> int:
           f"{a.get('world_size')} rank(s) on {a.get('num_nodes')} node(s), {a.get('start_time')} .. "
           f"{a.get('end_time') or '-'}")
     width = max([len(m) for m in data.metrics] + [6])
-    print(f"{'metric':<{width}} {'last':>12} {'min':>12} {'max':>12} {'mean':>12}  of")
+    print(f"{'metric':<{width}} {'last':>12} {'min':>12} {'max':>12} {'mean':>12} {'not finite':>10}  of")
     for metric, row in summarize(data).items():
         print(f"{metric:<{width}} " + " ".join(f"{row[k]:>12.6g}" for k in ("last", "min", "max", "mean"))
-              + f"  {row['of']}")
+              + f" {row['not finite']:>10}  {row['of']}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,17 @@ import numpy as np
 
 from ..errors import ConfigError
 from .stats import STATS
+
+
+#: a step at which a metric was not recorded: a NaN of its own (a quiet NaN with a payload), so that a file tells
+#: it from a NaN the metric had (a loss that diverged); every reader sees both as NaN
+MISSING_BITS = 0x7FF80000000D0A7A
+MISSING = struct.unpack("<d", struct.pack("<Q", MISSING_BITS))[0]
+
+
+def is_missing(values: np.ndarray) -> np.ndarray:
+    """Where ``values`` (float64) holds MISSING: not recorded, as against a recorded NaN."""
+    return np.ascontiguousarray(values, dtype=np.float64).view(np.uint64) == MISSING_BITS
 
 
 @dataclass
@@ -28,7 +40,7 @@ class Block:
         idx = [keys.index(k) for k in self.keys]
 
         def spread(m: np.ndarray) -> np.ndarray:
-            out = np.full((len(keys), len(self.steps)), np.nan)
+            out = np.full((len(keys), len(self.steps)), MISSING)
             out[idx] = m
             return out
 

@@ -37,9 +37,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from .blocks import MISSING, MISSING_BITS, is_missing
 
 SCHEMA = "parsl-torch/history"
 SCHEMA_VERSION = 1
+#: the file attribute ``missing``: how a step without a metric is told from a NaN the metric had
+MISSING_NOTE = f"a step where a metric was not recorded holds the NaN {MISSING_BITS:#x}; another NaN was recorded"
 _CHUNK = 16384
 _COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
@@ -83,7 +86,7 @@ class H5Writer:
         self._h5py = h5py
         with self._swap(fresh=True) as f:
             f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "status": "running",
-                            "steps": 0, **attrs})
+                            "steps": 0, "missing": MISSING_NOTE, **attrs})
             step = f.create_dataset("step", shape=(0,), maxshape=(None,), dtype="i8",
                                     chunks=(_CHUNK,), **_COMPRESSION)
             step.make_scale("step")
@@ -127,7 +130,7 @@ class H5Writer:
 
     def _create(self, f, name: str, metric: str, stat: str | None, rows: int) -> None:
         ds = f.create_dataset(name, shape=(rows,), maxshape=(None,), dtype="f8", chunks=(_CHUNK,),
-                              fillvalue=np.nan, **_COMPRESSION)
+                              fillvalue=MISSING, **_COMPRESSION)
         ds.dims[0].attach_scale(f["step"])
         if name != metric:
             ds.attrs["long_name"] = metric if stat is None else f"{metric} ({stat} over ranks)"
@@ -233,19 +236,24 @@ def load_history(path: str | os.PathLike):
 
 
 def summarize(data: HistoryData) -> dict[str, dict[str, Any]]:
-    """Per metric: last, min, max, mean (of the mean over ranks when there are
-    several ranks: rank 0 may lack a metric), and which series that is."""
+    """Per metric: last (NaN if the last recorded value is), min, max, mean of the finite values (of the
+    mean over ranks when there are several ranks: rank 0 may lack a metric), how many recorded steps are
+    not finite, and which series that is."""
     out: dict[str, dict[str, Any]] = {}
     for metric, values in data.metrics.items():
         stats = data.stats.get(metric)
         series, source = (stats["mean"], "mean over ranks") if stats else (values, "rank 0")
         finite = series[np.isfinite(series)]
-        recorded = series[~np.isnan(series)]
+        if "missing" in data.attrs:  # (a file that tells a step without the metric from a NaN it had)
+            recorded = series[~is_missing(values) | np.isfinite(series)]
+        else:
+            recorded = series[~np.isnan(series)]
         nan = float("nan")
         out[metric] = {"last": float(recorded[-1]) if recorded.size else nan,
                        "min": float(finite.min()) if finite.size else nan,
                        "max": float(finite.max()) if finite.size else nan,
-                       "mean": float(finite.mean()) if finite.size else nan, "of": source}
+                       "mean": float(finite.mean()) if finite.size else nan,
+                       "not finite": int((~np.isfinite(recorded)).sum()), "of": source}
     return out
 
 

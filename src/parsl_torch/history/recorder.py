@@ -35,13 +35,13 @@ from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
 from ..errors import ConfigError
-from .blocks import Block, as_float, as_step
+from .blocks import MISSING, Block, as_float, as_step
 from .h5file import H5Writer, check_dir, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
 from .sinks import make_sinks
 from .stats import STATS, RankComm, cross_rank_stats, distributed_world, union_keys
 
-_NAN = math.nan
+_NAN = MISSING  # (not recorded at that step: blocks.MISSING, a NaN the file tells from a recorded one)
 #: beside the history file: its progress, for parsl-torch run / status (rank 0, at most every PROGRESS_S)
 PROGRESS_S = 2.0
 
@@ -162,7 +162,7 @@ class History:
             rows = len(block.steps)
             self._comm = self._comm or RankComm()
             union, max_rows = union_keys(self._comm, block.keys, rows)
-            full = np.full((len(union), max_rows), np.nan)
+            full = np.full((len(union), max_rows), MISSING)
             full[[union.index(k) for k in block.keys], :rows] = block.values
             result = cross_rank_stats(self._comm, full)
             block = Block(block.steps, tuple(union), full[:, :rows], {s: result[s][:, :rows] for s in STATS})

@@ -3,9 +3,10 @@ its call: a skip needs every such read unchanged, besides an equal identity.
 
 A call's record holds one digest per read, taken when the stage finished (so a stage that
 rewrites what it read is compared with what it left): ``read <path>`` a file (its digest: a stat
-key with ctime, then SHA-256; a ``.py`` file's syntax tree, as a module's: a comment changes nothing), ``read folder <path>`` a folder of many files read (every file in
-it, by its stat), ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get
-it. Reads in the stage's own directory and the run directory (outputs) are not inputs.
+key with ctime, then SHA-256; a ``.py`` file's syntax tree, as a module's: a comment changes
+nothing), ``read folder <path>`` a folder of many files read (every file in it, by its stat),
+``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in the
+stage's own directory and the run directory (outputs) are not inputs.
 """
 
 from __future__ import annotations
