@@ -43,3 +43,20 @@ def test_the_census_covers_torch_numpy_python_and_the_c_library_and_puts_them_ba
         torch.set_autocast_enabled("cpu", False)
         torch.backends.mkldnn.enabled = True
         np.set_printoptions(precision=8)
+
+
+def test_calls_that_leak_file_descriptors_end_the_group_before_the_rank_runs_out(tmp_path):
+    import resource
+
+    census = Census([])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    opened = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert census.restore() == []
+        opened = [open(tmp_path / f"f{i}", "w") for i in range(130)]  # (a call's leak: never closed)
+        assert census.restore()[0].startswith("open file descriptors (")
+    finally:
+        for f in opened:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
