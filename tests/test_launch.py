@@ -427,9 +427,17 @@ def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tm
     assert str(err).startswith("stage 'train' failed: node n2 lost (ranks 2, 3): no heartbeat for 30 s "
                                "(node down or its network cut) (exit code 75)")
     assert "BAD TERMINATION" in str(err)  # the tail is still shown, for people
+    # a site without survive_node_loss: Slurm ends the job for the lost node while its supervisor checks the
+    # node, and Parsl's worker goes with it; the record written before the check still names the node
+    from parsl.executors.high_throughput.errors import ManagerLost
+
+    err = stage_error("train", ManagerLost(b"abc", "n1"), stderr)
+    assert str(err).startswith("stage 'train' failed: node n2 lost (ranks 2, 3): no heartbeat for 30 s "
+                               "(node down or its network cut) (then ManagerLost: "), str(err)
     (tmp_path / OUTCOME_FILE).unlink()  # no record (the supervisor never ran): no guess from the text
     assert str(stage_error("train", BashExitFailure("train", 1), stderr)).startswith(
         "stage 'train' failed: a rank failed (exit code 1)")
+    assert str(stage_error("train", ManagerLost(b"abc", "n1"), stderr)).startswith("stage 'train' failed: ManagerLost")
 
 
 def test_ranks_per_node_default_to_what_the_job_asked_for(tmp_path):

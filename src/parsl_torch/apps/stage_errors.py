@@ -58,6 +58,8 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
         # the supervisor's record names the cause (a lost node, not the ranks elsewhere it took down)
         what = outcome.summary if outcome is not None and outcome.cause is not Cause.OK else "a rank failed"
         head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
+    elif outcome is not None and outcome.cause is Cause.NODE_LOST:  # (the job ended under the supervisor)
+        head = f"stage {stage!r} failed: {outcome.summary} (then {type(exc).__name__}: {exc})"
     else:
         head = f"stage {stage!r} failed: {type(exc).__name__}: {exc}"
     return StageError(f"{head}\n--- last lines of {stderr} ---\n{tail}" if tail else head)

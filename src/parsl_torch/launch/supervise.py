@@ -110,6 +110,8 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
             f"exits?)"), rank=0)
         _say(outcome.summary)
     if outcome.cause is Cause.NODE_LOST and outcome.host:
+        if stage_dir:  # (first: a scheduler that ends the job for the lost node ends this process during the check)
+            write_outcome(stage_dir, outcome)
         outcome = checked(plan, outcome, check_s)
     if stage_dir:
         write_outcome(stage_dir, outcome)
