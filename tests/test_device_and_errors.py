@@ -96,6 +96,38 @@ def test_blocks_are_the_repeated_layers():
     assert find_blocks(model) == list(model.blocks)
 
 
+def test_activation_checkpointing_recomputes_the_chosen_blocks_with_the_same_gradients_and_names():
+    """full, selective (every 2nd), selective:K; the same loss and gradients as the plain model, the same
+    parameter names (a checkpoint reads either way), fewer tensors kept for the backward pass."""
+    import copy
+
+    torch.manual_seed(0)
+    plain = Transformer(vocab_size=32, dim=16, n_heads=2, n_layers=4, max_seq_len=8)
+    tokens = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(1))
+
+    def step(model):
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            loss = model(tokens).float().logsumexp(-1).mean()
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}, len(kept)
+
+    base_loss, base_grads, base_kept = step(copy.deepcopy(plain))
+    for mode, recomputed in (("full", [0, 1, 2, 3]), ("selective", [0, 2]), ("selective:3", [0, 3])):
+        model = pt.wrap_model(copy.deepcopy(plain), strategy="none", activation_checkpointing=mode)
+        assert [i for i, b in enumerate(model.blocks) if "forward" in vars(b)] == recomputed
+        loss, grads, kept = step(model)
+        assert loss == base_loss and grads.keys() == base_grads.keys()
+        assert all(torch.equal(grads[n], base_grads[n]) for n in grads)
+        assert kept < base_kept and model.state_dict().keys() == plain.state_dict().keys()
+    assert pt.wrap_model(copy.deepcopy(plain), activation_checkpointing="none").blocks[0].forward.__self__ is not None
+    for bad in ("some", "selective:0", "selective:x", 3):
+        with pytest.raises(ConfigError, match="activation_checkpointing: .* is not one of none, full, selective"):
+            pt.wrap_model(copy.deepcopy(plain), activation_checkpointing=bad)
+    with pytest.raises(ConfigError, match="no repeated blocks"):
+        pt.wrap_model(torch.nn.Linear(2, 2), activation_checkpointing="full")
+
+
 def test_import_is_lazy_and_configures_nothing():
     code = ("import logging, sys, parsl_torch as pt; "
             "heavy = [m for m in ('torch', 'parsl', 'h5py', 'wandb') if m in sys.modules]; "

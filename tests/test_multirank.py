@@ -29,7 +29,7 @@ def mean_losses(per_rank, key, ranks):
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
 def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
-    ranks = run_suite(tmp_path, launcher, 2, "topology,ddp,fsdp,fsdp_bf16,tp")
+    ranks = run_suite(tmp_path, launcher, 2, "topology,ddp,fsdp,fsdp_bf16,fsdp_ac,tp")
     expected = "mpich" if launcher == "mpiexec" else "torchrun"
     for r, res in enumerate(ranks):
         t = res["topology"]
@@ -48,6 +48,8 @@ def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
     assert ranks[0]["fsdp"]["eval"] == pytest.approx(ranks[0]["fsdp"]["ref_eval"], rel=1e-4)
     # bf16 compute with fp32 reduction stays close to the fp32 reference
     assert mean_losses(ranks, "fsdp_bf16", [0, 1]) == pytest.approx(ref, rel=2e-2, abs=1e-2)
+    # every block's activations recomputed in the backward pass: the same losses
+    assert mean_losses(ranks, "fsdp_ac", [0, 1]) == pytest.approx(ref, rel=1e-4, abs=1e-5)
 
     # a colwise/rowwise pair split over 2 ranks equals the unsharded layers
     for res in ranks:
@@ -56,6 +58,7 @@ def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
 
 
 def test_fsdp_tp_on_four_ranks_trains_like_one_process(tmp_path):
+    """FSDP2 x TP, with activation checkpointing on every block, follows the plain one-process run."""
     ranks = run_suite(tmp_path, "mpiexec", 4, "fsdp_tp")
     assert [r["fsdp_tp"]["dp"] for r in ranks] == [[0, 2], [0, 2], [1, 2], [1, 2]]
     # the two ranks of a tp group compute the same loss

@@ -22,10 +22,15 @@ import os
 from pathlib import Path
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+PDATA = Path(DATA_DIR)
 
 
 def read(name):
     return open(os.path.join(DATA_DIR, name)).read().strip()  # a name the caller passes
+
+
+def read_c():
+    return (PDATA / "c.txt").read_text().strip()  # a path built inside a module's function
 
 
 def shards():
@@ -43,7 +48,7 @@ ARCH = "archmod"
 
 @pt.distributed_app(ranks_per_node=1)
 def reader(name):
-    return helpers.read(name)
+    return helpers.read(name) + "+" + helpers.read_c()
 
 
 @pt.distributed_app(ranks_per_node=1)
@@ -80,6 +85,7 @@ with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1
 def _project(root: Path) -> None:
     (root / "data").mkdir()
     (root / "data" / "b.txt").write_text("one")
+    (root / "data" / "c.txt").write_text("c1")
     (root / "inbox").mkdir()
     (root / "inbox" / "a.num").write_text("2")
     (root / "shards").mkdir()
@@ -106,14 +112,17 @@ def _ran(log: str) -> set[str]:
 def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     _project(tmp_path)
     first, _ = _run(tmp_path, "1")
-    assert first == {"reader": "one", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300,
+    assert first == {"reader": "one+c1", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300,
                      "arch2": 64}
     again, log = _run(tmp_path, "2")
     assert again == first and not _ran(log), log  # nothing changed: every stage skipped, summarize too
     (tmp_path / "data" / "b.txt").write_text("two")  # DATA_DIR joined with a name the caller passes
     result, log = _run(tmp_path, "3")
-    assert result["reader"] == "two" and _ran(log) == {"reader"}, log
+    assert result["reader"] == "two+c1" and _ran(log) == {"reader"}, log
     assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed" in log, log
+    (tmp_path / "data" / "c.txt").write_text("c2")  # (PDATA / "c.txt") inside a module's function
+    result, log = _run(tmp_path, "7")
+    assert result["reader"] == "two+c2" and _ran(log) == {"reader"}, log
     (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # importlib.import_module(ARCH)
     result, log = _run(tmp_path, "4")
     assert result["arch"] == result["arch2"] == 128 and _ran(log) == {"arch", "arch2"}, log
@@ -130,12 +139,12 @@ def test_warm_ranks_observe_each_call_on_its_own(tmp_path):
     """A warm rank reads the first call's files before the second call: each call's record is its own."""
     _project(tmp_path)
     first, _ = _run(tmp_path, "1", WARM="1")
-    assert first["reader"] == "one" and first["sharded"] == 300
+    assert first["reader"] == "one+c1" and first["sharded"] == 300
     again, log = _run(tmp_path, "2", WARM="1")
     assert again == first and not _ran(log), log
     (tmp_path / "data" / "b.txt").write_text("two")
     result, log = _run(tmp_path, "3", WARM="1")
-    assert result["reader"] == "two" and _ran(log) == {"reader"}, log
+    assert result["reader"] == "two+c1" and _ran(log) == {"reader"}, log
     assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed" in log, log
     (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # imported by a computed name, maybe by an earlier call
     result, log = _run(tmp_path, "4", WARM="1")

@@ -23,6 +23,7 @@ from parsl_torch.stages.train import TrainConfig
     ({"precision": "bf16", "dtype": "fp16"}, "precision: 'bf16' and dtype: 'fp16' disagree"),
     ({"tp_size": 0, "strategy": "fsdp+tp"}, "tp_size: must be at least 2"),
     ({"tp_size": -2, "strategy": "fsdp+tp"}, "tp_size: must be at least 2"),
+    ({"activation_checkpointing": "every"}, "activation_checkpointing: .every. is not one of none, full, selective"),
     ({"seed": -1}, "seed: must be between 0 and 4294967295"),
     ({"data": {"seed": -3}}, r"data\.seed: must be between 0 and 4294967295"),
     ({"steps": 0}, "steps: must be at least 1"),

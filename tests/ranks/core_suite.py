@@ -67,12 +67,12 @@ if "ddp" in scenarios:
     train_mlp(model, 3, shard=True)
     result["ddp_checksum"] = param_checksum(model)
 
-for name, dtype in (("fsdp", None), ("fsdp_bf16", "bf16")):
-    if name in scenarios:
+for name, dtype, recompute in (("fsdp", None, None), ("fsdp_bf16", "bf16", None), ("fsdp_ac", None, "full")):
+    if name in scenarios.split(","):
         torch.manual_seed(0)
         base = MLP(in_dim=8, dim=16)
         reference = copy.deepcopy(base)
-        model = pt.wrap_model(base, strategy="fsdp", dtype=dtype)
+        model = pt.wrap_model(base, strategy="fsdp", dtype=dtype, activation_checkpointing=recompute)
         losses = train_mlp(model, 20, shard=True)
         result[name] = {"losses": losses, "eval": full_loss(model),
                         "sharded": type(model).__name__}
@@ -98,7 +98,8 @@ if "fsdp_tp" in scenarios:
     torch.manual_seed(0)
     base = Transformer(vocab_size=64, dim=32, n_heads=4, n_layers=2, max_seq_len=16)
     reference = copy.deepcopy(base)
-    model = pt.wrap_model(base, strategy="fsdp+tp", tp_size=tp)
+    # (the blocks' activations recomputed in the backward pass: the same losses as the plain reference's)
+    model = pt.wrap_model(base, strategy="fsdp+tp", tp_size=tp, activation_checkpointing="full")
     dp_rank, dp_size = pt.data_parallel_coords(tp)
 
     def lm_losses(m, shard):

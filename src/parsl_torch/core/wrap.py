@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from .device import get_torch_device, get_torch_device_type
 from .precision import autocast_forward, check_precision, dtype_of, normalize_precision
 from .ranks import get_rank, get_world_size
+from .recompute import checkpoint_blocks, checkpoint_every
 from .strategy import normalize_strategy
 
 _STYLES = ("colwise", "rowwise")
@@ -35,7 +36,8 @@ _STYLES = ("colwise", "rowwise")
 
 def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool | None = None,
                precision: str | torch.dtype | None = None, dtype: str | torch.dtype | None = None,
-               tp_size: int | None = None, tp_plan: Mapping[str, Any] | None = None) -> nn.Module:
+               tp_size: int | None = None, tp_plan: Mapping[str, Any] | None = None,
+               activation_checkpointing: str | None = None) -> nn.Module:
     """Wrap ``model`` (already on this rank's device) for data/tensor parallelism.
 
     ``strategy``: none | ddp | fsdp | fsdp+tp (default ddp). ``use_fsdp``: the
@@ -46,6 +48,8 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     ``tp_size``/``tp_plan``: for fsdp+tp; the plan maps module names inside a
     block to "colwise" or "rowwise" (or a torch ParallelStyle) and defaults to
     ``model.tp_plan``. With one rank nothing is sharded (the precision still applies).
+    ``activation_checkpointing``: none | full | selective | selective:K (``core.recompute``): the
+    blocks whose activations are recomputed in the backward pass, at every world size and strategy.
     """
 
     strategy = _resolve_strategy(strategy, use_fsdp)
@@ -58,6 +62,8 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     device_type = get_torch_device_type()
     if precision is not None:
         check_precision(precision, device_type)
+    checkpoint_every(activation_checkpointing)  # (checked first, on every rank, as the rest)
+    checkpoint_blocks(find_blocks(model), activation_checkpointing)
     if world == 1 or strategy == "none":
         return autocast_forward(model, precision, device_type) if precision else model
     if strategy == "ddp":

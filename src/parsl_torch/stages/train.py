@@ -37,6 +37,7 @@ from ..core.precision import (
     use_tf32,
 )
 from ..core.ranks import get_rank, get_world_size
+from ..core.recompute import checkpoint_every
 from ..errors import ConfigError
 from . import faults
 from .config import (
@@ -76,6 +77,7 @@ class TrainConfig:
     dtype: str | None = None  # precision's older name (FSDP's compute dtype)
     tf32: bool = True  # fp32 on CUDA: TF32 matmuls
     compile: bool = False  # torch.compile the wrapped model (its compile time is the result's compile_s)
+    activation_checkpointing: str = "none"  # none | full | selective | selective:K (core.recompute)
     checkpoint_every: int = 50
     log_every: int = 20
     seed: int = 0
@@ -91,6 +93,7 @@ class TrainConfig:
         if self.tp_size is not None and self.tp_size < 2:
             raise ConfigError(f"tp_size: must be at least 2 (ranks per tensor-parallel group), got {self.tp_size}")
         check_seed(self, "seed")
+        checkpoint_every(self.activation_checkpointing)
         check_data_fits_model(self.data, self.model)
         if self.tp_size is not None and strategy != "fsdp+tp":
             raise ConfigError(f"tp_size: applies to strategy fsdp+tp, not {self.strategy!r}: remove it or "
@@ -146,7 +149,8 @@ class _Training:
         built = build_model(cfg.model).to(device)
         per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
                                              if cfg.model.kind == "transformer" else ()))
-        model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision)
+        model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision,
+                           activation_checkpointing=cfg.activation_checkpointing)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
         history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
                           units=UNITS, descriptions=DESCRIPTIONS)
