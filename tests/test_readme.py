@@ -32,6 +32,7 @@ EXAMPLES = {
     "def finetune(cfg: dict": ("python", "{'final_loss': ", ()),
     "rank = pt.setup_torch(seed=0)": ("python", "", ()),
     'strategy="fsdp+tp", tp_size=2)': ("launch", "", (("n_heads=8", "n_heads=2, dim=16"),)),
+    'activation_checkpointing="selective:2")': ("python", "", ()),
     'site = pt.sites.load("auto")': ("python", "MyProj", ()),
     'h = pt.History(name="train"': ("python", "", ()),
     'with h5py.File("outputs/train/history.h5")': ("python", "complete 1", ()),
