@@ -68,7 +68,7 @@ if "ddp" in scenarios:
     result["ddp_checksum"] = param_checksum(model)
 
 for name, dtype, recompute in (("fsdp", None, None), ("fsdp_bf16", "bf16", None), ("fsdp_ac", None, "full")):
-    if name in scenarios.split(","):
+    if name in scenarios:
         torch.manual_seed(0)
         base = MLP(in_dim=8, dim=16)
         reference = copy.deepcopy(base)
