@@ -133,14 +133,15 @@ def _note_added_handlers(added: list[tuple[logging.Logger, logging.Handler]]) ->
 
     def add_handler(logger: logging.Logger, handler: logging.Handler) -> None:
         add(logger, handler)
-        if not getattr(handler, "_parsl_torch", False) and not _importing():
+        if not getattr(handler, "_parsl_torch", False) and not importing():
             added.append((logger, handler))
 
     logging.Logger.addHandler = add_handler  # type: ignore[method-assign]
 
 
-def _importing() -> bool:
-    """A module is being imported: importlib's frames are on the stack."""
+def importing() -> bool:
+    """A module is being imported: importlib's frames are on the stack (above the caller of the function
+    that asks)."""
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):

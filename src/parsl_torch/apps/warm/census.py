@@ -26,6 +26,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .baseline import importing
+
 #: device types whose autocast state a call may switch on (``torch.set_autocast_enabled("cpu", True)``)
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "ipu")
 #: a logger's state in a fresh process: level NOTSET, propagating, enabled
@@ -104,20 +106,11 @@ def _note_exit_callbacks(exits: list) -> None:
 
     def noted(func: Callable, *args: Any, **kwargs: Any) -> Callable:
         register(func, *args, **kwargs)
-        if not _importing():
+        if not importing():
             exits.append((func, args, kwargs))
         return func
 
     atexit.register = noted  # type: ignore[assignment]
-
-
-def _importing() -> bool:
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def all_settings() -> list[Setting]:
