@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 import parsl_torch as pt
+from parsl_torch.errors import StageError
+from parsl_torch.launch.nodeloss import LOSS_CHECK_S
 from parsl_torch.stages.train import train
 
 from .conftest import REPO, clean_env
@@ -343,7 +345,6 @@ def test_a_lost_node_is_never_handed_to_another_stage_of_its_block(cluster, site
     import os
 
     from parsl_torch.cli import main as cli
-    from parsl_torch.errors import StageError
 
     monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
 
@@ -380,6 +381,33 @@ def test_a_lost_node_is_never_handed_to_another_stage_of_its_block(cluster, site
     assert cli(["status", str(wf.run_dir)]) == 1  # (a stage failed)
     quarantined = (wf.run_dir / "parsl" / "quarantine.json").read_text()
     assert f'"{hosts[victim]}": "node {hosts[victim]} lost' in quarantined
+
+
+def test_a_node_lost_on_a_site_that_does_not_survive_it_is_named_within_its_bound(cluster, sites_here, tmp_path,
+                                                                                 monkeypatch):
+    """Slurm without survive_node_loss (the job may end for the lost node): the stage's error names the node
+    and why, within the node timeout plus the node check's bound (the audit saw ManagerLost after 137 s)."""
+    site_variant(tmp_path, monkeypatch, "nsslurm", "nsslurm-kill", provider={"survive_node_loss": False})
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+
+    @pt.distributed_app(ranks_per_node=1)
+    def hold(marker):
+        import pathlib
+        import socket
+        import time as clock
+
+        pathlib.Path(marker + socket.gethostname()).write_text("")
+        clock.sleep(300)
+
+    with pt.workflow(site="nsslurm-kill", run_dir="runs/kill", nodes=2):
+        future = hold(str(tmp_path / "m-"), num_nodes=2)
+        _wait_for(tmp_path / "m-n2", "the rank on n2")
+        lost_at = time.monotonic()
+        cluster.module.lose_node("n2")
+        with pytest.raises(StageError, match=r"node n2 lost \(rank 1\): no heartbeat for 10 s"):
+            future.result(timeout=300)
+        took = time.monotonic() - lost_at
+    assert took < 10 + LOSS_CHECK_S + 15, f"named {took:.0f} s after the loss"
 
 
 @pytest.mark.parametrize("base", ["nspbs", "nsslurm"])
