@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .device import get_torch_device, get_torch_device_type
 from .precision import autocast_forward, check_precision, dtype_of, normalize_precision
 from .ranks import get_rank, get_world_size
-from .recompute import checkpoint_blocks, checkpoint_every
+from .recompute import checkpoint_blocks
 from .strategy import normalize_strategy
 
 _STYLES = ("colwise", "rowwise")
@@ -62,8 +62,7 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     device_type = get_torch_device_type()
     if precision is not None:
         check_precision(precision, device_type)
-    checkpoint_every(activation_checkpointing)  # (checked first, on every rank, as the rest)
-    checkpoint_blocks(find_blocks(model), activation_checkpointing)
+    checkpoint_blocks(find_blocks(model), activation_checkpointing)  # (checks its value first, on every rank)
     if world == 1 or strategy == "none":
         return autocast_forward(model, precision, device_type) if precision else model
     if strategy == "ddp":
