@@ -1,7 +1,8 @@
 """Two small models for the built-in stages, tests and benchmarks.
 
 Both keep their repeated blocks in an ``nn.ModuleList`` named ``blocks`` (what
-``wrap_model`` shards one by one) and carry a ``tp_plan``: per block, which
+``wrap_model`` shards one by one, and splits into pipeline stages: the parts named in
+``pp_first``/``pp_last`` are None on the other stages, and ``forward`` skips them) and carry a ``tp_plan``: per block, which
 linear layers split their output (colwise) or input (rowwise) features for
 tensor parallelism. Under a plan a block sees only its share of the heads and
 hidden features, so shapes are computed from the tensors, never from config.
@@ -64,11 +65,13 @@ class TokenMLP(nn.Module):
         self.blocks = nn.ModuleList(ResidualMLPBlock(dim, 4 * dim) for _ in range(n_layers))
         self.head = nn.Linear(dim, vocab_size)
 
+    pp_first, pp_last = ("embed",), ("head",)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
+        x = self.embed(tokens) if self.embed is not None else tokens  # (None: a later pipeline stage)
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        return self.head(x) if self.head is not None else x
 
 
 class Attention(nn.Module):
@@ -121,8 +124,13 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+    pp_first, pp_last = ("embed", "pos"), ("norm", "head")
+    context_parallel = True  # its attention is SDPA, and positions can be given (a context-parallel shard's)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if self.embed is not None:  # (None: a later pipeline stage, fed the previous stage's output)
+            tokens = self.embed(tokens) + (self.pos[positions] if positions is not None
+                                           else self.pos[: tokens.shape[1]])
         for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
+            tokens = block(tokens)
+        return self.head(self.norm(tokens)) if self.head is not None else tokens

@@ -1,4 +1,5 @@
-"""wrap_model: one call from a plain module to DDP, FSDP2 or FSDP2 x TP.
+"""wrap_model: one call from a plain module to DDP, FSDP2, FSDP2 x TP, or any ``Layout``
+(``core.parallelize``: pipeline and context parallel, HSDP, their compositions).
 
 Each strategy is a small function. Everything that can be wrong (strategy
 name, dtype, TP size, plan) is checked first, identically on every rank, so a
@@ -18,8 +19,8 @@ FSDP2's MixedPrecisionPolicy (fp32 reduction) for fsdp and fsdp+tp; never droppe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,13 +32,18 @@ from .ranks import get_rank, get_world_size
 from .recompute import checkpoint_blocks
 from .strategy import normalize_strategy
 
+if TYPE_CHECKING:
+    from .layout import Layout
+
 _STYLES = ("colwise", "rowwise")
 
 
 def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool | None = None,
                precision: str | torch.dtype | None = None, dtype: str | torch.dtype | None = None,
                tp_size: int | None = None, tp_plan: Mapping[str, Any] | None = None,
-               activation_checkpointing: str | None = None) -> nn.Module:
+               activation_checkpointing: str | None = None, layout: Layout | None = None,
+               loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+               pipeline_split: Callable[[nn.Module, int, int], nn.Module] | None = None) -> nn.Module:
     """Wrap ``model`` (already on this rank's device) for data/tensor parallelism.
 
     ``strategy``: none | ddp | fsdp | fsdp+tp (default ddp). ``use_fsdp``: the
@@ -50,10 +56,20 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     ``model.tp_plan``. With one rank nothing is sharded (the precision still applies).
     ``activation_checkpointing``: none | full | selective | selective:K (``core.recompute``): the
     blocks whose activations are recomputed in the backward pass, at every world size and strategy.
+    ``layout``: every parallel dimension at once (``core.layout.Layout``: dp_replicate, dp_shard,
+    tp, pp, cp, the pipeline's schedule), instead of ``strategy``/``tp_size``; with pp > 1 the
+    result is a ``PipelinedModel`` (``loss = model.step(inputs, targets)``), which needs
+    ``loss_fn(output, target)`` and takes ``pipeline_split(model, stage, n_stages)`` for a model
+    the default split (by its blocks) does not fit.
     """
 
-    strategy = _resolve_strategy(strategy, use_fsdp)
     precision = _resolve_precision(precision, dtype)
+    if layout is not None:
+        return _wrap_layout(model, layout, strategy, use_fsdp, tp_size, tp_plan, precision,
+                            activation_checkpointing, loss_fn, pipeline_split)
+    if loss_fn is not None or pipeline_split is not None:
+        raise ConfigError("loss_fn/pipeline_split apply to a pipelined layout: pass layout=Layout(pp=...)")
+    strategy = _resolve_strategy(strategy, use_fsdp)
     world = get_world_size()
     if strategy == "fsdp+tp":
         plan = _check_tp(model, world, tp_size, tp_plan)
@@ -71,6 +87,40 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     if strategy == "fsdp":
         return _fsdp(model, mesh=None, param_dtype=param_dtype)
     return _fsdp_tp(model, world, tp_size, plan, param_dtype)  # type: ignore[arg-type]
+
+
+def _wrap_layout(model: nn.Module, layout: Layout, strategy: str | None, use_fsdp: bool | None,
+                 tp_size: int | None, tp_plan: Mapping[str, Any] | None, precision: str | None,
+                 activation_checkpointing: str | None, loss_fn: Any, split: Any) -> nn.Module:
+    """``wrap_model`` for a ``Layout``: its strategies' layouts go the strategies' way, the rest to
+    ``core.parallelize``."""
+    from .layout import from_strategy
+    from .parallelize import parallelize
+
+    if strategy is not None or use_fsdp is not None or tp_size is not None:
+        raise ConfigError("layout= replaces strategy/use_fsdp/tp_size: pass the sizes in the layout alone")
+    world = get_world_size()
+    sizes = layout.check(world, 1 if layout.tp * layout.cp == 1 else _local_world(), None)
+    if world == 1 and layout.pp == 1:
+        checkpoint_blocks(find_blocks(model), activation_checkpointing)
+        return autocast_forward(model, precision, get_torch_device_type()) if precision else model
+    for name in ("ddp", "fsdp", "fsdp+tp"):
+        if layout.pp == layout.cp == 1 and from_strategy(name, world, layout.tp).sizes(world) == sizes \
+                and loss_fn is None and split is None:
+            return wrap_model(model, name, precision=precision, tp_size=layout.tp if layout.tp > 1 else None,
+                              tp_plan=tp_plan, activation_checkpointing=activation_checkpointing)
+    plan = _check_tp(model, world, layout.tp, tp_plan) if layout.tp > 1 else None
+    if precision is not None:
+        check_precision(precision, get_torch_device_type())
+    param_dtype = dtype_of(precision) if precision not in (None, "fp32") else None
+    return parallelize(model, layout, tp_plan=plan, param_dtype=param_dtype,
+                       activation_checkpointing=activation_checkpointing, loss_fn=loss_fn, split=split)
+
+
+def _local_world() -> int:
+    from .topology import env_topology
+
+    return env_topology().local_world_size
 
 
 def _resolve_strategy(strategy: str | None, use_fsdp: bool | None) -> str:

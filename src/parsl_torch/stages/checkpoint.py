@@ -3,7 +3,7 @@ config so an evaluation can refuse a checkpoint of another model.
 
 * ``none`` / ``ddp``: one file, the full model and optimizer (every rank holds
   all of it anyway), written by rank 0 to a temporary name and renamed.
-* ``fsdp`` / ``fsdp+tp``: sharded with ``torch.distributed.checkpoint`` (DCP):
+* ``fsdp`` / ``fsdp+tp``, and any ``parallel:`` layout that shards (pipeline stages included): sharded with ``torch.distributed.checkpoint`` (DCP):
   every rank writes its own shards, nothing is gathered to rank 0, and loading
   reshards to any world size and strategy (train on 4 ranks, evaluate on 1).
   ``path`` is then a link to ``<path>.steps/<step>/`` (the shards, DCP's
@@ -44,7 +44,7 @@ def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dic
     ``loss``: the mean loss of the last step saved (a stage resumed at its end reports it)."""
     meta = {"format": FORMAT, "step": step, "model_config": model_config, "call": call, "strategy": strategy,
             "world_size": get_world_size(), "loss": loss}
-    if strategy in SHARDED_STRATEGIES:
+    if strategy in SHARDED_STRATEGIES or _sharded(model):
         _save_sharded(Path(path), model, optimizer, {**meta, "format": SHARDED_FORMAT})
         return
     model_sd, optim_sd = get_state_dict(model, optimizer,
@@ -56,6 +56,14 @@ def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dic
         os.replace(tmp, path)  # (replaces a sharded checkpoint's link too)
         shutil.rmtree(path.with_name(path.name + ".steps"), ignore_errors=True)
     barrier()
+
+
+def _sharded(model) -> bool:
+    """Whether the model's parameters are DTensors (any layout's FSDP2 or TP; a pipeline's stages):
+    then no rank holds all of it, and every rank writes its own shards."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:

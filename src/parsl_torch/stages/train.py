@@ -28,6 +28,7 @@ from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.flops import flops_per_token, peak_flops, throughput
+from ..core.layout import Layout, from_strategy
 from ..core.log import get_logger
 from ..core.precision import (
     check_precision,
@@ -78,6 +79,7 @@ class TrainConfig:
     tf32: bool = True  # fp32 on CUDA: TF32 matmuls
     compile: bool = False  # torch.compile the wrapped model (its compile time is the result's compile_s)
     activation_checkpointing: str = "none"  # none | full | selective | selective:K (core.recompute)
+    parallel: Layout | None = None  # every parallel dimension (core.layout), instead of strategy/tp_size
     checkpoint_every: int = 50
     log_every: int = 20
     seed: int = 0
@@ -98,6 +100,26 @@ class TrainConfig:
         if self.tp_size is not None and strategy != "fsdp+tp":
             raise ConfigError(f"tp_size: applies to strategy fsdp+tp, not {self.strategy!r}: remove it or "
                               f"change strategy")
+        if self.parallel is not None:
+            check_parallel(self)
+
+
+def check_parallel(cfg: TrainConfig) -> None:
+    """What the workflow can check of a ``parallel:`` section (the world size is the ranks')."""
+    layout = cfg.parallel
+    if cfg.strategy != "ddp" or cfg.tp_size is not None:
+        raise ConfigError("parallel: replaces strategy and tp_size: remove them (parallel: {dp_shard: -1} is fsdp, "
+                          "{tp: 2} fsdp+tp, {dp_replicate: N, dp_shard: 1} ddp)")
+    if layout.pp > 1:
+        if cfg.compile:
+            raise ConfigError("compile: a pipelined model (parallel.pp > 1) is not compiled here: use compile: false")
+        if normalize_precision(cfg.precision or cfg.dtype) == "fp16":
+            raise ConfigError("precision: fp16's gradient scaler does not run under parallel.pp > 1: use bf16")
+        if layout.stages > cfg.model.n_layers:
+            raise ConfigError(f"parallel.pp: {layout.stages} stages ({layout.pp_schedule}) are more than the "
+                              f"model's {cfg.model.n_layers} layers (model.n_layers): use a smaller pp")
+    if layout.cp > 1 and cfg.model.kind != "transformer":
+        raise ConfigError(f"parallel.cp: model.kind {cfg.model.kind!r} has no attention to split: use cp: 1")
 
 
 def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: str = STAGE) -> dict[str, Any]:
@@ -149,8 +171,12 @@ class _Training:
         built = build_model(cfg.model).to(device)
         per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
                                              if cfg.model.kind == "transformer" else ()))
-        model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision,
-                           activation_checkpointing=cfg.activation_checkpointing)
+        if cfg.parallel is None:
+            model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision,
+                               activation_checkpointing=cfg.activation_checkpointing)
+        else:
+            model = wrap_model(built, layout=cfg.parallel, precision=precision, loss_fn=_loss_fn(cfg.model),
+                               activation_checkpointing=cfg.activation_checkpointing)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
         history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
                           units=UNITS, descriptions=DESCRIPTIONS)
@@ -173,7 +199,7 @@ def _resume(run: _Training, checkpoint_path: Any) -> tuple[dict[str, Any], int]:
     if state is None:
         return {}, 0
     check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
-    if state.get("strategy", cfg.strategy) != cfg.strategy:
+    if cfg.parallel is None and state.get("strategy", cfg.strategy) != cfg.strategy:
         raise ConfigError(f"stage {stage!r}: strategy={cfg.strategy!r} but checkpoint {checkpoint_path} was "
                           f"written with strategy={state['strategy']!r}: resume with the strategy it was "
                           f"trained with")
@@ -187,31 +213,57 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
     """Steps ``start`` to the end, with their checkpoints; (the last step's loss, the first step's
     time where it compiled)."""
     import torch
-    import torch.nn.functional as F
 
-    from ..core.wrap import data_parallel_coords
     from .data import batch
 
-    cfg, logger = run.cfg, get_logger(__name__)
-    tp = cfg.tp_size or 1  # the config check allows tp_size with fsdp+tp only
-    dp_rank, dp_size = data_parallel_coords(tp)
+    cfg, logger, world = run.cfg, get_logger(__name__), get_world_size()
+    layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
+    coords = layout.coords(get_rank(), world)
     loss, compile_s = torch.tensor(float("nan")), None
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        tokens = batch(cfg.data, cfg.model, step, dp_rank, dp_size).to(run.device)
-        logits = run.forward(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, cfg.model.vocab_size).float(), tokens[:, 1:].reshape(-1))
-        _update(run, loss)
+        tokens = batch(cfg.data, cfg.model, step, coords.dp, coords.dp_size).to(run.device)
+        loss = _step(run, tokens[:, :-1], tokens[:, 1:])
         value = loss.item()  # (the step's one device sync: dt is the step's time, not its queueing)
         dt = time.perf_counter() - t0
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
+        # this rank's share of the step's tokens; a pipeline's bubble is time without useful FLOPs
+        share = tokens[:, :-1].numel() * coords.dp_size // world
         line = run.history.update({"loss": value, "lr": cfg.lr, "dt": dt, **throughput(
-            tokens[:, :-1].numel() // tp, dt, run.per_token, run.peak, get_world_size())}, step=step)
+            share, dt, run.per_token, run.peak, world)}, step=step)
         if step % cfg.log_every == 0:
             logger.info("[%s] %s", run.stage, line)
         _checkpoint_if_due(run, step, loss, checkpoint_path)
     return loss, compile_s
+
+
+def _step(run: _Training, inputs: Any, targets: Any) -> Any:
+    """One optimizer step on this rank's batch; its loss."""
+    import torch
+
+    from ..core.parallelize import sequence_shards
+
+    if hasattr(run.model, "step"):  # pipelined: the schedule runs forward and backward over microbatches
+        run.opt.zero_grad(set_to_none=True)
+        loss = run.model.step(inputs, targets)
+        run.opt.step()
+        return loss
+    positions = torch.arange(inputs.shape[1], device=inputs.device).repeat(inputs.shape[0], 1)
+    with sequence_shards(run.model, inputs, targets, positions) as shard:
+        extra = {"positions": positions} if shard else {}
+        loss = _loss_fn(run.cfg.model)(run.forward(inputs, **extra), targets)
+        _update(run, loss)
+    return loss
+
+
+def _loss_fn(model: ModelConfig) -> Any:
+    import torch.nn.functional as F
+
+    def loss_fn(logits: Any, targets: Any) -> Any:
+        return F.cross_entropy(logits.reshape(-1, model.vocab_size).float(), targets.reshape(-1))
+
+    return loss_fn
 
 
 def _update(run: _Training, loss: Any) -> None:
@@ -237,8 +289,9 @@ def _checkpoint_if_due(run: _Training, step: int, loss: Any, checkpoint_path: An
         run.history.sync()  # the history on disk covers every step the checkpoint does
         run.history.flush()
         t0 = time.perf_counter()
+        strategy = cfg.strategy if cfg.parallel is None else f"parallel: {cfg.parallel.describe(get_world_size())}"
         ckpt.save(checkpoint_path, run.model, run.opt, step + 1, as_dict(cfg.model), settings.CALL_ID.raw(),
-                  cfg.strategy, loss=_mean(loss.detach(), run.device))
+                  strategy, loss=_mean(loss.detach(), run.device))
         note_checkpoint(step + 1, time.perf_counter() - t0)
     if block_ending:
         get_logger(__name__).info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in "

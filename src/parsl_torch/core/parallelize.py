@@ -1,0 +1,126 @@
+"""A model laid out on the device mesh of a ``Layout``: pipeline split, tensor parallel,
+activation checkpointing, then FSDP2 over the data dimensions (HSDP when replicas are asked
+for), in torchtitan's order. ``wrap_model`` sends here every layout its strategies do not name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .device import get_torch_device, get_torch_device_type
+from .layout import DIMS, Layout
+from .ranks import get_world_size
+from .topology import env_topology
+from .recompute import checkpoint_blocks
+
+
+def layout_mesh(layout: Layout) -> Any:
+    """The DeviceMesh of every dimension, with the flattened ones the wrapping uses: ``dp``
+    (which batch a rank reads), ``dp_shard_cp`` (what FSDP shards over)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sizes = layout.sizes(get_world_size())
+    mesh = init_device_mesh(get_torch_device_type(), tuple(sizes[d] for d in DIMS), mesh_dim_names=DIMS)
+    mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+    mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+    return mesh
+
+
+def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | None,
+                param_dtype: torch.dtype | None, activation_checkpointing: str | None,
+                loss_fn: Callable | None, split: Callable | None) -> nn.Module:
+    """``model`` laid out by ``layout`` (checked first, on every rank); a ``PipelinedModel`` for pp > 1."""
+    from .pipeline import blocks_path
+    from .wrap import find_blocks
+
+    world = get_world_size()
+    n_blocks = len(find_blocks(model))
+    layout.check(world, env_topology().local_world_size, n_blocks if split is None else None)
+    if layout.cp > 1:
+        check_context_parallel(model)
+    if layout.pp > 1:
+        if loss_fn is None:
+            raise ConfigError("parallel.pp: a pipelined model computes the loss on its last stage: pass "
+                              "wrap_model(..., loss_fn=lambda output, target: ...)")
+        if split is None:
+            blocks_path(model)  # (a model without blocks is refused before any collective)
+    mesh = layout_mesh(layout)
+    pp_rank = mesh["pp"].get_local_rank()
+    stage_ids = [pp_rank + k * layout.pp for k in range(layout.stages // layout.pp)]
+    parts = [_stage(model, s, layout, n_blocks, split) for s in stage_ids] if layout.pp > 1 else [model]
+    for part in parts:
+        blocks = find_blocks(part)
+        if layout.tp > 1:
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            for block in blocks or [part]:
+                parallelize_module(block, mesh["tp"], tp_plan)
+        checkpoint_blocks(blocks, activation_checkpointing)
+        _fsdp(part, blocks, mesh, layout, param_dtype)
+    if layout.pp == 1:
+        parts[0].layout_mesh = mesh  # (sequence_shards finds the context-parallel group there)
+        return parts[0]
+    from .pipeline import PipelinedModel
+
+    return PipelinedModel(parts, stage_ids, layout, mesh["pp"].get_group(), loss_fn, get_torch_device())
+
+
+def _stage(model: nn.Module, stage: int, layout: Layout, n_blocks: int, split: Callable | None) -> nn.Module:
+    from .pipeline import split_model, stage_blocks
+
+    if split is None:
+        return split_model(model, stage, stage_blocks(n_blocks, layout))
+    part = split(model, stage, layout.stages)
+    if not isinstance(part, nn.Module):
+        raise ConfigError(f"the pipeline split function returned {type(part).__name__} for stage {stage}, "
+                          f"not an nn.Module")
+    return part
+
+
+def _fsdp(part: nn.Module, blocks: list[nn.Module], mesh: Any, layout: Layout,
+          param_dtype: torch.dtype | None) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
+    kwargs: dict[str, Any] = {"mesh": dp_mesh}
+    if param_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    # (a pipeline stage's root stays unsharded after its forward: the backward comes soon after)
+    fully_shard(part, reshard_after_forward=layout.pp == 1, **kwargs)
+
+
+def check_context_parallel(model: nn.Module) -> None:
+    """cp > 1 needs a model whose attention is torch's SDPA and takes position ids
+    (``context_parallel = True``, as the built-in Transformer), on a device torch's ring attention runs on."""
+    if not getattr(model, "context_parallel", False):
+        raise ConfigError(f"parallel.cp: {type(model).__name__} does not declare context-parallel attention "
+                          f"(context_parallel = True: its attention calls F.scaled_dot_product_attention and "
+                          f"its forward takes positions=): use cp: 1")
+    device = get_torch_device_type()
+    if device not in ("cuda",):
+        raise ConfigError(f"parallel.cp: torch's context-parallel attention runs on CUDA GPUs only (on {device} "
+                          f"its SDPA kernel has no sharding rule, torch {torch.__version__}): use cp: 1 here")
+
+
+@contextlib.contextmanager
+def sequence_shards(model: nn.Module, *tensors: torch.Tensor) -> Iterator[bool]:
+    """Under cp > 1 (a model from ``parallelize``): inside, ``tensors`` (batch, sequence, ...) hold this
+    rank's shards of the sequence, in place, and SDPA is torch's ring attention; yields whether
+    they were sharded (the model then needs their ``positions``). Run forward and backward inside."""
+    mesh = getattr(model, "layout_mesh", None)
+    if mesh is None or mesh["cp"].size() == 1:
+        yield False
+        return
+    from torch.distributed.tensor.experimental import context_parallel
+
+    with context_parallel(mesh["cp"], buffers=list(tensors), buffer_seq_dims=[1] * len(tensors),
+                          no_restore_buffers=set(tensors)):
+        yield True
