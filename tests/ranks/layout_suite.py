@@ -23,6 +23,7 @@ from parsl_torch.core.models import Transformer
 from parsl_torch.stages import checkpoint
 
 STEPS, VOCAB, SEQ, BATCH = 20, 32, 16, 8
+ONE = None  # the model trained in this process alone
 out_dir, mode = sys.argv[1], sys.argv[2]
 rank = pt.setup_torch(seed=0)
 world = pt.get_world_size()
@@ -45,6 +46,8 @@ def build(spec, seed=0):
     torch.manual_seed(seed)
     plain = Transformer(vocab_size=VOCAB, dim=32, n_heads=4, n_layers=4, max_seq_len=SEQ)
     if spec == "one":
+        global ONE
+        ONE = plain
         return plain, Layout(dp_shard=1)
     spec = json.loads(spec)
     ac = spec.pop("ac", None)
@@ -55,7 +58,7 @@ def build(spec, seed=0):
 
 def steps(model, layout, opt, first, last):
     """Steps first..last-1 on this rank's share of each global batch; their mean losses over the ranks."""
-    coords = layout.coords(rank, world) if world > 1 else layout.coords(0, 1)
+    coords = layout.coords(rank, world) if model is not ONE else layout.coords(0, 1)
     losses = []
     for step in range(first, last):
         x, y = (t.chunk(coords.dp_size)[coords.dp] for t in batch(step))
@@ -67,9 +70,9 @@ def steps(model, layout, opt, first, last):
             loss.backward()
         opt.step()
         loss = loss.detach().clone()
-        if world > 1:
+        if model is not ONE:
             dist.all_reduce(loss)  # every rank of a data-parallel shard holds that shard's loss
-        losses.append(float(loss) / world)
+        losses.append(float(loss) / (world if model is not ONE else 1))
     return losses
 
 

@@ -90,11 +90,10 @@ class Layout:
         shard = self.dp_shard if self.dp_shard != -1 else world // others if world % others == 0 else 0
         sizes = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": shard, "cp": self.cp, "tp": self.tp}
         if shard < 1 or math.prod(sizes.values()) != world:
-            given = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != 1 and k != "dp_shard")
+            given = " x ".join(f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) not in (1, -1))
             raise ConfigError(
-                f"parallel: {given or 'the layout'}{f' x dp_shard={self.dp_shard}' if self.dp_shard != -1 else ''} "
-                f"does not fill the {world} ranks launched: the sizes must multiply to the world size "
-                f"(dp_shard: -1 takes the ranks the others leave, when they divide {world})")
+                f"parallel: {given or 'every size 1'} does not fill the {world} ranks launched: the sizes must "
+                f"multiply to the world size (dp_shard: -1 takes the ranks the others leave, when they divide {world})")
         return sizes
 
     def check(self, world: int, local_world: int, blocks: int | None = None) -> dict[str, int]:
