@@ -11,7 +11,7 @@ import torch
 import parsl_torch as pt
 from parsl_torch.core.device import get_backend, get_torch_device_type
 from parsl_torch.core.models import MLP, Transformer
-from parsl_torch.core.wrap import find_blocks
+from parsl_torch.core.blocks import find_blocks
 from parsl_torch.errors import ConfigError
 
 from .conftest import clean_env

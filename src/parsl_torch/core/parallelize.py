@@ -13,11 +13,13 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .blocks import blocks_path, find_blocks
 from .device import get_torch_device, get_torch_device_type
 from .layout import DIMS, Layout
+from .pipeline import PipelinedModel, split_model, stage_blocks
 from .ranks import get_world_size
-from .topology import env_topology
 from .recompute import checkpoint_blocks
+from .topology import env_topology
 
 
 def layout_mesh(layout: Layout) -> Any:
@@ -36,9 +38,6 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
                 param_dtype: torch.dtype | None, activation_checkpointing: str | None,
                 loss_fn: Callable | None, split: Callable | None) -> nn.Module:
     """``model`` laid out by ``layout`` (checked first, on every rank); a ``PipelinedModel`` for pp > 1."""
-    from .pipeline import blocks_path
-    from .wrap import find_blocks
-
     world = get_world_size()
     n_blocks = len(find_blocks(model))
     layout.check(world, env_topology().local_world_size, n_blocks if split is None else None)
@@ -66,14 +65,10 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
     if layout.pp == 1:
         parts[0].layout_mesh = mesh  # (sequence_shards finds the context-parallel group there)
         return parts[0]
-    from .pipeline import PipelinedModel
-
     return PipelinedModel(parts, stage_ids, layout, mesh["pp"].get_group(), loss_fn, get_torch_device())
 
 
 def _stage(model: nn.Module, stage: int, layout: Layout, n_blocks: int, split: Callable | None) -> nn.Module:
-    from .pipeline import split_model, stage_blocks
-
     if split is None:
         return split_model(model, stage, stage_blocks(n_blocks, layout))
     part = split(model, stage, layout.stages)

@@ -26,18 +26,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
+from .blocks import blocks_path
 from .layout import SCHEDULES, Layout
 
 Split = Callable[[nn.Module, int, int], nn.Module]
-
-
-def blocks_path(model: nn.Module) -> str:
-    """The dotted name of the model's outermost ModuleList of blocks (a ConfigError without one)."""
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and any(next(m.parameters(), None) is not None for m in mod):
-            return name
-    raise ConfigError(f"parallel.pp: {type(model).__name__} has no repeated blocks (an nn.ModuleList of layers) "
-                      f"to split into pipeline stages: use pp: 1, or pass a split function")
 
 
 def stage_blocks(n_blocks: int, layout: Layout) -> list[range]:
@@ -105,20 +97,19 @@ class PipelinedModel(nn.Module):
         stages = [PipelineStage(part, s, n, device, group=pp_group) for part, s in zip(parts, stage_ids)]
         self.__dict__["parts"] = parts  # (not submodules: the mirror above holds their parameters)
         self.__dict__["_schedule"] = _schedule(layout, stages, loss_fn)
-        self.__dict__["_pp"] = (pp_group, layout.pp, 0 in stage_ids, n - 1 in stage_ids, device)
+        self.__dict__["_pp"] = (pp_group, layout.pp, 0 in stage_ids, n - 1 in stage_ids, device, layout.microbatches)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one step over the microbatches (the gradients accumulate, as
         mean-loss gradients); the step's mean loss, the same on every rank. Collective."""
-        group, pp, first, last, device = self._pp
+        group, pp, first, last, device, microbatches = self._pp
+        if len(inputs) % microbatches:  # (checked on every rank: a middle stage would wait forever)
+            raise ConfigError(f"parallel.pp_microbatches: {microbatches} microbatches do not divide this rank's "
+                              f"batch of {len(inputs)}: use a divisor, or a batch of a multiple of it per "
+                              f"data-parallel rank")
         losses: list[torch.Tensor] = []
-        args = (inputs,) if first else ()
-        kwargs = {"target": targets, "losses": losses} if last else {}
-        try:
-            self._schedule.step(*args, **kwargs)
-        except (ValueError, AssertionError) as exc:
-            raise ConfigError(f"parallel.pp_microbatches: {exc} (a batch of {len(inputs)} on this rank in "
-                              f"{self._schedule._n_microbatches} microbatches)") from exc
+        self._schedule.step(*((inputs,) if first else ()),
+                            **({"target": targets, "losses": losses} if last else {}))
         loss = (torch.stack([x.detach().float() for x in losses]).mean() if last
                 else torch.zeros((), device=device))
         dist.broadcast(loss, group=group, group_src=pp - 1)  # the last stage is on the pp group's last rank

@@ -20,20 +20,21 @@ FSDP2's MixedPrecisionPolicy (fp32 reduction) for fsdp and fsdp+tp; never droppe
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .blocks import find_blocks
 from .device import get_torch_device, get_torch_device_type
+from .layout import Layout, from_strategy
+from .parallelize import parallelize
 from .precision import autocast_forward, check_precision, dtype_of, normalize_precision
 from .ranks import get_rank, get_world_size
 from .recompute import checkpoint_blocks
 from .strategy import normalize_strategy
-
-if TYPE_CHECKING:
-    from .layout import Layout
+from .topology import env_topology
 
 _STYLES = ("colwise", "rowwise")
 
@@ -94,13 +95,10 @@ def _wrap_layout(model: nn.Module, layout: Layout, strategy: str | None, use_fsd
                  activation_checkpointing: str | None, loss_fn: Any, split: Any) -> nn.Module:
     """``wrap_model`` for a ``Layout``: its strategies' layouts go the strategies' way, the rest to
     ``core.parallelize``."""
-    from .layout import from_strategy
-    from .parallelize import parallelize
-
     if strategy is not None or use_fsdp is not None or tp_size is not None:
         raise ConfigError("layout= replaces strategy/use_fsdp/tp_size: pass the sizes in the layout alone")
     world = get_world_size()
-    sizes = layout.check(world, 1 if layout.tp * layout.cp == 1 else _local_world(), None)
+    sizes = layout.check(world, env_topology().local_world_size, None)
     if world == 1 and layout.pp == 1:
         checkpoint_blocks(find_blocks(model), activation_checkpointing)
         return autocast_forward(model, precision, get_torch_device_type()) if precision else model
@@ -115,12 +113,6 @@ def _wrap_layout(model: nn.Module, layout: Layout, strategy: str | None, use_fsd
     param_dtype = dtype_of(precision) if precision not in (None, "fp32") else None
     return parallelize(model, layout, tp_plan=plan, param_dtype=param_dtype,
                        activation_checkpointing=activation_checkpointing, loss_fn=loss_fn, split=split)
-
-
-def _local_world() -> int:
-    from .topology import env_topology
-
-    return env_topology().local_world_size
 
 
 def _resolve_strategy(strategy: str | None, use_fsdp: bool | None) -> str:
@@ -139,16 +131,6 @@ def _resolve_precision(precision: Any, dtype: Any) -> str | None:
     if given is not None and old is not None and given != old:
         raise ConfigError(f"precision={precision!r} and dtype={dtype!r} disagree: pass precision alone")
     return given or old
-
-
-def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks: elements with parameters of the outermost ModuleLists."""
-    blocks: list[tuple[str, nn.Module]] = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and not any(name.startswith(f"{b}.") for b, _ in blocks):
-            blocks += [(f"{name}.{i}", m) for i, m in enumerate(mod)
-                       if next(m.parameters(), None) is not None]
-    return [m for _, m in blocks]
 
 
 def data_parallel_coords(tp_size: int = 1) -> tuple[int, int]:

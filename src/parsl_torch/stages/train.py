@@ -219,6 +219,10 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
     cfg, logger, world = run.cfg, get_logger(__name__), get_world_size()
     layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
     coords = layout.coords(get_rank(), world)
+    if layout.pp > 1 and cfg.data.batch_size % (coords.dp_size * layout.microbatches):
+        raise ConfigError(f"data.batch_size: {cfg.data.batch_size} does not split into {coords.dp_size} data-parallel "
+                          f"shards of {layout.microbatches} microbatches each (parallel.pp_microbatches): use a "
+                          f"multiple of {coords.dp_size * layout.microbatches}")
     loss, compile_s = torch.tensor(float("nan")), None
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
