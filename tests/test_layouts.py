@@ -187,3 +187,31 @@ def test_a_bad_layout_fails_every_rank_before_any_collective(tmp_path):
     text = out.stdout + out.stderr
     for r in (0, 1):
         assert f"[rank{r}]: parsl_torch.errors.ConfigError: parallel: pp=2 x tp=2 does not fill the 2 ranks" in text
+
+
+@pytest.mark.slow
+def test_the_train_stage_with_a_parallel_section_then_an_evaluation_on_one_rank(tmp_path):
+    """configs' parallel: section on 4 ranks (pp 2 x fsdp 2, interleaved, recomputed blocks): a history
+    of every step with its throughput, a sharded checkpoint that one process evaluates."""
+    import parsl_torch as pt
+
+    model = "model: {n_layers: 4, dim: 32, n_heads: 2, seq_len: 16}\n"
+    (tmp_path / "train.yaml").write_text(model + "steps: 12\ncheckpoint_every: 6\nlr: 0.01\nactivation_checkpointing: "
+                                         "full\nparallel: {pp: 2, pp_schedule: interleaved-1f1b}\n")
+    (tmp_path / "eval.yaml").write_text(model + "batches: 2\n")
+    out = launch("mpiexec", 4, ["-m", "parsl_torch.stages.train", "--config", str(tmp_path / "train.yaml"),
+                                "--history", str(tmp_path / "train.h5"), "--checkpoint", str(tmp_path / "model.pt")],
+                 timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    history = pt.read_history(tmp_path / "train.h5")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["world_size"] == 4 and result["final_loss"] < 3.5
+    assert (tmp_path / "model.pt").is_symlink()  # sharded: every rank wrote its own stage's shards
+    assert json.loads((tmp_path / "model.pt" / "meta.json").read_text())["strategy"] == "parallel: pp=2 x dp_shard=2"
+    assert list(history.steps) == list(range(12))  # every step once
+    assert len(history.metrics["tokens_per_s"]) == 12 and min(history.metrics["tokens_per_s"]) > 0
+    ev = subprocess.run([sys.executable, "-m", "parsl_torch.stages.evaluate", "--config", str(tmp_path / "eval.yaml"),
+                         "--checkpoint", str(tmp_path / "model.pt"), "--history", str(tmp_path / "eval.h5")],
+                        env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stdout + ev.stderr
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["eval_loss"] < 3.5

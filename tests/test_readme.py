@@ -33,6 +33,7 @@ EXAMPLES = {
     "rank = pt.setup_torch(seed=0)": ("python", "", ()),
     'strategy="fsdp+tp", tp_size=2)': ("launch", "", (("n_heads=8", "n_heads=2, dim=16"),)),
     'activation_checkpointing="selective:2")': ("python", "", ()),
+    'layout = pt.Layout(pp=2, pp_schedule="1f1b"': ("launch", "rank 1: stage 1, loss ", ()),
     'site = pt.sites.load("auto")': ("python", "MyProj", ()),
     'h = pt.History(name="train"': ("python", "", ()),
     'with h5py.File("outputs/train/history.h5")': ("python", "complete 1", ()),

@@ -29,6 +29,7 @@ _LAZY = {
     "get_torch_device": "core.device",
     "get_backend": "core.device",
     "wrap_model": "core.wrap",
+    "Layout": "core.layout",
     "data_parallel_coords": "core.wrap",
     "Throughput": "core.flops",
     "get_logger": "core.log",
