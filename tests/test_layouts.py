@@ -78,7 +78,7 @@ def test_context_parallel_is_refused_without_sdpa_attention_or_off_cuda():
 def test_a_stage_keeps_its_blocks_and_the_plain_model_names():
     import torch
 
-    from parsl_torch.core.models import Transformer
+    from parsl_torch.core.models import MLP, Transformer
     from parsl_torch.core.pipeline import split_model, stage_blocks
 
     model = Transformer(vocab_size=16, dim=16, n_heads=2, n_layers=5, max_seq_len=8)
@@ -91,6 +91,9 @@ def test_a_stage_keeps_its_blocks_and_the_plain_model_names():
     assert set(first.state_dict()) | set(last.state_dict()) == set(model.state_dict())
     tokens = torch.randint(0, 16, (2, 8))
     torch.testing.assert_close(last(first(tokens)), model(tokens))  # the stages chained are the model
+    # a model that does not name its ends: what is registered before the blocks goes first, after them last
+    parts = [split_model(MLP(depth=4), s, stage_blocks(4, Layout(pp=2))) for s in (0, 1)]
+    assert [{name for name, _ in part.named_children()} for part in parts] == [{"inp", "blocks"}, {"blocks", "out"}]
 
 
 def test_train_config_parallel_section():
@@ -132,7 +135,8 @@ def assert_follows_one_process(ranks, layouts):
 @pytest.mark.slow
 def test_pipeline_schedules_on_two_ranks_follow_one_process(tmp_path):
     layouts = {"gpipe": {"pp": 2, "pp_schedule": "gpipe"}, "1f1b": {"pp": 2, "ac": "full"},
-               "interleaved": {"pp": 2, "pp_schedule": "interleaved-1f1b", "pp_microbatches": 4}}
+               "interleaved": {"pp": 2, "pp_schedule": "interleaved-1f1b", "pp_microbatches": 4},
+               "custom_split": {"pp": 2, "custom_split": True}}
     ranks = curves(tmp_path, 2, layouts)
     assert_follows_one_process(ranks, layouts)
     assert [r["1f1b"]["kind"] for r in ranks] == ["PipelinedModel"] * 2
@@ -215,3 +219,40 @@ def test_the_train_stage_with_a_parallel_section_then_an_evaluation_on_one_rank(
                         env=clean_env(), capture_output=True, text=True, timeout=300)
     assert ev.returncode == 0, ev.stdout + ev.stderr
     assert json.loads(ev.stdout.strip().splitlines()[-1])["eval_loss"] < 3.5
+
+
+# --- on a GPU (the accelerator machine: one GPU, so one-rank layouts) ----------------------------
+
+@pytest.mark.gpu
+def test_on_one_gpu_a_layout_trains_as_the_plain_model_and_recompute_lowers_the_peak():
+    """One rank: ``layout=`` gives the plain model in bf16 (with recompute where asked), whose losses
+    are the plain model's; full recompute lowers the allocator's peak of a step."""
+    import torch
+    import torch.nn.functional as F
+
+    import parsl_torch as pt
+    from parsl_torch.core.models import Transformer
+
+    def peak_and_losses(layout, ac):
+        torch.manual_seed(0)
+        net = Transformer(vocab_size=512, dim=512, n_heads=8, n_layers=8, max_seq_len=1024).cuda()
+        model = pt.wrap_model(net, layout=layout, precision="bf16", activation_checkpointing=ac) \
+            if layout else pt.wrap_model(net, strategy="none", precision="bf16")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        torch.cuda.reset_peak_memory_stats()
+        for step in range(3):
+            tokens = torch.randint(0, 512, (8, 1025), generator=torch.Generator().manual_seed(step)).cuda()
+            loss = F.cross_entropy(model(tokens[:, :-1]).float().reshape(-1, 512), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return torch.cuda.max_memory_allocated(), losses
+
+    plain_peak, plain = peak_and_losses(None, None)
+    peak, losses = peak_and_losses(pt.Layout(), "full")
+    print(f"peak of a step on {torch.cuda.get_device_name()}: plain {plain_peak / 2**20:.0f} MiB, full recompute "
+          f"{peak / 2**20:.0f} MiB ({peak / plain_peak:.2f}x)")
+    assert losses == pytest.approx(plain, rel=2e-2)  # bf16: recompute may round differently
+    assert peak < 0.8 * plain_peak

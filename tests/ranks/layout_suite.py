@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import parsl_torch as pt
 from parsl_torch.core.layout import Layout
 from parsl_torch.core.models import Transformer
+from parsl_torch.core.pipeline import split_model
 from parsl_torch.stages import checkpoint
 
 STEPS, VOCAB, SEQ, BATCH = 20, 32, 16, 8
@@ -50,9 +51,10 @@ def build(spec, seed=0):
         ONE = plain
         return plain, Layout(dp_shard=1)
     spec = json.loads(spec)
-    ac = spec.pop("ac", None)
+    ac, custom = spec.pop("ac", None), spec.pop("custom_split", False)
     layout = Layout(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items()})
-    return pt.wrap_model(plain, layout=layout, activation_checkpointing=ac,
+    split = (lambda model, stage, n: split_model(model, stage, [range(0, 1), range(1, 4)])) if custom else None
+    return pt.wrap_model(plain, layout=layout, activation_checkpointing=ac, pipeline_split=split,
                          loss_fn=loss_fn if layout.pp > 1 else None), layout
 
 
