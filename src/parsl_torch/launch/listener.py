@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import resource
 import secrets
 import selectors
 import socket
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from ..errors import TopologyError
 from .events import NodeSilent, RankReport
 
 _MAX_LINE = 1 << 26  # (a rank's reads: one line of up to ~300,000 paths; folders of many files are one)
@@ -35,6 +37,42 @@ def listen_address(nodes: Sequence[str]) -> tuple[str, str]:
     return here, "" if address.startswith("127.") else address
 
 
+#: seconds between two looks for silent nodes (a heartbeat's arrival does not trigger one: at thousands
+#: of nodes a look per heartbeat would cost nodes x heartbeats per second)
+SCAN_S = 0.5
+#: open files the supervisor needs besides one connection per node (reports, reads, its own files)
+SPARE_FDS = 256
+
+
+def open_files_for(nodes: int) -> int:
+    """Let this process keep one connection per node: the soft limit of open files raised to the hard
+    one; a TopologyError naming both limits and the fixes where even the hard one is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = nodes + SPARE_FDS
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise TopologyError(
+            f"a launch on {nodes} nodes keeps one connection per node open in its supervisor and needs about "
+            f"{needed} open files, but this process may open at most {hard} (the hard limit, ulimit -Hn): have "
+            f"the limit raised (/etc/security/limits.conf, or the batch system's), or run the stage on fewer nodes")
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard) and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return needed
+
+
+def short_queue(nodes: int, path: str = "/proc/sys/net/core/somaxconn") -> str | None:
+    """A warning where the kernel caps the listen queue below the nodes' hellos (it cuts every backlog to
+    net.core.somaxconn): hellos past it wait for TCP's retries, seconds each."""
+    try:
+        cap = int(open(path).read())
+    except (OSError, ValueError):
+        return None
+    if cap >= nodes:
+        return None
+    return (f"the kernel caps a listen queue at {cap} connections (net.core.somaxconn), fewer than this launch's "
+            f"{nodes} nodes: when their hellos come at once some wait for TCP's retry (1 s, then 3 s); an "
+            f"administrator can raise it (sysctl -w net.core.somaxconn={max(4096, nodes)})")
+
+
 def _silent(kind: str, node: dict, silent_s: float = 0.0) -> NodeSilent:
     ranks = tuple(r for r in node.get("ranks", ()) if isinstance(r, int))
     return NodeSilent(kind, str(node["host"]), ranks, silent_s)
@@ -53,13 +91,17 @@ class RankListener:
 
     (``events``: the events' types.)
 
-    One thread with ``selectors``: a node costs one connection, not a thread.
+    One thread with ``selectors``: a node costs one connection, not a thread; every connection
+    waiting is taken at each wake, and silent nodes are looked for every SCAN_S, so the cost per
+    second grows with the nodes, not with their square.
     """
 
     def __init__(self, events: queue.Queue, node_timeout: float, nodes: Sequence[str] = ()) -> None:
         self.token = secrets.token_hex(12)
         host, bind = listen_address(nodes)
-        self.server = socket.create_server((bind, 0))
+        open_files_for(len(nodes))
+        # the queue holds a storm of hellos (every node at once): none waits for TCP's retry (1 s, 3 s)
+        self.server = socket.create_server((bind, 0), backlog=max(socket.SOMAXCONN, len(nodes) + SPARE_FDS))
         self.server.setblocking(False)
         self.address = f"{host}:{self.server.getsockname()[1]}:{self.token}"
         self.events, self.node_timeout = events, node_timeout
@@ -75,6 +117,7 @@ class RankListener:
     def _serve(self) -> None:
         buffers: dict[socket.socket, bytearray] = {}
         nodes: dict[socket.socket, dict] = {}  # heartbeat connections: node info + last_seen
+        next_scan = time.monotonic() + SCAN_S
         while not self._closed:
             try:
                 ready = self.selector.select(timeout=0.5)
@@ -84,11 +127,7 @@ class RankListener:
             for key, _ in ready:
                 sock = key.fileobj
                 if sock is self.server:
-                    with contextlib.suppress(OSError):
-                        conn, _ = self.server.accept()
-                        conn.setblocking(False)
-                        buffers[conn] = bytearray()
-                        self.selector.register(conn, selectors.EVENT_READ)
+                    self._accept_all(buffers)
                     continue
                 try:
                     data = sock.recv(65536)
@@ -113,11 +152,27 @@ class RankListener:
                     line, _, rest = bytes(buffers[sock]).partition(b"\n")
                     buffers[sock] = bytearray(rest)
                     self._line(sock, line, nodes, buffers, now)
-            for sock, node in list(nodes.items()):
-                if now - node["seen"] > self.node_timeout:
-                    nodes.pop(sock)
-                    self.events.put(_silent("lost", node, now - node["seen"]))
-                    self._drop(sock, buffers)
+            if now >= next_scan:
+                next_scan = now + SCAN_S
+                for sock, node in list(nodes.items()):
+                    if now - node["seen"] > self.node_timeout:
+                        nodes.pop(sock)
+                        self.events.put(_silent("lost", node, now - node["seen"]))
+                        self._drop(sock, buffers)
+
+    def _accept_all(self, buffers: dict) -> None:
+        """Every connection waiting in the queue (a storm of hellos is taken in one wake)."""
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except BlockingIOError:
+                return
+            except OSError:  # (out of file descriptors: the queue keeps them until some close)
+                time.sleep(0.01)
+                return
+            conn.setblocking(False)
+            buffers[conn] = bytearray()
+            self.selector.register(conn, selectors.EVENT_READ)
 
     def _line(self, sock: socket.socket, line: bytes, nodes: dict, buffers: dict, now: float) -> None:
         if not line.strip():

@@ -10,8 +10,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..common.outcome import Cause, Outcome
-from .events import NodeSilent, ranks_text
+from ..common import settings
+from ..common.outcome import Cause, Outcome, write_outcome
+from . import quarantine
+from .events import NODE_LOST_EXIT, NodeSilent, ranks_text
 from .listener import LOCAL_NAMES, RankListener
 from .plan import LaunchPlan
 from .preflight import answering
@@ -84,3 +86,20 @@ def overlapping(argv: Sequence[str]) -> tuple[str, ...]:
     if argv and os.path.basename(argv[0]) == "srun" and "--overlap" not in argv:
         return (argv[0], "--overlap", *argv[1:])
     return tuple(argv)
+
+
+def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
+    """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
+    unstarted (its retry is free: ``apps.continuation``), which places it on other nodes."""
+    path, job = settings.QUARANTINE.get(), quarantine.job_of()
+    for host, why in silent.items():
+        _say(f"pre-flight: node {host} {why}")
+        if path and job:
+            quarantine.add(path, job, host, f"pre-flight: {why}")
+    kept = "quarantined; the stage was not started and goes to other nodes" if path and job else \
+        "the stage was not started (no quarantine outside a workflow's batch job)"
+    summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
+    _say(summary)
+    if stage_dir:
+        write_outcome(stage_dir, Outcome(Cause.PREFLIGHT_FAILED, NODE_LOST_EXIT, summary, host=next(iter(silent))))
+    return NODE_LOST_EXIT

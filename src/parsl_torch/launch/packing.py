@@ -12,6 +12,7 @@ small ones (Parsl's own backlog places the smallest first).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from ..common import settings
@@ -46,6 +47,8 @@ class Slots:
         # a node name once when nodes are shared by accelerator; else each entry is a slot of its own
         self.entries = list(dict.fromkeys(nodes)) if self.accelerators else [f"{n}#{i}" for i, n in enumerate(nodes)]
         self._free = {e: list(self.accelerators) or [""] for e in self.entries}
+        self._index = {e: i for i, e in enumerate(self.entries)}
+        self._whole = set(self.entries)  # the entries with nothing taken (a decision is O(free), not O(block))
 
     @staticmethod
     def name(entry: str) -> str:
@@ -55,10 +58,12 @@ class Slots:
         """Whether a stage of this shape shares its node with others."""
         return num_nodes == 1 and 0 < ranks_per_node < len(self.accelerators)
 
-    def whole(self, usable: set[str]) -> list[str]:
-        """The usable entries with nothing taken, in the block's order."""
-        full = len(self.accelerators) or 1
-        return [e for e in self.entries if e in usable and len(self._free[e]) == full]
+    def whole(self, usable: set[str], count: int | None = None) -> list[str]:
+        """The usable entries with nothing taken, in the block's order (the first ``count`` of them)."""
+        free = self._whole & usable
+        if count == 1 and free:
+            return [min(free, key=self._index.__getitem__)]
+        return heapq.nsmallest(count if count is not None else len(free), free, key=self._index.__getitem__)
 
     def take(self, num_nodes: int, ranks_per_node: int, usable: set[str]) -> Grant | None:
         """A grant for the stage from ``usable`` entries, or None when it does not fit now."""
@@ -68,19 +73,24 @@ class Slots:
                 return None
             entry = min(fits, key=lambda e: len(self._free[e]))  # the fullest that fits: whole nodes stay whole
             given, self._free[entry] = self._free[entry][:ranks_per_node], self._free[entry][ranks_per_node:]
+            self._whole.discard(entry)
             return Grant((entry,), tuple(given))
-        whole = self.whole(usable)
+        whole = self.whole(usable, num_nodes)
         if len(whole) < num_nodes:
             return None
-        for entry in whole[:num_nodes]:
+        for entry in whole:
             self._free[entry] = []
-        return Grant(tuple(whole[:num_nodes]))
+            self._whole.discard(entry)
+        return Grant(tuple(whole))
 
     def give_back(self, grant: Grant) -> None:
         order = {a: i for i, a in enumerate(self.accelerators)}
+        full = len(self.accelerators) or 1
         for entry in grant.nodes:
             back = list(grant.accelerators) if grant.accelerators else list(self.accelerators) or [""]
             self._free[entry] = sorted(self._free[entry] + back, key=lambda a: order.get(a, 0))
+            if len(self._free[entry]) == full:
+                self._whole.add(entry)
 
     def held(self, entry: str) -> list[str]:
         """The accelerators of ``entry`` that stages hold now."""

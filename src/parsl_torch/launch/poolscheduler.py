@@ -6,6 +6,7 @@ they came. Imports Parsl: only the worker pool's process loads it."""
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import threading
 from typing import Any
@@ -23,9 +24,23 @@ from .packing import ACCELERATORS_KEY, CPU_SHARE_KEY, MIN_NODES_KEY, SHORT_KEY, 
 log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
 
 
-def _lost(path: str) -> set[str]:
-    """This job's lost nodes, by short name (a node file may name hosts in full)."""
-    return {n.split(".")[0] for n in quarantine.lost_nodes(path, quarantine.job_of())}
+class _Lost:
+    """This job's lost nodes, by short name (a node file may name hosts in full), read again only when
+    the quarantine file changed (a placement decision costs a stat, not a read)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.seen, self.nodes = path, None, frozenset()
+
+    def __call__(self) -> frozenset[str]:
+        try:
+            st = os.stat(self.path)
+            seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            seen = None
+        if seen != self.seen or seen is None:
+            self.seen = seen
+            self.nodes = frozenset(n.split(".")[0] for n in quarantine.lost_nodes(self.path, quarantine.job_of()))
+        return self.nodes
 
 
 class PoolScheduler(MPITaskScheduler):
@@ -43,6 +58,9 @@ class PoolScheduler(MPITaskScheduler):
         self.slots = Slots(self.available_nodes, self.accelerators)
         held = min(self.spares, max(len(self.slots.entries) - 1, 0))
         self.spare_nodes = self.slots.entries[len(self.slots.entries) - held:]
+        self.lost = _Lost(self.quarantine_path)
+        self._usable_for: tuple[frozenset[str], int] | None = None  # (lost, spares) the cached set is for
+        self._usable: set[str] = set()
         self.grants: dict[Any, Grant] = {}
         self.backlog: list[dict] = []
         self.lock = threading.Lock()
@@ -50,9 +68,13 @@ class PoolScheduler(MPITaskScheduler):
                  f", accelerators {','.join(self.accelerators)} on each, shared by stages smaller than a node"
                  if self.slots.accelerators else "", [Slots.name(e) for e in self.spare_nodes])
 
-    def _usable(self, lost: set[str]) -> set[str]:
-        return {e for e in self.slots.entries
-                if Slots.name(e).split(".")[0] not in lost and e not in self.spare_nodes}
+    def usable(self, lost: frozenset[str]) -> set[str]:
+        """The entries neither lost nor held back (computed again only when either changes)."""
+        if self._usable_for != (lost, len(self.spare_nodes)):
+            spares = set(self.spare_nodes)
+            self._usable = {e for e in self.slots.entries if Slots.name(e).split(".")[0] not in lost and e not in spares}
+            self._usable_for = (lost, len(self.spare_nodes))
+        return self._usable
 
     def put_task(self, task_package: dict) -> None:
         resources = task_package.get("context", {}).get("resource_spec", {})
@@ -66,19 +88,19 @@ class PoolScheduler(MPITaskScheduler):
     def _place_backlog(self) -> None:
         """Place waiting tasks in the order they came, until one does not fit (the quarantine file
         is read once for them all)."""
-        lost = _lost(self.quarantine_path)
+        lost = self.lost()
         while self.backlog:
             if not self._place(self.backlog[0], lost):
                 return
             self.backlog.pop(0)
 
-    def _place(self, task_package: dict, lost: set[str]) -> bool:
+    def _place(self, task_package: dict, lost: frozenset[str]) -> bool:
         """Start the task (or fail it at once, saying why, if the block can never hold it); False
         when it must wait. A task that needs more nodes than the block has left starts on the nodes
         left if its ``min_nodes`` allows."""
         resources = task_package["context"]["resource_spec"]
         tid = task_package["task_id"]
-        usable = self._usable(lost)
+        usable = self.usable(lost)
         needed = int(resources["num_nodes"])
         ranks_per_node = int(resources.get("ranks_per_node") or int(resources["num_ranks"]) // needed)
         left = len(usable)
@@ -125,7 +147,7 @@ class PoolScheduler(MPITaskScheduler):
     def _give_back(self, grant: Grant) -> None:
         """A task's nodes go back, except lost ones: each lost node releases a spare, so the retry of
         the stage that lost it starts at once."""
-        lost = _lost(self.quarantine_path)
+        lost = self.lost()
         gone = [e for e in grant.nodes if Slots.name(e).split(".")[0] in lost]
         self.slots.give_back(grant)
         if gone:

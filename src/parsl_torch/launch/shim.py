@@ -39,6 +39,9 @@ from .events import RankReport
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HEARTBEAT_S = 2.0
+#: seconds a node's hello may take to connect (the listener's queue holds a whole storm of hellos:
+#: ``listener``; an unreachable one leaves the node unwatched rather than hold up its ranks)
+CONNECT_S = 5.0
 #: seconds a rank stays stopped (SIGSTOP, SIGTSTP) before its shim tells the launch: its peers' collectives
 #: then time out, and the stage's error names the stopped rank, not the one that waited for it
 STOPPED_S = 2.0
@@ -116,6 +119,16 @@ def notify_failure(address: str, report: dict) -> bool:
         return False
 
 
+def hello_line(token: str, host: str, first: int, ranks: int) -> bytes:
+    """A node's hello: its host and its ranks (first, last); a heartbeat is then a bare newline."""
+    return (json.dumps({"token": token, "hello": True, "host": host, "ranks": [first, first + ranks - 1]})
+            + "\n").encode()
+
+
+def bye_line(token: str) -> bytes:
+    return (json.dumps({"token": token, "bye": True}) + "\n").encode()
+
+
 class Heartbeat:
     """Local rank 0's line to the launch: hello (host, this node's ranks), a
     newline every HEARTBEAT_S, bye at the end. A node that cannot reach the
@@ -123,13 +136,10 @@ class Heartbeat:
 
     def __init__(self, address: str, topo: Topology) -> None:
         host, port, token = address.rsplit(":", 2)
-        first = topo.rank - topo.local_rank
-        hello = {"token": token, "hello": True, "host": topo.hostname,
-                 "ranks": [first, first + topo.local_world_size - 1]}
         self._stop = threading.Event()
         try:
-            self._sock = socket.create_connection((host, int(port)), timeout=5)
-            self._sock.sendall((json.dumps(hello) + "\n").encode())
+            self._sock = socket.create_connection((host, int(port)), timeout=CONNECT_S)
+            self._sock.sendall(hello_line(token, topo.hostname, topo.rank - topo.local_rank, topo.local_world_size))
         except OSError:
             self._sock = None
             return
@@ -147,7 +157,7 @@ class Heartbeat:
         self._stop.set()
         if self._sock is not None:
             try:
-                self._sock.sendall((json.dumps({"token": self._token, "bye": True}) + "\n").encode())
+                self._sock.sendall(bye_line(self._token))
             except OSError:
                 pass
             self._sock.close()

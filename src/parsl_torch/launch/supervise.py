@@ -47,13 +47,14 @@ from ..common.outcome import Cause, Outcome, forget_outcome, write_outcome
 from ..common.procs import reap, stop
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
+from ..errors import TopologyError
 from . import quarantine
 from .cpushare import CpuShare, bound
-from .listener import RankListener
-from .events import NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, blame_stopped, describe_exit
-from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, overlapping
-from .nodeloss import say as _say
+from .events import Event, LauncherExited, NodeSilent, RankReport, blame_stopped, describe_exit
+from .listener import RankListener, short_queue
 from .machines import get_machine
+from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, overlapping, refuse_nodes
+from .nodeloss import say as _say
 from .plan import LaunchPlan
 from .preflight import silent_nodes
 
@@ -99,7 +100,15 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     if stage_dir:
         forget_outcome(stage_dir)
     started = time.time()
-    watch = _Watch(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started))
+    if warning := short_queue(len(plan.nodes)):
+        _say(warning)
+    try:
+        watch = _Watch(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started))
+    except TopologyError as exc:  # (too few open files for one connection per node: nothing started)
+        _say(str(exc))
+        if stage_dir:
+            write_outcome(stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, str(exc)))
+        return 1
     outcome = watch.run()
     if stage_dir and outcome.cause in (Cause.OK, Cause.CONTINUED) and settings.OBSERVE.get(plan.env):
         _record_reads(stage_dir, watch.listener, plan.num_ranks)
@@ -330,23 +339,6 @@ def _cpus_on_node() -> int:
     return int(value) if value.isdigit() else os.cpu_count() or 1
 
 
-def _refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
-    """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
-    unstarted (its retry is free: ``apps.continuation``), which places it on other nodes."""
-    path, job = settings.QUARANTINE.get(), quarantine.job_of()
-    for host, why in silent.items():
-        _say(f"pre-flight: node {host} {why}")
-        if path and job:
-            quarantine.add(path, job, host, f"pre-flight: {why}")
-    kept = "quarantined; the stage was not started and goes to other nodes" if path and job else \
-        "the stage was not started (no quarantine outside a workflow's batch job)"
-    summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
-    _say(summary)
-    if stage_dir:
-        write_outcome(stage_dir, Outcome(Cause.PREFLIGHT_FAILED, NODE_LOST_EXIT, summary, host=next(iter(silent))))
-    return NODE_LOST_EXIT
-
-
 def _ranks_given(asked: int) -> int:
     """The ranks Parsl's MPI task was given: fewer than ``asked`` when the block lost nodes and the
     stage's min_nodes let it start on the nodes left (``launch.pool``), which is said here."""
@@ -391,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             write_outcome(stage_dir, Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block was past its deadline"))
         return CONTINUE_EXIT
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
-        return _refuse_nodes(silent, stage_dir)
+        return refuse_nodes(silent, stage_dir)
     return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir,
                      result=opts.result, check_s=opts.preflight or LOSS_CHECK_S)
 

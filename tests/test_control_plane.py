@@ -1,0 +1,97 @@
+"""The control plane with simulated nodes (benchmarks/simnodes.py, small here; bench_control_plane.py
+measures it at 2,048 nodes): the real supervisor hears every node of a storm of hellos, names a
+silent or vanished node and quarantines it, leaves a slow one alone; the real pool scheduler places
+every queued stage once, in order; every rank's device claim goes through one real store."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import simnodes as sim  # noqa: E402 - the harness lives with the benchmarks
+
+pytestmark = pytest.mark.slow
+N, R, TIMEOUT = 48, 4, 6.0
+
+
+def quarantined(workdir: Path) -> dict[str, str]:
+    path = workdir / "quarantine.json"
+    return json.loads(path.read_text()).get(sim.JOB, {}) if path.exists() else {}
+
+
+@pytest.mark.parametrize("fault", ["silent", "vanished"])
+def test_a_storm_of_hellos_is_heard_and_a_silent_or_vanished_node_is_named_and_quarantined(tmp_path, fault):
+    sup = sim.Supervisor(N, R, TIMEOUT, tmp_path)
+    nodes = sim.SimNodes(sup.address, N, R)
+    try:
+        t0 = time.time()
+        nodes.start()
+        while not (seen := sup.first("all_hellos")) and time.time() < t0 + 30:
+            time.sleep(0.05)
+        assert seen and not nodes.failed  # every node's hello was heard: none dropped
+        nodes.slow("sim00001", TIMEOUT * 0.6)  # late heartbeats, within the timeout: never named
+        time.sleep(TIMEOUT)
+        assert sup.proc.poll() is None and not quarantined(tmp_path)
+        victim = "sim00017"
+        if fault == "silent":
+            nodes.silence(victim)
+        else:
+            nodes.vanish(victim)
+        assert sup.wait(timeout=TIMEOUT + 30) == 75  # a node lost
+        took = sup.first("exit")["t_end"] - nodes.last_beat[victim]
+    finally:
+        sup.stop()
+    said = (tmp_path / "stderr").read_text()
+    if fault == "silent":
+        assert f"node {victim} (ranks 68-71): no heartbeat for" in said
+        assert took < TIMEOUT + 5  # the silence's verdict within the node timeout and the check
+    else:
+        assert f"node {victim} (ranks 68-71): its ranks' processes ended without a report" in said
+        assert took < 10
+    assert list(quarantined(tmp_path)) == [victim]
+
+
+def test_the_pool_scheduler_places_every_queued_stage_once_in_order(tmp_path):
+    import queue
+
+    from parsl_torch.launch.pool import scheduler_class
+
+    decisions = sim.place(64, 500, tmp_path)
+    assert len(decisions) == 1000  # a put and a result per stage
+    # the same scheduler, watched: the first 64 start at once, the rest in the order they came
+    tasks, results = queue.Queue(), queue.Queue()
+    with sim.in_job(tmp_path / "nodefile"):  # (the 64 nodes place() listed)
+        scheduler = scheduler_class(str(tmp_path / "quarantine.json"), 0, (), "CUDA_VISIBLE_DEVICES")(tasks, results)
+        placed = placements(scheduler, tasks, results)
+    assert placed[:64] == [(tid, f"sim{tid:05d}") for tid in range(64)]
+    # three stages end: the next three in the queue start, each on the node just given back
+    assert placed[64:] == [(64, "sim00005"), (65, "sim00063"), (66, "sim00000")]
+
+
+def placements(scheduler, tasks, results) -> list[tuple[int, str]]:
+    """80 one-node stages queued on 64 nodes, then stages 5, 63 and 0 end: (stage, node) as each started."""
+    import pickle
+
+    started = []
+    for tid in range(80):
+        scheduler.put_task({"task_id": tid, "context": {"resource_spec": {"num_nodes": 1, "num_ranks": 4}}})
+    for tid in (None, 5, 63, 0):
+        if tid is not None:
+            results.put(pickle.dumps({"type": "result", "task_id": tid}))
+            scheduler.get_result(block=False)
+        while not tasks.empty():
+            task = tasks.get_nowait()
+            started.append((task["task_id"], task["context"]["resource_spec"]["MPI_NODELIST"]))
+    return started
+
+
+def test_every_rank_claims_its_device_through_one_store_and_all_are_refused_when_two_share_one():
+    assert sim.claim_storm(16, 4)["n_errors"] == 0
+    shared = sim.claim_storm(16, 4, shared=True)
+    assert shared["n_errors"] == 16 * 4  # every rank, not only the two that share
+    assert "2 ranks of node sim00000 would share one cuda device (cuda:0)" in shared["errors"][0]
