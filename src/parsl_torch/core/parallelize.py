@@ -18,7 +18,7 @@ from .device import get_torch_device, get_torch_device_type
 from .layout import DIMS, Layout
 from .pipeline import PipelinedModel, split_model, stage_blocks
 from .ranks import get_world_size
-from .recompute import checkpoint_blocks
+from .recompute import checkpoint_blocks, checkpoint_every
 from .topology import env_topology
 
 
@@ -41,6 +41,7 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
     world = get_world_size()
     n_blocks = len(find_blocks(model))
     layout.check(world, env_topology().local_world_size, n_blocks if split is None else None)
+    checkpoint_every(activation_checkpointing)
     if layout.cp > 1:
         check_context_parallel(model)
     if layout.pp > 1:
@@ -52,7 +53,9 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
     mesh = layout_mesh(layout)
     pp_rank = mesh["pp"].get_local_rank()
     stage_ids = [pp_rank + k * layout.pp for k in range(layout.stages // layout.pp)]
-    parts = [_stage(model, s, layout, n_blocks, split) for s in stage_ids] if layout.pp > 1 else [model]
+    device = get_torch_device()
+    # (a pipeline's model may be built on the CPU: only this rank's stages reach its device)
+    parts = [_stage(model, s, layout, n_blocks, split).to(device) for s in stage_ids] if layout.pp > 1 else [model]
     for part in parts:
         blocks = find_blocks(part)
         if layout.tp > 1:
@@ -65,7 +68,7 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
     if layout.pp == 1:
         parts[0].layout_mesh = mesh  # (sequence_shards finds the context-parallel group there)
         return parts[0]
-    return PipelinedModel(parts, stage_ids, layout, mesh["pp"].get_group(), loss_fn, get_torch_device())
+    return PipelinedModel(parts, stage_ids, layout, mesh["pp"].get_group(), loss_fn, device)
 
 
 def _stage(model: nn.Module, stage: int, layout: Layout, n_blocks: int, split: Callable | None) -> nn.Module:

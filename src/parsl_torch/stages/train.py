@@ -168,7 +168,9 @@ class _Training:
         check_precision(precision, device.type)
         if precision == "fp32":
             use_tf32(device.type, cfg.tf32)
-        built = build_model(cfg.model).to(device)
+        built = build_model(cfg.model)  # (pipelined: each rank moves only its stages to its device)
+        if cfg.parallel is None or cfg.parallel.pp == 1:
+            built = built.to(device)
         per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
                                              if cfg.model.kind == "transformer" else ()))
         if cfg.parallel is None:
