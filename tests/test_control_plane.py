@@ -15,7 +15,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 import simnodes as sim  # noqa: E402 - the harness lives with the benchmarks
 
-pytestmark = pytest.mark.slow
 N, R, TIMEOUT = 48, 4, 6.0
 
 
@@ -24,6 +23,7 @@ def quarantined(workdir: Path) -> dict[str, str]:
     return json.loads(path.read_text()).get(sim.JOB, {}) if path.exists() else {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["silent", "vanished"])
 def test_a_storm_of_hellos_is_heard_and_a_silent_or_vanished_node_is_named_and_quarantined(tmp_path, fault):
     sup = sim.Supervisor(N, R, TIMEOUT, tmp_path)
@@ -56,6 +56,7 @@ def test_a_storm_of_hellos_is_heard_and_a_silent_or_vanished_node_is_named_and_q
     assert list(quarantined(tmp_path)) == [victim]
 
 
+@pytest.mark.slow
 def test_the_pool_scheduler_places_every_queued_stage_once_in_order(tmp_path):
     import queue
 
@@ -90,8 +91,55 @@ def placements(scheduler, tasks, results) -> list[tuple[int, str]]:
     return started
 
 
+@pytest.mark.slow
 def test_every_rank_claims_its_device_through_one_store_and_all_are_refused_when_two_share_one():
     assert sim.claim_storm(16, 4)["n_errors"] == 0
     shared = sim.claim_storm(16, 4, shared=True)
     assert shared["n_errors"] == 16 * 4  # every rank, not only the two that share
     assert "2 ranks of node sim00000 would share one cuda device (cuda:0)" in shared["errors"][0]
+
+
+# --- what holds at thousands of nodes (fast) ---------------------------------------------------
+
+def test_the_supervisor_raises_its_open_files_limit_or_refuses_naming_it(monkeypatch):
+    import resource
+
+    from parsl_torch.errors import TopologyError
+    from parsl_torch.launch import listener
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        listener.open_files_for(2048)  # one connection per node, and the spare ones
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    monkeypatch.setattr(listener.resource, "getrlimit", lambda _which: (1024, 2048))
+    with pytest.raises(TopologyError, match=r"a launch on 2048 nodes .* needs about 2304 open files, but this "
+                                            r"process may open at most 2048 \(the hard limit, ulimit -Hn\)"):
+        listener.open_files_for(2048)
+
+
+def test_a_short_kernel_listen_queue_is_said_with_its_fix(tmp_path):
+    from parsl_torch.launch.listener import short_queue
+
+    (tmp_path / "somaxconn").write_text("128\n")
+    said = short_queue(2048, str(tmp_path / "somaxconn"))
+    assert "caps a listen queue at 128 connections (net.core.somaxconn), fewer than this launch's 2048" in said
+    assert "sysctl -w net.core.somaxconn=4096" in said
+    assert short_queue(64, str(tmp_path / "somaxconn")) is None
+
+
+def test_the_environment_archive_is_striped_over_every_lustre_target(tmp_path, monkeypatch):
+    from parsl_torch.launch import nodepython
+
+    log = tmp_path / "lfs.log"
+    fake = tmp_path / "bin" / "lfs"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    nodepython.stripe_wide(tmp_path / "python-x.tar.tmp")
+    assert log.read_text() == f"setstripe -c -1 {tmp_path / 'python-x.tar.tmp'}\n"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    nodepython.stripe_wide(tmp_path / "other.tar")  # no lfs: nothing, no error

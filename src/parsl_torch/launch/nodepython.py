@@ -64,6 +64,7 @@ def pack(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
     base = Path(sys.base_prefix)
+    stripe_wide(tmp)
     with tarfile.open(tmp, "w") as tar:
         tar.add(base / "bin" / _interpreter(), "base/bin/" + _interpreter())
         for lib in (base / "lib").glob("libpython*"):
@@ -73,6 +74,15 @@ def pack(cache: Path) -> Path:
             tar.add(sys.prefix, "venv")
     os.replace(tmp, archive)
     return archive
+
+
+def stripe_wide(path: Path) -> None:
+    """On Lustre, ``path`` created striped over every OST: every node of a block reads the one archive at
+    once, and a file on one OST (the default) would serve them all at one OST's bandwidth, a few GB/s
+    (Flare: 650 GB/s over 160 OSTs). Elsewhere (no ``lfs``, or not Lustre) nothing happens."""
+    if lfs := shutil.which("lfs"):
+        subprocess.run([lfs, "setstripe", "-c", "-1", str(path)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
 
 
 def _interpreter() -> str:
