@@ -75,7 +75,8 @@ def main() -> int:
               f"quarantined: {row['quarantined']}); placement {row['place_median_us']:.0f} us median, "
               f"{row['place_p99_us']:.0f} us p99, {row['place_max_us']:.0f} us max per decision "
               f"({args.tasks} stages); claim of {row['claim_ranks']} ranks (R={claim_r}): connect "
-              f"{row['connect_s']:.2f} s, claims {row['claim_s']:.2f} s ({row['n_errors']} errors)", flush=True)
+              f"{row['connect_s']:.2f} s, claims {row['claim_s']:.2f} s ({row['n_errors']} errors; the store's server used "
+              f"{row['store_cpu_s']:.1f} s of CPU in all)", flush=True)
     small, large = min(rows), max(rows)
     if small != large:
         print(f"growth from N={small} to N={large} ({large / small:.0f}x the nodes):")

@@ -302,9 +302,15 @@ def claim_storm(n: int, r: int, timeout_s: float = 300, shared: bool = False) ->
                              capture_output=True, text=True, env=env, timeout=timeout_s + 60)
         if out.returncode:
             raise RuntimeError(f"the claims failed: {out.stderr[-2000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return {**json.loads(out.stdout.strip().splitlines()[-1]), "store_cpu_s": cpu_seconds(server.pid)}
     finally:
         server.kill()
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used (user + system, from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def claims(port: int, n: int, r: int, timeout_s: float, shared: bool) -> dict:

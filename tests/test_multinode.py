@@ -103,7 +103,7 @@ def test_launch_under_mpiexec_with_a_host_file(cluster, tmp_path):
     assert _markers(tmp_path / "markers") == {0: "n2", 1: "n2", 2: "n3", 3: "n3"}
 
 
-@pytest.mark.parametrize("site", ["nsslurm", "nspbs"])
+@pytest.mark.parametrize("site", ["nsslurm"])  # (two-node trains on the PBS site: the node-loss tests below)
 def test_train_on_two_nodes_equals_one_node(cluster, sites_here, site):
     import h5py
 
@@ -437,8 +437,8 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
     assert "n2" in (wf.run_dir / "parsl" / "quarantine.json").read_text()
 
 
-@pytest.mark.parametrize("site, warm", [("nspbs", False), ("nspbs", True), ("nsslurm", False)],
-                         ids=["cold", "warm", "slurm"])
+@pytest.mark.parametrize("site, warm", [("nspbs", True), ("nsslurm", False)],
+                         ids=["warm", "slurm"])  # (cold ranks on the PBS site: the spare's test above)
 def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allows(cluster, sites_here, tmp_path,
                                                                                   monkeypatch, site, warm):
     """A 2-node block, a 2-node train with min_nodes=1: n2 is lost at step 6; no node is free, so the
