@@ -49,17 +49,28 @@ def stage_blocks(n_blocks: int, layout: Layout) -> list[range]:
 def split_model(model: nn.Module, stage: int, blocks: Sequence[range]) -> nn.Module:
     """A copy of ``model`` holding only stage ``stage``'s blocks, and its ends where it has them."""
     path = blocks_path(model)
-    part = copy.deepcopy(model)
+    first, last = _ends(model, path)
+    dropped = (first if stage > 0 else []) + (last if stage < len(blocks) - 1 else [])
+    others = [b for i, b in enumerate(model.get_submodule(path)) if i not in blocks[stage]]
+    # what the stage does not keep is never copied (the copy is of this stage's share of the model)
+    part = copy.deepcopy(model, memo={id(x): None for x in [*others, *map(_attribute(model), dropped)]})
     kept = nn.ModuleList()
     full = part.get_submodule(path)
     kept._modules = {str(i): full[i] for i in blocks[stage]}  # (the blocks keep their numbers)
     parent_name, _, leaf = path.rpartition(".")
     setattr(part.get_submodule(parent_name), leaf, kept)
-    first, last = _ends(model, path)
-    for name in (first if stage > 0 else []) + (last if stage < len(blocks) - 1 else []):
+    for name in dropped:
         owner_name, _, attr = name.rpartition(".")
         setattr(part.get_submodule(owner_name), attr, None)
     return part
+
+
+def _attribute(model: nn.Module) -> Callable[[str], Any]:
+    def get(name: str) -> Any:
+        owner_name, _, attr = name.rpartition(".")
+        return getattr(model.get_submodule(owner_name), attr)
+
+    return get
 
 
 def _ends(model: nn.Module, path: str) -> tuple[list[str], list[str]]:
