@@ -140,6 +140,9 @@ def test_pipeline_schedules_on_two_ranks_follow_one_process(tmp_path):
     ranks = curves(tmp_path, 2, layouts)
     assert_follows_one_process(ranks, layouts)
     assert [r["1f1b"]["kind"] for r in ranks] == ["PipelinedModel"] * 2
+    # forward only (model.evaluate): the one-process model's loss on a held-out batch, on every rank
+    for res in ranks:
+        assert res["1f1b"]["eval"] == pytest.approx(res["1f1b"]["ref_eval"], rel=1e-4)
     assert [r["gpipe"]["coords"][0] for r in ranks] == [0, 1]  # rank 1 runs the second stage
 
 

@@ -90,6 +90,12 @@ if mode == "curves":
         result[name] = {"losses": steps(model, layout, optimizer(model), 0, STEPS),
                         "coords": list(layout.coords(rank, world)), "kind": type(model).__name__,
                         "names": sorted(model.state_dict())}
+        if layout.pp > 1:  # a held-out batch, forward only, against the one-process model's
+            x, y = (t.chunk(layout.coords(rank, world).dp_size)[layout.coords(rank, world).dp] for t in batch(999))
+            model.eval()
+            result[name]["eval"] = float(model.evaluate(x, y))
+            with torch.no_grad():
+                result[name]["ref_eval"] = float(loss_fn(ref_model(x), y))
 else:
     path, spec = sys.argv[3], sys.argv[4]
     model, layout = build(spec, seed=0 if mode == "save" else 1)  # (a resumed model starts elsewhere)

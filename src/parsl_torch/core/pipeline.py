@@ -11,8 +11,9 @@ any other.
 
 ``PipelinedModel`` is what ``wrap_model`` returns for pp > 1: ``loss = model.step(inputs,
 targets)`` runs one whole step's forward and backward over microbatches (GPipe, 1F1B or
-interleaved 1F1B) and returns the step's mean loss on every rank; its parameters and state
-dict are the union of this rank's stages', under the plain model's names.
+interleaved 1F1B) and returns the step's mean loss on every rank (``model.evaluate`` the same,
+forward only); its parameters and state dict are the union of this rank's stages', under the
+plain model's names.
 """
 
 from __future__ import annotations
@@ -113,14 +114,26 @@ class PipelinedModel(nn.Module):
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one step over the microbatches (the gradients accumulate, as
         mean-loss gradients); the step's mean loss, the same on every rank. Collective."""
+        return self._run(self._schedule.step, inputs, targets)
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean loss of a batch, forward only (no gradients), the same on every rank. Collective."""
+        with torch.no_grad():
+            return self._run(self._schedule.eval, inputs, targets)
+
+    def train(self, mode: bool = True) -> PipelinedModel:
+        for part in self.parts:  # (the stages are not submodules: their dropout and norms follow here)
+            part.train(mode)
+        return super().train(mode)
+
+    def _run(self, run: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         group, pp, first, last, device, microbatches = self._pp
         if len(inputs) % microbatches:  # (checked on every rank: a middle stage would wait forever)
             raise ConfigError(f"parallel.pp_microbatches: {microbatches} microbatches do not divide this rank's "
                               f"batch of {len(inputs)}: use a divisor, or a batch of a multiple of it per "
                               f"data-parallel rank")
         losses: list[torch.Tensor] = []
-        self._schedule.step(*((inputs,) if first else ()),
-                            **({"target": targets, "losses": losses} if last else {}))
+        run(*((inputs,) if first else ()), **({"target": targets, "losses": losses} if last else {}))
         loss = (torch.stack([x.detach().float() for x in losses]).mean() if last
                 else torch.zeros((), device=device))
         dist.broadcast(loss, group=group, group_src=pp - 1)  # the last stage is on the pp group's last rank
@@ -128,7 +141,7 @@ class PipelinedModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a pipelined model runs whole steps: loss = model.step(inputs, targets), then "
-                        "optimizer.step()")
+                        "optimizer.step(); loss = model.evaluate(inputs, targets) without gradients")
 
 
 def _mirror(root: nn.Module, part: nn.Module) -> None:
