@@ -93,13 +93,13 @@ def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
     unstarted (its retry is free: ``apps.continuation``), which places it on other nodes."""
     path, job = settings.QUARANTINE.get(), quarantine.job_of()
     for host, why in silent.items():
-        _say(f"pre-flight: node {host} {why}")
+        say(f"pre-flight: node {host} {why}")
         if path and job:
             quarantine.add(path, job, host, f"pre-flight: {why}")
     kept = "quarantined; the stage was not started and goes to other nodes" if path and job else \
         "the stage was not started (no quarantine outside a workflow's batch job)"
     summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
-    _say(summary)
+    say(summary)
     if stage_dir:
         write_outcome(stage_dir, Outcome(Cause.PREFLIGHT_FAILED, NODE_LOST_EXIT, summary, host=next(iter(silent))))
     return NODE_LOST_EXIT
