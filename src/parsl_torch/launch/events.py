@@ -90,7 +90,7 @@ class NodeSilent:
         verdict = " lost" if lost else ""
         what = f"node {self.host}{verdict} ({ranks_text(self.ranks)})"
         if self.kind == "lost":
-            return f"{what}: no heartbeat for {self.silent_s:.0f} s (node down or its network cut)"
+            return f"{what}: no heartbeat for {self.silent_s:g} s (node down or its network cut)"
         if self.kind == "silent":
             return (f"node {self.host}{verdict}: its ranks never reached the launch, and the launcher ended the "
                     f"ranks on {self.victim} (node down or its network cut)")

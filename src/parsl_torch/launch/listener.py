@@ -156,8 +156,8 @@ class RankListener:
                 next_scan = now + SCAN_S
                 for sock, node in list(nodes.items()):
                     if now - node["seen"] > self.node_timeout:
-                        nodes.pop(sock)
-                        self.events.put(_silent("lost", node, now - node["seen"]))
+                        nodes.pop(sock)  # (named for the timeout it passed: the look comes up to SCAN_S later)
+                        self.events.put(_silent("lost", node, self.node_timeout))
                         self._drop(sock, buffers)
 
     def _accept_all(self, buffers: dict) -> None:
