@@ -109,16 +109,18 @@ def check_context_parallel(model: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def sequence_shards(model: nn.Module, *tensors: torch.Tensor) -> Iterator[bool]:
-    """Under cp > 1 (a model from ``parallelize``): inside, ``tensors`` (batch, sequence, ...) hold this
-    rank's shards of the sequence, in place, and SDPA is torch's ring attention; yields whether
-    they were sharded (the model then needs their ``positions``). Run forward and backward inside."""
+def sequence_shards(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator[torch.Tensor | None]:
+    """Under cp > 1 (a model from ``parallelize``): inside, ``inputs`` and ``targets`` (batch, sequence)
+    hold this rank's shards of the sequence, in place, SDPA is torch's ring attention, and the
+    positions of those shards are yielded (the model's ``positions=``); else None, at no cost.
+    Run forward and backward inside."""
     mesh = getattr(model, "layout_mesh", None)
     if mesh is None or mesh["cp"].size() == 1:
-        yield False
+        yield None
         return
     from torch.distributed.tensor.experimental import context_parallel
 
-    with context_parallel(mesh["cp"], buffers=list(tensors), buffer_seq_dims=[1] * len(tensors),
-                          no_restore_buffers=set(tensors)):
-        yield True
+    positions = torch.arange(inputs.shape[1], device=inputs.device).repeat(inputs.shape[0], 1)
+    buffers = [inputs, targets, positions]
+    with context_parallel(mesh["cp"], buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
+        yield positions

@@ -246,8 +246,6 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
 
 def _step(run: _Training, inputs: Any, targets: Any) -> Any:
     """One optimizer step on this rank's batch; its loss."""
-    import torch
-
     from ..core.parallelize import sequence_shards
 
     if hasattr(run.model, "step"):  # pipelined: the schedule runs forward and backward over microbatches
@@ -255,9 +253,8 @@ def _step(run: _Training, inputs: Any, targets: Any) -> Any:
         loss = run.model.step(inputs, targets)
         run.opt.step()
         return loss
-    positions = torch.arange(inputs.shape[1], device=inputs.device).repeat(inputs.shape[0], 1)
-    with sequence_shards(run.model, inputs, targets, positions) as shard:
-        extra = {"positions": positions} if shard else {}
+    with sequence_shards(run.model, inputs, targets) as positions:  # (None without context parallel)
+        extra = {"positions": positions} if positions is not None else {}
         loss = _loss_fn(run.cfg.model)(run.forward(inputs, **extra), targets)
         _update(run, loss)
     return loss
