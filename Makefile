@@ -4,7 +4,7 @@
 #   make test-fast   the tests without multi-process jobs (the edit-test loop)
 #   make docs   build the manual (docs/) into site/ (CI runs it)
 #   make gpu-check   on a GPU machine: doctor, the gpu tests, the main job and bench_gpu, one log each
-#   make test-lowest   the fast tests and one 2-rank workflow with the lowest versions
+#   make test-lowest   the fast tests, a 2-rank workflow and the multi-rank wrap tests with the lowest versions
 #                      pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
 # TORCH picks the torch build, from the package index pip uses (TORCH_INDEX: another index).
 # On Linux, PyPI's torch==2.13.0 is the CUDA build (GBs); the CPU build is on PyTorch's CPU index:
@@ -73,7 +73,11 @@ test-lowest:
 	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider \
 		-m "not slow and not multinode" tests/
 	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider \
-		"tests/test_workflow.py::test_train_eval_workflow_then_rerun_does_no_training"
+		"tests/test_workflow.py::test_train_eval_workflow_then_rerun_does_no_training" \
+		"tests/test_multirank.py::test_two_ranks_topology_ddp_fsdp_tp[mpiexec]" \
+		"tests/test_multirank.py::test_fsdp_tp_on_four_ranks_trains_like_one_process" \
+		"tests/test_layouts.py::test_pipeline_schedules_on_two_ranks_follow_one_process" \
+		"tests/test_checkpoints.py::test_resumed_on_fewer_ranks_the_global_batch_and_the_losses_stay_those_of_the_planned_ranks"
 
 bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_core.py

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 os.kill(pid, signal.SIGKILL)
         print(f"\nthe test suite left processes running in {base}: {left}", file=sys.stderr)
         session.exitstatus = 1
+
+
+def torch_version() -> tuple[int, int]:
+    """The installed torch's (major, minor), without importing it: a test's expectation on an older torch."""
+    major, minor = version("torch").split(".")[:2]
+    return int(major), int(minor)
 
 
 def launch(launcher: str, n: int, args: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:

@@ -83,16 +83,30 @@ def _stage(model: nn.Module, stage: int, layout: Layout, n_blocks: int, split: C
 
 def _fsdp(part: nn.Module, blocks: list[nn.Module], mesh: Any, layout: Layout,
           param_dtype: torch.dtype | None) -> None:
+    dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
+    # (a pipeline stage's root stays unsharded after its forward: the backward comes soon after)
+    fsdp_shard(part, blocks, dp_mesh, param_dtype, reshard_root=layout.pp == 1)
+
+
+def fsdp_shard(root: nn.Module, blocks: list[nn.Module], mesh: Any, param_dtype: torch.dtype | None,
+               reshard_root: bool = True) -> nn.Module:
+    """FSDP2 on each block, then on the root (which takes the parameters the blocks leave).
+
+    Over gloo the gradients are summed, then divided: gloo's reduce-scatter in torch 2.8
+    takes ReduceOp.AVG and silently sums (measured), so FSDP's default would double them."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
-    kwargs: dict[str, Any] = {"mesh": dp_mesh}
+    kwargs: dict[str, Any] = {"mesh": mesh}
     if param_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in blocks:
         fully_shard(block, **kwargs)
-    # (a pipeline stage's root stays unsharded after its forward: the backward comes soon after)
-    fully_shard(part, reshard_after_forward=layout.pp == 1, **kwargs)
+    sharded = fully_shard(root, reshard_after_forward=reshard_root, **kwargs)
+    if dist.get_backend() == "gloo":
+        for module in (*blocks, sharded):
+            module.set_force_sum_reduction_for_comms(True)
+    return sharded
 
 
 def check_context_parallel(model: nn.Module) -> None:

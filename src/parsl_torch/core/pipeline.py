@@ -118,8 +118,13 @@ class PipelinedModel(nn.Module):
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean loss of a batch, forward only (no gradients), the same on every rank. Collective."""
+        run = getattr(self._schedule, "eval", None)
+        if run is None:  # (checked on every rank alike: the same torch everywhere)
+            raise ConfigError(f"PipelinedModel.evaluate needs torch >= 2.9 (its pipeline schedules' eval); this "
+                              f"is torch {torch.__version__}: upgrade torch, or evaluate the checkpoint under a "
+                              f"layout without pp (checkpoints move across layouts)")
         with torch.no_grad():
-            return self._run(self._schedule.eval, inputs, targets)
+            return self._run(run, inputs, targets)
 
     def train(self, mode: bool = True) -> PipelinedModel:
         for part in self.parts:  # (the stages are not submodules: their dropout and norms follow here)
@@ -133,6 +138,8 @@ class PipelinedModel(nn.Module):
                               f"batch of {len(inputs)}: use a divisor, or a batch of a multiple of it per "
                               f"data-parallel rank")
         losses: list[torch.Tensor] = []
+        # (contiguous: torch 2.8's stages refuse a sliced batch, x = tokens[:, :-1], on its strides)
+        inputs, targets = inputs.contiguous(), targets.contiguous()
         run(*((inputs,) if first else ()), **({"target": targets, "losses": losses} if last else {}))
         loss = (torch.stack([x.detach().float() for x in losses]).mean() if last
                 else torch.zeros((), device=device))

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from .blocks import find_blocks
 from .device import get_torch_device, get_torch_device_type
 from .layout import Layout, from_strategy
-from .parallelize import parallelize
+from .parallelize import fsdp_shard, parallelize
 from .precision import autocast_forward, check_precision, dtype_of, normalize_precision
 from .ranks import get_rank, get_world_size
 from .recompute import checkpoint_blocks
@@ -147,15 +147,8 @@ def _ddp(model: nn.Module) -> nn.Module:
     return DistributedDataParallel(model, device_ids=[device] if device.type in ("cuda", "xpu") else None)
 
 
-def _fsdp(model: nn.Module, mesh, param_dtype: torch.dtype | None) -> nn.Module:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    kwargs: dict[str, Any] = {"mesh": mesh}
-    if param_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for block in find_blocks(model):
-        fully_shard(block, **kwargs)
-    return fully_shard(model, **kwargs)
+def _fsdp(model: nn.Module, mesh: Any, param_dtype: torch.dtype | None) -> nn.Module:
+    return fsdp_shard(model, find_blocks(model), mesh, param_dtype)
 
 
 def _check_tp(model: nn.Module, world: int, tp_size: int | None,
