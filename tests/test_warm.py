@@ -14,7 +14,7 @@ import pytest
 import parsl_torch as pt
 from parsl_torch.errors import StageError
 
-from .conftest import clean_env, processes_under
+from .conftest import clean_env, processes_under, torch_version
 from .test_early_kill import BOUND_S
 
 pytestmark = pytest.mark.slow
@@ -220,7 +220,8 @@ def leaks(step: int):
             "deterministic": torch.are_deterministic_algorithms_enabled(), "umask": umask,
             "timeout": socket.getdefaulttimeout(), "tf32": torch.backends.cuda.matmul.allow_tf32,
             "matmul": torch.get_float32_matmul_precision(),  # (raised after a call that mixed torch's two APIs)
-            "fp32": [torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision],
+            "fp32": [getattr(getattr(b, "matmul", b), "fp32_precision", None)  # (torch >= 2.9's API)
+                     for b in (torch.backends.mkldnn, getattr(torch.backends.cudnn, "conv", None))],
             "threads": torch.get_num_threads(), "anomaly": torch.is_anomaly_enabled(),
             "flash": torch.backends.cuda.flash_sdp_enabled(), "numpy": np.geterr()["divide"],
             "sigterm": repr(signal.getsignal(signal.SIGTERM)), "stdout": type(sys.stdout).__name__,
@@ -242,7 +243,8 @@ def leaks(step: int):
     socket.setdefaulttimeout(3.0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.set_float32_matmul_precision("medium")  # what training scripts do, then torch >= 2.9's API
-    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    if hasattr(torch.backends.cudnn, "conv"):
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
     torch.set_num_threads(seen["threads"] + 1)
     torch.autograd.set_detect_anomaly(True)
     torch.backends.cuda.enable_flash_sdp(False)
@@ -287,7 +289,7 @@ def test_warm_calls_start_as_clean_as_cold_ones_and_a_left_thread_ends_its_group
         with pytest.raises(pt.StageError, match="rank 0's return value .* cannot be pickled"):
             unpicklable().result(timeout=300)
     clean = {"grad": True, "deterministic": False, "umask": seen[0]["umask"], "timeout": None, "tf32": False,
-             "matmul": "highest", "fp32": ["none", "tf32"], "threads": seen[0]["threads"], "anomaly": False,
+             "matmul": "highest", "fp32": ["none", "tf32"] if torch_version() >= (2, 9) else [None, None], "threads": seen[0]["threads"], "anomaly": False,
              "flash": True, "numpy": "warn", "sigterm": seen[0]["sigterm"], "stdout": seen[0]["stdout"],
              "recursion": seen[0]["recursion"], "stream_handlers": 0, "module_handlers": 1, "warns_raise": False,
              "autocast": False, "matmul_dtype": "torch.float32", "logger_level": 0, "gc": True, "torch_print": 4,
