@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
@@ -92,9 +93,8 @@ def fsdp_shard(root: nn.Module, blocks: list[nn.Module], mesh: Any, param_dtype:
                reshard_root: bool = True) -> nn.Module:
     """FSDP2 on each block, then on the root (which takes the parameters the blocks leave).
 
-    Over gloo the gradients are summed, then divided: gloo's reduce-scatter in torch 2.8
-    takes ReduceOp.AVG and silently sums (measured), so FSDP's default would double them."""
-    import torch.distributed as dist
+    Over gloo the gradients are summed, then divided: gloo's reduce-scatter in torch 2.8 takes
+    ReduceOp.AVG and silently sums (measured), so FSDP's default leaves them world-size times too large."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": mesh}
