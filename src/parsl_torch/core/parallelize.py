@@ -57,6 +57,7 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
     device = get_torch_device()
     # (a pipeline's model may be built on the CPU: only this rank's stages reach its device)
     parts = [_stage(model, s, layout, n_blocks, split).to(device) for s in stage_ids] if layout.pp > 1 else [model]
+    dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
     for part in parts:
         blocks = find_blocks(part)
         if layout.tp > 1:
@@ -65,7 +66,8 @@ def parallelize(model: nn.Module, layout: Layout, *, tp_plan: dict[str, Any] | N
             for block in blocks or [part]:
                 parallelize_module(block, mesh["tp"], tp_plan)
         checkpoint_blocks(blocks, activation_checkpointing)
-        _fsdp(part, blocks, mesh, layout, param_dtype)
+        # (a pipeline stage's root stays unsharded after its forward: the backward comes soon after)
+        fsdp_shard(part, blocks, dp_mesh, param_dtype, reshard_root=layout.pp == 1)
     if layout.pp == 1:
         parts[0].layout_mesh = mesh  # (sequence_shards finds the context-parallel group there)
         return parts[0]
@@ -80,13 +82,6 @@ def _stage(model: nn.Module, stage: int, layout: Layout, n_blocks: int, split: C
         raise ConfigError(f"the pipeline split function returned {type(part).__name__} for stage {stage}, "
                           f"not an nn.Module")
     return part
-
-
-def _fsdp(part: nn.Module, blocks: list[nn.Module], mesh: Any, layout: Layout,
-          param_dtype: torch.dtype | None) -> None:
-    dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
-    # (a pipeline stage's root stays unsharded after its forward: the backward comes soon after)
-    fsdp_shard(part, blocks, dp_mesh, param_dtype, reshard_root=layout.pp == 1)
 
 
 def fsdp_shard(root: nn.Module, blocks: list[nn.Module], mesh: Any, param_dtype: torch.dtype | None,

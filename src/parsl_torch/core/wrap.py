@@ -86,7 +86,7 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
         return autocast_forward(_ddp(model), precision, device_type) if precision else _ddp(model)
     param_dtype = dtype_of(precision) if precision not in (None, "fp32") else None
     if strategy == "fsdp":
-        return _fsdp(model, mesh=None, param_dtype=param_dtype)
+        return fsdp_shard(model, find_blocks(model), None, param_dtype)
     return _fsdp_tp(model, world, tp_size, plan, param_dtype)  # type: ignore[arg-type]
 
 
@@ -147,10 +147,6 @@ def _ddp(model: nn.Module) -> nn.Module:
     return DistributedDataParallel(model, device_ids=[device] if device.type in ("cuda", "xpu") else None)
 
 
-def _fsdp(model: nn.Module, mesh: Any, param_dtype: torch.dtype | None) -> nn.Module:
-    return fsdp_shard(model, find_blocks(model), mesh, param_dtype)
-
-
 def _check_tp(model: nn.Module, world: int, tp_size: int | None,
               tp_plan: Mapping[str, Any] | None) -> dict[str, Any]:
     """The tensor-parallel plan as ParallelStyles, after checking it fits the model."""
@@ -208,4 +204,4 @@ def _fsdp_tp(model: nn.Module, world: int, tp_size: int, plan: dict[str, Any],
                             mesh_dim_names=("dp", "tp"))
     for block in find_blocks(model) or [model]:
         parallelize_module(block, mesh["tp"], plan)
-    return _fsdp(model, mesh["dp"], param_dtype)
+    return fsdp_shard(model, find_blocks(model), mesh["dp"], param_dtype)
