@@ -2,6 +2,7 @@
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
 #   make test   install into .venv (with the test extras) and run every test
 #   make test-fast   the tests without multi-process jobs (the edit-test loop)
+#   make test-times  the last make test per test file: wall time, and how much of it was work
 #   make docs   build the manual (docs/) into site/ (CI runs it)
 #   make gpu-check   on a GPU machine: doctor, the gpu tests, the main job and bench_gpu, one log each
 #   make test-lowest   the fast tests, a 2-rank workflow and the multi-rank wrap tests with the lowest versions
@@ -22,7 +23,7 @@ TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s|%s' '$(TORCH)' '$(TORCH_INDEX)'
 # Parsl, mpiexec and torchrun are found by name: the venv's bin goes first
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: demo test test-fast test-lowest docs bench gpu-check clean
+.PHONY: demo test test-times test-fast test-lowest docs bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +51,11 @@ demo: $(VENV)/.installed-demo
 	$(RUN) $(BIN)/parsl-torch run workflows/train_eval.py
 
 test: $(VENV)/.installed-test
-	$(RUN) $(BIN)/python -m pytest
+	$(RUN) $(BIN)/python -m pytest --timings-json=test-times.json
+
+# the per-file table of the last make test: wall time, and how much of it the cores worked
+test-times:
+	$(PYTHON) tests/timings.py test-times.json
 
 # the edit-test loop: no multi-process jobs, no cluster (a few minutes)
 test-fast: $(VENV)/.installed-test

@@ -17,6 +17,8 @@ import pytest
 
 from parsl_torch.common.procs import proc_stat
 
+pytest_plugins = ["tests.timings"]  # each test's wall and CPU time: --timings-json, the slowest at the end
+
 BIN = Path(sys.executable).parent
 RANKS_DIR = Path(__file__).parent / "ranks"
 # variables a launcher sets; a test's child must not inherit them from the runner

@@ -1,0 +1,160 @@
+"""What each test costs: wall time, and how much of it the machine's cores were working.
+
+Loaded by tests/conftest.py as a pytest plugin. For every test it records the wall time of its
+three phases, the CPU time of the test's own process tree (this process and every child it
+reaped: ranks, launchers, Parsl's pools) and the machine's busy CPU time over the same interval
+(/proc/stat: every process, daemons included). A test whose CPU is far below its wall time is
+waiting (a scheduler's poll, a timeout, a process's start), and waiting overlaps; one that keeps
+the cores busy does not.
+
+``--timings-json PATH`` writes one record per test; at the end of the run the ten slowest tests
+and the total are printed. ``python tests/timings.py PATH [PATH ...]`` prints the per-file table
+again from such files (several: one column pair per run, e.g. before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+_CPUS = os.cpu_count() or 1
+
+
+def _machine_busy() -> float:
+    """Seconds of CPU the whole machine has spent working since boot (every core, every process)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process and of every child it has reaped (their children included)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+# ---- the pytest plugin --------------------------------------------------------------------
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--timings-json", default=None, metavar="PATH",
+                     help="write each test's wall and CPU time to PATH (python tests/timings.py PATH "
+                          "prints the per-file table)")
+
+
+_started: dict[str, tuple[float, float, float]] = {}
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    _started[nodeid] = (time.monotonic(), _tree_cpu(), _machine_busy())
+
+
+def pytest_runtest_makereport(item, call):
+    """On the teardown report, the test's CPU and the machine's, carried to the controller (xdist)."""
+    if call.when != "teardown" or item.nodeid not in _started:
+        return None
+    wall0, cpu0, busy0 = _started.pop(item.nodeid)
+    item.user_properties.append(("timing", {
+        "wall": time.monotonic() - wall0, "cpu": _tree_cpu() - cpu0, "busy": _machine_busy() - busy0,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}))
+    return None
+
+
+class _Collector:
+    """In the controlling process: one record per test, the ten slowest at the end."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.records, self.started = path, {}, time.monotonic()
+
+    def pytest_runtest_logreport(self, report) -> None:
+        record = self.records.setdefault(report.nodeid, {"test": report.nodeid, "outcome": "passed"})
+        record[report.when] = report.duration
+        if report.failed or (report.skipped and report.when != "teardown"):
+            record["outcome"] = "failed" if report.failed else "skipped"
+        for name, value in report.user_properties:
+            if name == "timing":
+                record.update(value)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.records:
+            return
+        elapsed = time.monotonic() - self.started
+        records = sorted(self.records.values(), key=lambda r: -r.get("wall", 0.0))
+        write = terminalreporter.write_line
+        terminalreporter.section("the ten slowest tests (wall s, CPU s of the test's processes)")
+        for r in records[:10]:
+            write(f"{r.get('wall', 0):8.1f} {r.get('cpu', 0):8.1f}  {r['test']}")
+        total = sum(r.get("wall", 0.0) for r in records)
+        write(f"total: {len(records)} tests, {total:.0f} s of test time in {elapsed:.0f} s of wall time "
+              f"({total / max(elapsed, 1e-9):.1f} tests at a time on average)")
+        if self.path:
+            Path(self.path).write_text(json.dumps({"elapsed": elapsed, "cpus": _CPUS, "tests": records}))
+            write(f"per test: {self.path} (python tests/timings.py {self.path} prints the table per file)")
+
+
+def pytest_configure(config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        config.pluginmanager.register(_Collector(config.getoption("--timings-json")), "pt-timings")
+
+
+# ---- the per-file table -------------------------------------------------------------------
+
+def per_file(records: list[dict]) -> dict[str, dict[str, float]]:
+    files: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "busy": 0.0})
+    for r in records:
+        f = files[r["test"].split("::", 1)[0]]
+        f["tests"] += 1
+        for key in ("wall", "cpu", "busy"):
+            f[key] += r.get(key, 0.0)
+    return files
+
+
+def table(paths: list[str]) -> str:
+    """Markdown: per test file, each run's wall time and the share of it its processes computed."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    tables = [per_file(run["tests"]) for run in runs]
+    names = sorted(set().union(*tables), key=lambda n: -max(t.get(n, {}).get("wall", 0.0) for t in tables))
+    head = ["file"] + [c for i in range(len(runs)) for c in
+                       (f"tests{i + 1}", f"wall s{i + 1}", f"cpu/wall{i + 1}", f"machine busy{i + 1}")]
+    if len(runs) == 1:
+        head = [h.rstrip("1") for h in head]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        cells = [name]
+        for t, run in zip(tables, runs):
+            f = t.get(name)
+            if f is None:
+                cells += ["", "", "", ""]
+                continue
+            wall = max(f["wall"], 1e-9)
+            cells += [str(int(f["tests"])), f"{f['wall']:.0f}", f"{f['cpu'] / wall:.0%}",
+                      f"{f['busy'] / (wall * run['cpus']):.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    totals = ["**all**"]
+    for t, run in zip(tables, runs):
+        wall = sum(f["wall"] for f in t.values())
+        cpu, busy = sum(f["cpu"] for f in t.values()), sum(f["busy"] for f in t.values())
+        totals += [str(int(sum(f["tests"] for f in t.values()))), f"{wall:.0f} (in {run['elapsed']:.0f} elapsed)",
+                   f"{cpu / max(wall, 1e-9):.0%}", f"{busy / max(wall * run['cpus'], 1e-9):.0%}"]
+    lines.append("| " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Per test file: wall time, and how much of it was work "
+                                                 "(cpu/wall: the test's processes; machine busy: both cores)")
+    parser.add_argument("paths", nargs="+", help="files written by pytest --timings-json")
+    print(table(parser.parse_args(argv).paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
