@@ -50,8 +50,13 @@ $(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(RUN) $(BIN)/parsl-torch run workflows/train_eval.py
 
+# tests at a time: most of a test is waiting (a process's start, a scheduler's poll, a timeout), so
+# more tests than cores overlap; what shares a machine-wide resource runs in one worker (conftest.py)
+TEST_JOBS ?= 4
+PARALLEL := -n $(TEST_JOBS) --dist loadgroup
+
 test: $(VENV)/.installed-test
-	$(RUN) $(BIN)/python -m pytest --timings-json=test-times.json
+	$(RUN) $(BIN)/python -m pytest $(PARALLEL) --timings-json=test-times.json
 
 # the per-file table of the last make test: wall time, and how much of it the cores worked
 test-times:
@@ -59,7 +64,7 @@ test-times:
 
 # the edit-test loop: no multi-process jobs, no cluster (a few minutes)
 test-fast: $(VENV)/.installed-test
-	$(RUN) $(BIN)/python -m pytest -m "not slow and not multinode and not gpu"
+	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not slow and not multinode and not gpu"
 
 $(VENV)/.installed-docs: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[docs]"
@@ -75,9 +80,9 @@ test-lowest:
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
 	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt torch
 	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
-	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider \
+	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider $(PARALLEL) \
 		-m "not slow and not multinode" tests/
-	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider \
+	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider $(PARALLEL) \
 		"tests/test_workflow.py::test_train_eval_workflow_then_rerun_does_no_training" \
 		"tests/test_multirank.py::test_two_ranks_topology_ddp_fsdp_tp[mpiexec]" \
 		"tests/test_layouts.py::test_pipeline_schedules_on_two_ranks_follow_one_process" \

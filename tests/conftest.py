@@ -125,8 +125,35 @@ def launch(launcher: str, n: int, args: list[str], timeout: float = 180, **kw) -
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
+#: fixtures that stand for something the machine has once: their tests run one at a time, in one
+#: worker of a parallel run (the namespace cluster's bridge and Slurm; the one-node Slurm's two CPUs)
+MACHINE_WIDE = {"cluster_session": "cluster", "slurm": "slurm"}
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The xdist group a test must run in: one per machine-wide resource, and one per fixture shared
+    wider than a test (a module's trained checkpoint, endpoint or workdir: paid once, in one worker,
+    and the tests that build on each other's files stay in order)."""
+    names = item.fixturenames
+    for fixture, group in MACHINE_WIDE.items():
+        if fixture in names:
+            return group
+    for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+        if defs and defs[-1].scope in ("module", "package", "class") and name in names:
+            return f"{Path(item.path).stem}.{name}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run where torch sees a CUDA GPU (the accelerator machine), else are skipped."""
+    """In a parallel run (pytest -n N --dist loadgroup, as make test does) each test gets its group, and
+    the multi-process tests go first so that the quick ones fill the end; tests marked ``gpu`` run
+    where torch sees a CUDA GPU (the accelerator machine), else are skipped."""
+    if config.getoption("dist", "no") != "no":
+        for item in items:
+            if group := _group(item):
+                item.add_marker(pytest.mark.xdist_group(group))
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch

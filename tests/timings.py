@@ -15,8 +15,10 @@ again from such files (several: one column pair per run, e.g. before and after).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -71,8 +73,8 @@ def pytest_runtest_makereport(item, call):
 class _Collector:
     """In the controlling process: one record per test, the ten slowest at the end."""
 
-    def __init__(self, path: str | None) -> None:
-        self.path, self.records, self.started = path, {}, time.monotonic()
+    def __init__(self, path: str | None, timeout: float) -> None:
+        self.path, self.timeout, self.records, self.started = path, timeout, {}, time.monotonic()
 
     def pytest_runtest_logreport(self, report) -> None:
         record = self.records.setdefault(report.nodeid, {"test": report.nodeid, "outcome": "passed"})
@@ -95,6 +97,11 @@ class _Collector:
         total = sum(r.get("wall", 0.0) for r in records)
         write(f"total: {len(records)} tests, {total:.0f} s of test time in {elapsed:.0f} s of wall time "
               f"({total / max(elapsed, 1e-9):.1f} tests at a time on average)")
+        close = too_close(records, self.timeout, Path(str(terminalreporter.config.rootpath)))
+        if close:
+            terminalreporter.section(f"limits within {MARGIN}x of what the test took (raise them: docs/testing.md)")
+            for line in close:
+                write(line)
         if self.path:
             Path(self.path).write_text(json.dumps({"elapsed": elapsed, "cpus": _CPUS, "tests": records}))
             write(f"per test: {self.path} (python tests/timings.py {self.path} prints the table per file)")
@@ -102,7 +109,53 @@ class _Collector:
 
 def pytest_configure(config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
-        config.pluginmanager.register(_Collector(config.getoption("--timings-json")), "pt-timings")
+        try:
+            timeout = float(config.getini("timeout") or 0)  # pytest-timeout's, for every test
+        except ValueError:
+            timeout = 0.0
+        config.pluginmanager.register(_Collector(config.getoption("--timings-json"), timeout), "pt-timings")
+
+
+# ---- limits too close to what a test takes ------------------------------------------------
+
+MARGIN = 3  # a test's own limits are at least 3x what it takes: a loaded machine is no flake
+
+
+def _waits(function: ast.AST) -> list[float]:
+    """The limits a test function sets itself: ``timeout=N``/``within=N``, ``time.monotonic() + N`` and
+    ``assert took < N`` (a time measured in the test)."""
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Lt, ast.LtE)) \
+                and isinstance(node.comparators[0], ast.Constant) and isinstance(node.comparators[0].value, (int, float)) \
+                and re.search(r"monotonic|took|elapsed|seconds", ast.unparse(node.left)):
+            found.append(float(node.comparators[0].value))
+        if isinstance(node, ast.keyword) and node.arg in ("timeout", "within") \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, (int, float)):
+            found.append(float(node.value.value))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Constant) \
+                and isinstance(node.right.value, (int, float)) and "monotonic" in ast.unparse(node.left):
+            found.append(float(node.right.value))
+    return found
+
+
+def too_close(records: list[dict], timeout: float, root: Path = Path(".")) -> list[str]:
+    """Tests whose pytest-timeout or own waits are within MARGIN x of their wall time in this run."""
+    functions: dict[tuple[str, str], ast.AST] = {}
+    said = []
+    for r in records:
+        path, _, rest = r["test"].partition("::")
+        name = re.split(r"[\[@]", rest)[0].split("::")[-1]
+        if (path, name) not in functions and (root / path).exists():
+            for node in ast.walk(ast.parse((root / path).read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    functions.setdefault((path, node.name), node)
+        wall = r.get("wall", 0.0)
+        limits = ([timeout] if timeout else []) + _waits(functions[(path, name)]) if (path, name) in functions \
+            else ([timeout] if timeout else [])
+        if limits and min(limits) < MARGIN * wall:
+            said.append(f"{r['test']}: took {wall:.0f} s, a limit of {min(limits):.0f} s is within {MARGIN}x")
+    return said
 
 
 # ---- the per-file table -------------------------------------------------------------------
