@@ -75,11 +75,15 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(RUN) $(BIN)/mkdocs build --strict --site-dir site
 
 LOWEST := .venv-lowest
-test-lowest:
+# its own target: .ci/run installs it while make test runs
+$(LOWEST)/.installed: pyproject.toml .ci/lowest.txt
 	$(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
 	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt torch
 	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
+	touch $@
+
+test-lowest: $(LOWEST)/.installed
 	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider $(PARALLEL) \
 		-m "not slow and not multinode" tests/
 	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider $(PARALLEL) \
