@@ -149,7 +149,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """In a parallel run (pytest -n N --dist loadgroup, as make test does) each test gets its group, and
     the multi-process tests go first so that the quick ones fill the end; tests marked ``gpu`` run
     where torch sees a CUDA GPU (the accelerator machine), else are skipped."""
-    if config.getoption("dist", "no") != "no":
+    if getattr(config.option, "loadgroup", False):  # xdist's workers (there, dist is "no")
         for item in items:
             if group := _group(item):
                 item.add_marker(pytest.mark.xdist_group(group))
