@@ -138,7 +138,7 @@ def _group(item: pytest.Item) -> str | None:
     for fixture, group in MACHINE_WIDE.items():
         if fixture in names:
             return group
-    for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+    for name, defs in item._fixtureinfo.name2fixturedefs.items():
         if defs and defs[-1].scope in ("module", "package", "class") and name in names:
             return f"{Path(item.path).stem}.{name}"
     return None

@@ -109,9 +109,9 @@ def test_train_on_two_nodes_equals_one_node(cluster, sites_here, site):
 
     with pt.workflow(site=site, run_dir="runs/two") as wf:
         two = train({**TRAIN, "strategy": "fsdp"}, num_nodes=2, ranks_per_node=2,
-                                    outputs=["two.h5", "two.pt"]).result(timeout=240)
+                                    outputs=["two.h5", "two.pt"]).result(timeout=600)
         one = train({**TRAIN, "strategy": "fsdp"}, num_nodes=1, ranks_per_node=4, stage="one",
-                                    outputs=["one.h5", "one.pt"]).result(timeout=240)
+                                    outputs=["one.h5", "one.pt"]).result(timeout=600)
     assert two["world_size"] == one["world_size"] == 4
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-5)
     with h5py.File(two["history"]) as f:
@@ -138,7 +138,7 @@ def test_parsls_mpi_variables_are_whole_for_every_spelling_on_the_clusters_slurm
     with parsl.load(pt.sites.load("nsslurm").parsl_config(run_dir="runinfo")):
         for given in ({"num_nodes": 2, "ranks_per_node": 2}, {"num_ranks": 4, "num_nodes": 2},
                       {"num_nodes": 2, "ranks_per_node": 2, "num_ranks": 4}):
-            seen = parsl_variables(parsl_resource_specification=given).result(timeout=240)
+            seen = parsl_variables(parsl_resource_specification=given).result(timeout=600)
             assert (seen["PARSL_NUM_RANKS"], seen["PARSL_RANKS_PER_NODE"], seen["PARSL_NUM_NODES"]) == \
                 ("4", "2", "2"), (given, seen)
             assert "--ntasks 4 --ntasks-per-node 2 " in seen["PARSL_SRUN_PREFIX"] and "None" not in repr(seen)
@@ -156,7 +156,7 @@ def test_one_node_stages_share_a_two_node_block(cluster, sites_here):
 
     with pt.workflow(site="nspbs", run_dir="runs/share"):
         futures = [where(4, stage=f"s{i}") for i in range(3)]
-        (host_a, start_a, end_a), (host_b, start_b, end_b), (_, start_c, _) = [f.result(timeout=240)
+        (host_a, start_a, end_a), (host_b, start_b, end_b), (_, start_c, _) = [f.result(timeout=600)
                                                                                for f in futures]
     assert {host_a, host_b} == {"n1", "n2"}  # the block's two nodes, one stage each
     assert start_b < end_a and start_a < end_b  # at the same time
@@ -216,7 +216,7 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
 
         watcher = threading.Thread(target=watch_stderr)
         watcher.start()
-        result = future.result(timeout=240)
+        result = future.result(timeout=600)
         watcher.join()
     assert errors, "no 'node n2 (ranks 2, 3): no heartbeat' message in the stage's stderr"
     assert float(errors[1]) < 40, f"named {errors[1]} s after the loss: later than the collective timeout"
@@ -302,7 +302,7 @@ def test_a_two_node_stage_continues_across_slurm_jobs(cluster, sites_here, monke
     monkeypatch.setenv("PARSL_TORCH_FAULT", "slow@0:0.2")
     cfg = {**TRAIN, "steps": 240, "checkpoint_every": 1000, "log_every": 60}
     with pt.workflow(site="nsslurm", run_dir="runs/long", walltime="00:01:00") as wf:
-        result = train(cfg, num_nodes=2, ranks_per_node=2).result(timeout=480)
+        result = train(cfg, num_nodes=2, ranks_per_node=2).result(timeout=900)
     stage = wf.run_dir / "train"
     assert 0 < result["resumed_from"] < 240 and result["world_size"] == 4
     record = json.loads((wf.run_dir / "status.json").read_text())["stages"]["train"]
@@ -332,7 +332,7 @@ def test_a_stage_through_an_endpoints_slurm_engine_spans_two_nodes(cluster, site
     assert config["engine"]["provider"]["type"] == "SlurmProvider" and config["engine"]["mpi_launcher"] == "srun"
     with LocalEndpoint(config, tmp_path / "engine") as endpoint:
         with pt.workflow(site="nsgc", run_dir=tmp_path / "run", gc_executor=endpoint.executor()):
-            result = train(TRAIN, num_nodes=2, ranks_per_node=2).result(timeout=300)
+            result = train(TRAIN, num_nodes=2, ranks_per_node=2).result(timeout=600)
     assert result["world_size"] == 4 and result["checkpoint"] == str(tmp_path / "remote" / "run" / "train" / "model.pt")
     with h5py.File(result["history"]) as f:
         assert f.attrs["num_nodes"] == 2 and '"n1", "n2"' in f.attrs["nodes"]
@@ -405,7 +405,7 @@ def test_a_node_lost_on_a_site_that_does_not_survive_it_is_named_within_its_boun
         lost_at = time.monotonic()
         cluster.module.lose_node("n2")
         with pytest.raises(StageError, match=r"node n2 lost \(rank 1\): no heartbeat for 10 s"):
-            future.result(timeout=300)
+            future.result(timeout=600)
         took = time.monotonic() - lost_at
     assert took < 10 + LOSS_CHECK_S + 15, f"named {took:.0f} s after the loss"
 
@@ -426,7 +426,7 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
         future = train({**TRAIN, "steps": 10, "checkpoint_every": 2}, num_nodes=2, ranks_per_node=2)
         _wait_for(tmp_path / "once", "the stopped rank")
         cluster.module.lose_node("n2")
-        result = future.result(timeout=240)
+        result = future.result(timeout=600)
     assert result["resumed_from"] == 6 and result["world_size"] == 4
     history = pt.read_history(result["history"])
     assert list(history.steps) == list(range(10))
@@ -455,7 +455,7 @@ def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allo
         future = train(cfg, num_nodes=2, ranks_per_node=2, min_nodes=1)
         _wait_for(tmp_path / "once", "the stopped rank")
         cluster.module.lose_node("n2")
-        result = future.result(timeout=240)
+        result = future.result(timeout=600)
     assert result["resumed_from"] == 6 and result["world_size"] == 2
     assert result["segments"] == [[0, 4], [6, 2]]
     history = pt.read_history(result["history"])
@@ -521,11 +521,11 @@ def test_ranks_start_from_a_node_local_copy_of_the_python_environment(cluster, s
 
     with pt.workflow(site="nslocal", run_dir="runs/local") as wf:
         seen = where().result(timeout=600)
-        staged = train(TRAIN, num_nodes=2, ranks_per_node=1, outputs=["t.h5", "t.pt"]).result(timeout=240)
+        staged = train(TRAIN, num_nodes=2, ranks_per_node=1, outputs=["t.h5", "t.pt"]).result(timeout=600)
     (tmp_path / "train.yaml").write_text(json.dumps(TRAIN))  # the same stage from the shared venv, 2 ranks
     shared = subprocess.run([sys.executable, "-m", "parsl_torch.cli", "launch", "-n", "2", "--", sys.executable,
                              "-m", "parsl_torch.stages.train", "--config", "train.yaml", "--history", "s.h5",
-                             "--checkpoint", "s.pt"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                             "--checkpoint", "s.pt"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                             env=clean_env())
     assert shared.returncode == 0, shared.stderr[-3000:]
     assert [s[0] for s in seen] == ["n1", "n2"]
@@ -559,10 +559,10 @@ def test_warm_stages_run_in_ranks_across_two_nodes_and_a_killed_rank_ends_them(c
         return seen
 
     with pt.workflow(site="nsslurm", run_dir="runs/warm", warm=True):
-        chain = [ranks(stage=f"w{i}").result(timeout=240) for i in range(3)]
+        chain = [ranks(stage=f"w{i}").result(timeout=600) for i in range(3)]
         with pytest.raises(pt.StageError, match=r"stage 'killed' failed: rank 1 on n2 was killed by SIGKILL"):
-            ranks(True, stage="killed").result(timeout=240)
-        after = ranks(stage="after").result(timeout=240)
+            ranks(True, stage="killed").result(timeout=600)
+        after = ranks(stage="after").result(timeout=600)
     assert [h for h, _ in chain[0]] == ["n1", "n2"] and chain[0] == chain[1] == chain[2]
     assert [h for h, _ in after] == ["n1", "n2"] and after != chain[0]
     assert not wait_gone(cluster, "stage_main"), "warm ranks left behind"
@@ -585,7 +585,7 @@ def test_one_accelerator_trials_share_the_nodes_of_a_block_each_on_its_own(clust
     at once (concurrent srun steps, --exact), each holding an accelerator no other running trial holds."""
     site_variant(tmp_path, monkeypatch, "nsslurm", "nsfour", launch={"accelerators": ["0", "1", "2", "3"]})
     with pt.workflow(site="nsfour", run_dir="runs/sweep"):
-        seen = [f.result(timeout=300) for f in [_trial(i, stage=f"t{i}") for i in range(16)]]
+        seen = [f.result(timeout=600) for f in [_trial(i, stage=f"t{i}") for i in range(16)]]
     places = [(s["host"], s["visible"]) for s in seen]
     assert {h for h, _ in places} == {"n1", "n2"} and {v for _, v in places} == {"0", "1", "2", "3"}
     for a in seen:

@@ -1,0 +1,43 @@
+"""The suite's own cost accounting (tests/timings.py): the per-file table and the limits too close to
+what a test takes."""
+
+from __future__ import annotations
+
+import json
+
+from .timings import table, too_close
+
+
+def _run(path, elapsed: float, tests: list[dict]) -> str:
+    path.write_text(json.dumps({"elapsed": elapsed, "cpus": 2, "tests": tests}))
+    return str(path)
+
+
+def test_the_table_sums_each_file_and_says_how_much_of_its_time_was_work(tmp_path):
+    before = _run(tmp_path / "a.json", 100, [
+        {"test": "tests/test_a.py::test_x", "wall": 60.0, "cpu": 15.0, "busy": 60.0},
+        {"test": "tests/test_a.py::test_y[1]", "wall": 20.0, "cpu": 5.0, "busy": 20.0},
+        {"test": "tests/test_b.py::test_z", "wall": 10.0, "cpu": 10.0, "busy": 20.0}])
+    after = _run(tmp_path / "b.json", 40, [
+        {"test": "tests/test_a.py::test_x@cluster", "wall": 30.0, "cpu": 15.0, "busy": 30.0}])
+    lines = table([before, after]).splitlines()
+    assert lines[0].startswith("| file | tests1 | wall s1 | cpu/wall1 | machine busy1 | tests2 |")
+    assert lines[2] == "| tests/test_a.py | 2 | 80 | 25% | 50% | 1 | 30 | 50% | 50% |"  # the slowest file first
+    assert lines[3] == "| tests/test_b.py | 1 | 10 | 100% | 100% |  |  |  |  |"  # not in the second run
+    assert lines[4].startswith("| **all** | 3 | 90 (in 100 elapsed) | 33% |")
+
+
+def test_a_wait_below_three_times_the_test_is_named_and_a_promise_is_not(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_w.py").write_text(
+        "import subprocess, time\n"
+        "def test_close():\n    subprocess.run(['true'], timeout=20)\n"
+        "def test_deadline():\n    deadline = time.monotonic() + 25\n"
+        "def test_roomy():\n    subprocess.run(['true'], timeout=300)\n"
+        "def test_promise():\n    took = 3\n    assert took < 5\n")
+    records = [{"test": f"tests/test_w.py::{name}", "wall": 10.0}
+               for name in ("test_close", "test_deadline[a]", "test_roomy@g", "test_promise")]
+    said = too_close(records, timeout=900, root=tmp_path)
+    assert [line.split(":")[2] for line in said] == ["test_close", "test_deadline[a]"], said
+    assert "a limit of 20 s" in said[0] and "a limit of 25 s" in said[1]
+    assert too_close(records[3:], timeout=20, root=tmp_path)  # pytest-timeout bounds every test
