@@ -55,7 +55,12 @@ demo: $(VENV)/.installed-demo
 TEST_JOBS ?= 4
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
 
+# the package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) every
+# rank, shim and pool would compile it again (compileall skips what is up to date)
+COMPILE := $(BIN)/python -m compileall -q src
+
 test: $(VENV)/.installed-test
+	$(COMPILE)
 	$(RUN) $(BIN)/python -m pytest $(PARALLEL) --timings-json=test-times.json
 
 # the per-file table of the last make test: wall time, and how much of it the cores worked
@@ -64,6 +69,7 @@ test-times:
 
 # the edit-test loop: no multi-process jobs, no cluster (a few minutes)
 test-fast: $(VENV)/.installed-test
+	$(COMPILE)
 	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not slow and not multinode and not gpu"
 
 $(VENV)/.installed-docs: pyproject.toml $(TORCH_STAMP) | $(BIN)/python

@@ -73,10 +73,14 @@ def pytest_runtest_makereport(item, call):
 class _Collector:
     """In the controlling process: one record per test, the ten slowest at the end."""
 
-    def __init__(self, path: str | None, timeout: float) -> None:
-        self.path, self.timeout, self.records, self.started = path, timeout, {}, time.monotonic()
+    def __init__(self, config, timeout: float) -> None:
+        self.config, self.path, self.timeout = config, config.getoption("--timings-json"), timeout
+        self.records, self.started = {}, time.monotonic()
 
     def pytest_runtest_logreport(self, report) -> None:
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if report.failed and terminal is not None:  # at once: a long parallel run says it only at its end
+            terminal.write_line(f"\nFAILED {report.nodeid} ({report.when}, after {report.duration:.0f} s)")
         record = self.records.setdefault(report.nodeid, {"test": report.nodeid, "outcome": "passed"})
         record[report.when] = report.duration
         if report.failed or (report.skipped and report.when != "teardown"):
@@ -114,7 +118,7 @@ def pytest_configure(config) -> None:
             timeout = float(config.getini("timeout") or 0)  # pytest-timeout's, for every test
         except ValueError:
             timeout = 0.0
-        config.pluginmanager.register(_Collector(config.getoption("--timings-json"), timeout), "pt-timings")
+        config.pluginmanager.register(_Collector(config, timeout), "pt-timings")
 
 
 # ---- limits too close to what a test takes ------------------------------------------------
