@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
-#   make test   install into .venv (with the test extras) and run every test
+#   make test   install into .venv (with the test extras) and run every test (3 at a time, then the alone ones)
 #   make test-fast   the tests without multi-process jobs (the edit-test loop)
 #   make test-times  the last make test per test file: wall time, and how much of it was work
 #   make docs   build the manual (docs/) into site/ (CI runs it)
@@ -52,7 +52,7 @@ demo: $(VENV)/.installed-demo
 
 # tests at a time: most of a test is waiting (a process's start, a scheduler's poll, a timeout), so
 # more tests than cores overlap; what shares a machine-wide resource runs in one worker (conftest.py)
-TEST_JOBS ?= 4
+TEST_JOBS ?= 3
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
 
 # the package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) every
@@ -61,11 +61,13 @@ COMPILE := $(BIN)/python -m compileall -q src
 
 test: $(VENV)/.installed-test
 	$(COMPILE)
-	$(RUN) $(BIN)/python -m pytest $(PARALLEL) --timings-json=test-times.json
+	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
+	$(RUN) $(BIN)/python -m pytest -m alone --timings-json=test-times-alone.json
 
 # the per-file table of the last make test: wall time, and how much of it the cores worked
+# (the tests run side by side, then those that need the machine alone)
 test-times:
-	$(PYTHON) tests/timings.py test-times.json
+	$(PYTHON) tests/timings.py test-times.json test-times-alone.json
 
 # the edit-test loop: no multi-process jobs, no cluster (a few minutes)
 test-fast: $(VENV)/.installed-test

@@ -232,6 +232,7 @@ with pt.workflow(site=site, run_dir=run_dir, walltime=walltime):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_train_stage_longer_than_its_blocks_finishes_in_several_with_every_step_once(tmp_path):
     """At least 30 s of training (rank 0 takes 0.15 s longer every step, on any machine) in 30 s blocks
     (10 s grace: ~15 s of training each). In Slurm jobs: test_multinode's 2-node stage across jobs."""

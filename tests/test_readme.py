@@ -107,7 +107,8 @@ def workdir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.alone) if 'walltime="00:00:30"' in code else i
+                                   for i, (_, code) in enumerate(examples())])  # 30 s blocks: alone
 def test_readme_example_runs_as_written(workdir, index):
     where, code = examples()[index]
     how, expected, edits = spec(code)
