@@ -144,17 +144,17 @@ def _waits(function: ast.AST) -> list[float]:
 def too_close(records: list[dict], timeout: float, root: Path = Path(".")) -> list[str]:
     """Tests whose pytest-timeout or own waits are within MARGIN x of their wall time in this run."""
     functions: dict[tuple[str, str], ast.AST] = {}
-    said = []
-    for r in records:
-        path, _, rest = r["test"].partition("::")
-        name = re.split(r"[\[@]", rest)[0].split("::")[-1]
-        if (path, name) not in functions and (root / path).exists():
+    for path in {r["test"].partition("::")[0] for r in records}:  # each test file parsed once
+        if (root / path).exists():
             for node in ast.walk(ast.parse((root / path).read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     functions.setdefault((path, node.name), node)
+    said = []
+    for r in records:
+        path, _, rest = r["test"].partition("::")
+        function = functions.get((path, re.split(r"[\[@]", rest)[0].split("::")[-1]))
+        limits = ([timeout] if timeout else []) + (_waits(function) if function else [])
         wall = r.get("wall", 0.0)
-        limits = ([timeout] if timeout else []) + _waits(functions[(path, name)]) if (path, name) in functions \
-            else ([timeout] if timeout else [])
         if limits and min(limits) < MARGIN * wall:
             said.append(f"{r['test']}: took {wall:.0f} s, a limit of {min(limits):.0f} s is within {MARGIN}x")
     return said
