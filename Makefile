@@ -50,8 +50,9 @@ $(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(RUN) $(BIN)/parsl-torch run workflows/train_eval.py
 
-# tests at a time: most of a test is waiting (a process's start, a scheduler's poll, a timeout), so
-# more tests than cores overlap; what shares a machine-wide resource runs in one worker (conftest.py)
+# tests at a time: a test alone mostly waits (a process's start, a scheduler's poll, a timeout), so
+# more tests than cores overlap until the cores are full (on 2 cores: about 1.7x, docs/testing.md);
+# what shares a machine-wide resource runs in one worker (conftest.py)
 TEST_JOBS ?= 3
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
 
