@@ -13,6 +13,7 @@ import time
 from typing import NoReturn
 
 from ..common import settings
+from ..common.pmi import finish_pmi
 from ..common.raised import report_uncaught
 from ..errors import ConfigError
 from .claim import SHARING_BACKENDS, claim_device, device_key
@@ -148,7 +149,7 @@ def exit_process(code: int = 0) -> NoReturn:
 
     Nothing of torch's can run during finalization then (see
     ``_hand_over_gil_at_exit`` for the abort it can cause there). MPI is
-    finalized here, PMI included (``_finish_pmi``), which os._exit would skip.
+    finalized here, PMI included (``common.pmi``), which os._exit would skip.
     """
     import logging
 
@@ -159,7 +160,7 @@ def exit_process(code: int = 0) -> NoReturn:
     if mpi is not None and mpi.Is_initialized():
         if not mpi.Is_finalized():
             mpi.Finalize()  # mpi4py finalizes in a C exit hook, which os._exit skips; mpiexec needs it
-        _finish_pmi()
+        finish_pmi()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -167,45 +168,6 @@ def exit_process(code: int = 0) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(code)
-
-
-def _finish_pmi(timeout: float = 10.0) -> bool:
-    """Tell hydra's proxy (MPICH's mpiexec) that this rank is done; whether it was told.
-
-    MPICH 5 sends PMI's ``cmd=finalize`` in a C exit handler, after MPI_Finalize,
-    and os._exit skips it: hydra then sees the PMI socket close without it and
-    SIGKILLs the ranks still running ("BAD TERMINATION ... EXIT CODE: 9") though
-    their work is done (measured: 2 of 30 4-rank runs here). Only a socket whose
-    peer is a hydra proxy gets the message (Slurm's PMI-2 and PALS speak otherwise;
-    an MPICH that finalized PMI itself has closed it already)."""
-    import socket
-    import struct
-
-    raw = os.environ.get("PMI_FD", "")
-    if not raw.isdigit():
-        return False
-    try:
-        sock = socket.socket(fileno=os.dup(int(raw)))
-    except OSError:
-        return False  # closed: finalized already
-    with sock:
-        try:
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            peer_pid = struct.unpack("3i", creds)[0]
-            with open(f"/proc/{peer_pid}/comm") as f:
-                if f.read().strip() != "hydra_pmi_proxy":
-                    return False
-            sock.settimeout(timeout)
-            sock.sendall(b"cmd=finalize\n")
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = sock.recv(256)
-                if not chunk:
-                    break
-                reply += chunk
-            return reply.startswith(b"cmd=finalize_ack")
-        except OSError:
-            return False
 
 
 def cleanup() -> None:

@@ -31,6 +31,7 @@ from dataclasses import asdict
 from ..common import settings
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SHIM
+from ..common.pmi import finish_pmi
 from ..common.observe import boot_folder, observed_any, reads_of
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
@@ -214,6 +215,16 @@ def _command(argv: list[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["--"] else argv
 
 
+def _pmi_fd(environ: Mapping[str, str]) -> tuple[int, ...]:
+    """Hydra's PMI socket, which CMD's MPI_Init needs (Popen closes every other descriptor)."""
+    raw = environ.get("PMI_FD", "")
+    try:
+        os.fstat(int(raw))
+    except (ValueError, OSError):
+        return ()
+    return (int(raw),)
+
+
 def _raised_file() -> str | None:
     """An empty private file (0600) for the rank's exception (``common.raised``); None where none can be made."""
     try:
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if reads := _observing(address):  # (node-local too: no file per rank on the shared file system)
         extra.update(observing_env(reads, {**os.environ, **extra}))
     try:
-        child = subprocess.Popen(cmd, env={**os.environ, **extra})
+        child = subprocess.Popen(cmd, env={**os.environ, **extra}, pass_fds=_pmi_fd(os.environ))
     except OSError as exc:
         print(f"parsl-torch: rank {topo.rank} on {topo.hostname}: cannot start {cmd[0]!r}: {exc.strerror}",
               file=sys.stderr, flush=True)
@@ -258,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if address:
             watch_stopped(child, address, topo)
         code = child.wait()
+    if code == 0:
+        finish_pmi()  # (unless CMD's MPI did): else the node's hydra proxy spins a core until its last rank ends
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
     if reads and address and code in (0, CONTINUE_EXIT):  # (a block's end: the next block reads on)
         _report_reads(address, topo.rank, reads)
