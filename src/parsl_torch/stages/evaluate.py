@@ -64,7 +64,9 @@ def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage
         raise ConfigError(f"stage {stage!r}: checkpoint {checkpoint_path} cannot be used: {exc}") from None
     check_checkpoint_model(state, cfg.model, checkpoint_path, stage)
     device = get_torch_device()
-    model = wrap_model(build_model(cfg.model).to(device), strategy=cfg.strategy)
+    # DDP only syncs gradients: an evaluation's ranks hold the whole model unwrapped (and skip the
+    # 1-2 s of CPU that DDP's import of torch._dynamo costs every rank)
+    model = wrap_model(build_model(cfg.model).to(device), strategy="none" if cfg.strategy == "ddp" else cfg.strategy)
     ckpt.restore(state, model)
     model.eval()
     history = History(stage, path=history_path, config=as_dict(cfg))
