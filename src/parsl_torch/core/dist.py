@@ -157,10 +157,9 @@ def exit_process(code: int = 0) -> NoReturn:
     # interpreter finalization (where torch's destructors abort)
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized():
-        if not mpi.Is_finalized():
-            mpi.Finalize()  # mpi4py finalizes in a C exit hook, which os._exit skips; mpiexec needs it
-        finish_pmi()
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()  # mpi4py finalizes in a C exit hook, which os._exit skips; mpiexec needs it
+    finish_pmi()  # (with MPI or without: common.pmi)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
