@@ -27,12 +27,6 @@ def is_pattern(path: str) -> bool:
     return bool(_MAGIC.search(path)) and not os.path.lexists(path)
 
 
-def pattern_root(pattern: str) -> str:
-    """The folder a glob pattern looks in (``/d/data`` for ``/d/data/**/*.bin``)."""
-    match = _MAGIC.search(pattern)
-    return os.path.dirname(pattern[:match.start()]) if match else os.path.dirname(pattern)
-
-
 def pattern_files(pattern: str) -> list[str]:
     """The files a glob pattern matches (``**``: in any folder below), in order."""
     files = (m for m in glob.iglob(pattern, recursive=True) if os.path.isfile(m))

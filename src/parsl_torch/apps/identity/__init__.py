@@ -47,7 +47,7 @@ from ...errors import ConfigError
 from ..call import StageCall
 from ..scriptargs import script_command_length
 from . import usercode
-from .environment import LAUNCH_NAMES, LAUNCH_PREFIXES, env_components  # noqa: F401 - (API)
+from .environment import env_components
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
 from .observed import reads_of_call, stale_reads  # noqa: F401 - (the sub-package's API)
