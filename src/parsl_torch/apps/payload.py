@@ -1,5 +1,6 @@
-"""What a stage call carries to its worker and ranks, and the names of the
-files it leaves in its stage directory.
+"""What a stage call carries to its worker and ranks: its function (``ShippedFunction``), its
+options (``StageOptions``) and the files among its arguments (``StageFile``). (The files a stage
+leaves in its directory are named in ``common.stagedir``.)
 
 Light on purpose: the ranks unpickle these, and must not import Parsl to do
 it (that costs ~0.6 s of every stage start).

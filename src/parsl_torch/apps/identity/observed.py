@@ -31,7 +31,8 @@ SESSION_PREFIXES = ("PYTHON", "SSH_", "XDG_", "DBUS_", "TMUX", "TERM_", "LC_TERM
 
 
 def observed(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
-    """The reads its supervisor recorded (None: not observed: an older record, a warm stage)."""
+    """The reads its supervisor (or its warm ranks) recorded (None: not observed: a record of a version
+    that did not observe)."""
     return stagedir.read_or_none(Path(stage_dir) / stagedir.READS, stagedir.ReadsRecord,
                                  get_logger("parsl_torch.workflow"))
 
