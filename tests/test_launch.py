@@ -534,17 +534,13 @@ def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
     assert mpi.launch_cmd.startswith(f"parsl-torch-pool --spares 0 {tmp_path / 'parsl' / 'quarantine.json'} -- ")
 
 
-def test_an_mpi_command_under_the_shim_starts_mpi_and_a_rank_without_mpi_tells_hydra_it_is_done():
-    """The shim hands its command hydra's PMI socket (without it MPI_Init failed: "PMI_Init returned -1"),
-    and when a command that never started MPI ends, the shim says PMI's goodbye for it (``common.pmi``):
-    without it the node's hydra proxy spun a core from that rank's end to the last rank's."""
-    shim = [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c"]
-    mpi = subprocess.run([*shim, "import os; from mpi4py import MPI; os.write(1, b'sum %d\\n' % MPI.COMM_WORLD.allreduce(1))"],
-                         env=clean_env(), capture_output=True, text=True, timeout=120)
-    assert mpi.returncode == 0 and mpi.stdout.count("sum 2") == 2, mpi.stdout + mpi.stderr
-    plain = subprocess.run([shim[0], "-verbose", *shim[1:], "pass"], env=clean_env(), capture_output=True,
-                           text=True, timeout=120)
-    assert plain.returncode == 0 and plain.stdout.count("cmd=finalize_ack rc=0") == 2, plain.stdout[-2000:]
+def test_a_shim_whose_command_ended_tells_hydra_its_rank_is_done():
+    """Each shim says PMI's goodbye once its command ended well (``common.pmi``): without it the node's
+    hydra proxy spun a core from that rank's end to the last rank's."""
+    shim = [sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", "pass"]
+    out = subprocess.run([str(BIN / "mpiexec"), "-verbose", "-n", "2", *shim], env=clean_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.count("cmd=finalize_ack rc=0") == 2, out.stdout[-2000:]
 
 
 def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves_no_file(tmp_path):

@@ -10,7 +10,10 @@ launch stops every rank within seconds and names the cause; the first shim on ea
 sends the launch a heartbeat, so a lost node is named (see ``supervise``).
 At settings.DEADLINE (the block is about to end) it sends CMD SIGUSR1 if CMD
 catches that signal (``pt.should_checkpoint()`` does; a script that does not is left alone).
-It never initialises MPI: the command may.
+It never initialises MPI; the command may where PMI is found by name (PMIx: PALS, Slurm's pmix), not
+where it is an inherited socket (``PMI_FD``: hydra's mpiexec, Slurm's pmi2), which stays the shim's: a
+rank it orphaned would keep a killed shim's launch up. For those, the shim says PMI's goodbye when the
+command ended well (``common.pmi``).
 """
 
 from __future__ import annotations
@@ -215,16 +218,6 @@ def _command(argv: list[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["--"] else argv
 
 
-def _pmi_fd(environ: Mapping[str, str]) -> tuple[int, ...]:
-    """Hydra's PMI socket, which CMD's MPI_Init needs (Popen closes every other descriptor)."""
-    raw = environ.get("PMI_FD", "")
-    try:
-        os.fstat(int(raw))
-    except (ValueError, OSError):
-        return ()
-    return (int(raw),)
-
-
 def _raised_file() -> str | None:
     """An empty private file (0600) for the rank's exception (``common.raised``); None where none can be made."""
     try:
@@ -252,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if reads := _observing(address):  # (node-local too: no file per rank on the shared file system)
         extra.update(observing_env(reads, {**os.environ, **extra}))
     try:
-        child = subprocess.Popen(cmd, env={**os.environ, **extra}, pass_fds=_pmi_fd(os.environ))
+        child = subprocess.Popen(cmd, env={**os.environ, **extra})
     except OSError as exc:
         print(f"parsl-torch: rank {topo.rank} on {topo.hostname}: cannot start {cmd[0]!r}: {exc.strerror}",
               file=sys.stderr, flush=True)
@@ -269,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         if address:
             watch_stopped(child, address, topo)
         code = child.wait()
-    if code == 0:
-        finish_pmi()  # (unless CMD's MPI did): else the node's hydra proxy spins a core until its last rank ends
+    if code == 0:  # (CMD has not hydra's PMI socket: a rank it orphaned would keep a killed shim's launch up)
+        finish_pmi()  # else the node's hydra proxy spins a core from this rank's end to the last rank's
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
     if reads and address and code in (0, CONTINUE_EXIT):  # (a block's end: the next block reads on)
         _report_reads(address, topo.rank, reads)
