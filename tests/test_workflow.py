@@ -225,7 +225,8 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
     from parsl_torch.apps.stagecmd import stage_command
 
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
-    cmd = stage_command(StageCall(opts, "mpi", (), script=("python", "train.py", "--token", "t0k")))
+    # (as in your own Parsl config: no verdict left its identity, the worker computes it)
+    cmd = stage_command(StageCall(opts, "mpi", (), script=("python", "train.py", "--token", "t0k"), identify_on_worker=True))
     assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --ranks 24 -- $PARSL_MPI_PREFIX "
             "--cpu-bind list:1-8:9-16 ") in cmd
     assert cmd.startswith(f"cd {tmp_path} && ")
@@ -318,6 +319,7 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
 
 def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
     from parsl_torch.apps import identity
+    from parsl_torch.apps.identity import verdict
     from parsl_torch.apps.payload import StageOptions
 
     script, helper = tmp_path / "train.py", tmp_path / "helper.py"
@@ -348,7 +350,7 @@ def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
     assert on_gpus["accelerators"] == "yes" and {k: v for k, v in on_gpus.items() if k != "accelerators"} == parts()
     from parsl_torch.common.stagedir import CallRecord
 
-    assert identity.why_rerun("s", "s", CallRecord("k", parts(), {}), on_gpus, False) == \
+    assert verdict.why_rerun("s", "s", CallRecord("k", parts(), {}), on_gpus, False) == \
         "it now runs on nodes with accelerators"
 
 
@@ -356,6 +358,7 @@ def test_a_stage_given_a_variable_compares_its_value_and_one_not_observed_always
     """A variable given with ``env=`` is known before the run (its value is compared); a stage whose ranks
     could not tell what they read (a shell script: no Python to observe) makes no skip promise."""
     from parsl_torch.apps import identity
+    from parsl_torch.apps.identity import verdict
     from parsl_torch.apps.call import StageCall
     from parsl_torch.apps.payload import StageOptions
     from parsl_torch.common.stagedir import CallRecord
@@ -368,10 +371,10 @@ def test_a_stage_given_a_variable_compares_its_value_and_one_not_observed_always
                                                  identity.DigestCache(None))
     assert parts["data.bin"]["env DATA"] != parts["other.bin"]["env DATA"]
     unobserved = CallRecord("key", parts["data.bin"], {}, None)
-    assert identity.stale_reads(unobserved, str(tmp_path / "runs" / "s"), {}, identity.DigestCache(None)) == \
+    assert verdict.stale_reads(unobserved, str(tmp_path / "runs" / "s"), {}, identity.DigestCache(None)) == \
         ["what its finished run read was not observed (see the warning of that run)"]
     observed = CallRecord("key", parts["data.bin"], {}, {})
-    assert identity.stale_reads(observed, str(tmp_path / "runs" / "s"), {}, identity.DigestCache(None)) == []
+    assert verdict.stale_reads(observed, str(tmp_path / "runs" / "s"), {}, identity.DigestCache(None)) == []
 
 
 @pytest.mark.slow

@@ -3,15 +3,16 @@
 ``DistributedApp`` makes a ``StageCall`` once, when the stage is called; it is the first
 argument of whichever Parsl app runs the call (cold: ``stagecmd.stage_command``; warm:
 ``warm.groups.WarmGroups``' app; remote: inside ``remote.job.RemoteJob``), and every reader takes
-what it needs from it: the memoizer its identity (``memo``), the worker the stage directory
-and command (``stagecmd``), a warm group its shape, the endpoint its options. The call's own
+what it needs from it: the memoizer its identity (``memo``; the verdict leaves it in the stage
+directory, where each attempt reads it), the worker the stage directory and command
+(``stagecmd``), a warm group its shape, the endpoint its options. The call's own
 arguments travel beside it as the app's arguments, so that Parsl resolves the futures among
 them before any of this runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,11 @@ class StageCall:
     resources: tuple[tuple[str, int], ...]
     fn: ShippedFunction | None = None  # None: a script stage
     script: tuple[str, ...] = ()  # a script stage's command line: ``python FILE ...`` or ``python -m MODULE ...``
-    #: the call's identity (``identity.call_id``), set by the memoizer when the call is ready to run; the
-    #: ranks resume a checkpoint only if it was written under the same one
+    #: a fixed identity (a warm group's own serving call); None: the call's verdict leaves it in the stage
+    #: directory (``identity.verdict``), where its attempt reads it
     id: str | None = None
-    #: the user modules its identity holds (known before it runs: its code imports them); set with ``id``
-    modules: tuple[str, ...] = ()
+    #: in your own Parsl config no verdict of ours precedes an attempt: the worker identifies the call itself
+    identify_on_worker: bool = False
 
     @property
     def stage(self) -> str:
@@ -54,9 +55,6 @@ class StageCall:
     def resource_specification(self) -> dict[str, int]:
         """``resources`` as Parsl takes them."""
         return dict(self.resources)
-
-    def identified(self, call_id: str, modules: tuple[str, ...] = ()) -> StageCall:
-        return replace(self, id=call_id, modules=modules)
 
     @staticmethod
     def of_task(task: Any) -> StageCall | None:

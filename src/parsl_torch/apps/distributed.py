@@ -142,7 +142,9 @@ class DistributedApp:
             resources[MIN_NODES_KEY] = min_nodes
         # (a remote stage's function is shipped with its job: remote.client)
         fn = ShippedFunction.of(self.fn) if self.fn is not None and not placement.remote else None
-        return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, script or ())
+        # (no verdict of ours in your own Parsl config: the worker identifies the call; a remote one's task decides)
+        return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, script or (),
+                         identify_on_worker=not wf.memoize and not placement.remote)
 
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything

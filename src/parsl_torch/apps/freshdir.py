@@ -16,10 +16,11 @@ import shutil
 from pathlib import Path
 
 from ..common import settings
-from ..common.stagedir import ENV, PREVIOUS, PREVIOUS_PARTIAL, SOURCES
+from ..common.stagedir import ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, SOURCES
 
-#: kept where they are: this attempt's own (a remote stage's shipped modules are unpacked before it starts)
-_STAYS = frozenset({PREVIOUS, PREVIOUS_PARTIAL, SOURCES})
+#: kept where they are: this attempt's own (its identity and a remote stage's shipped modules are left
+#: before it starts)
+_STAYS = frozenset({PREVIOUS, PREVIOUS_PARTIAL, SOURCES, IDENTITY})
 
 
 def owner(stage_dir: str | os.PathLike) -> str | None:

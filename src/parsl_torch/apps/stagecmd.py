@@ -24,8 +24,10 @@ from ..common.files import open_private
 from ..common.outcome import forget_outcome
 from ..common.stagedir import ARGV as ARGV_FILE
 from ..common.stagedir import ENV as ENV_FILE
-from ..common.stagedir import PAYLOAD, PREVIOUS, RESULT, STARTED, STDERR, STDOUT
+from ..common.stagedir import IDENTITY, PAYLOAD, PREVIOUS, RESULT, STARTED, STDERR, STDOUT, IdentityRecord
+from ..common.stagedir import read as read_record
 from ..core.log import get_logger
+from ..errors import StageError
 from . import identity
 from .call import StageCall
 from .freshdir import start_fresh
@@ -49,18 +51,16 @@ def stage_command(call: StageCall, *args: Any, inputs: Sequence = (), outputs: S
 
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
     it reads them from the call (redirection, the MPI task's nodes)."""
-    return _command(call, prepare_call(call, args, inputs, outputs, kwargs))
+    return _command(call, prepare_call(call, args, inputs, outputs, kwargs)[0])
 
 
-def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequence, kwargs: dict[str, Any]) -> str:
+def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequence,
+                 kwargs: dict[str, Any]) -> tuple[str, IdentityRecord]:
     """Make the stage directory this attempt's and leave the ranks' call in it; returns the ranks'
-    command after the shim (a warm stage's ranks read the same files: ``apps.warm``)."""
+    command after the shim (a warm stage's ranks read the same files: ``apps.warm``) and who the call is."""
     opts = call.opts
-    # who this call is: its ranks resume a checkpoint only if it was written under the same identity
-    call_id = call.id or identity.call_id(identity.stage_components(
-        call, args, {**kwargs, "inputs": inputs, "outputs": outputs},
-        identity.DigestCache.of_run_dir(Path(opts.stage_dir).parent)))
-    _begin_attempt(call.stage, opts.stage_dir, call_id)
+    who = attempt_identity(call, args, {**kwargs, "inputs": inputs, "outputs": outputs})
+    _begin_attempt(call, who.call_id)
     for output in outputs:  # (``ckpt/model.pt``: its folder is there for the ranks to write into)
         Path(os.fspath(getattr(output, "filepath", output))).parent.mkdir(parents=True, exist_ok=True)
     if call.fn is not None:
@@ -69,18 +69,36 @@ def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequen
         rank_cmd = _write_payload(opts.stage_dir, call.fn, args, kwargs)
     else:
         rank_cmd = _write_argv(opts.stage_dir, [*call.script, *map(command_text, args)])
-    _write_env(opts, call_id)
-    return rank_cmd
+    _write_env(opts, who.call_id)
+    return rank_cmd, who
 
 
-def _begin_attempt(stage: str, stage_dir: str, call_id: str) -> None:
+def attempt_identity(call: StageCall, args: tuple, kwargs: dict[str, Any]) -> IdentityRecord:
+    """Who the call is that this attempt runs (its ranks resume a checkpoint only if it was written under
+    the same identity): what its verdict left in the stage directory; a fixed one (a warm group's serving
+    call); in your own Parsl config, which has no verdict of ours, its identity computed here."""
+    if call.id is not None:
+        return IdentityRecord(call.id)
+    if call.identify_on_worker:
+        parts = identity.stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(
+            Path(call.opts.stage_dir).parent))
+        return IdentityRecord(identity.call_id(parts), [k[len("module "):] for k in parts if k.startswith("module ")])
+    record = read_record(Path(call.opts.stage_dir) / IDENTITY, IdentityRecord)
+    if record is None:
+        raise StageError(f"stage {call.stage!r}: no verdict left its identity in {call.opts.stage_dir} (it was "
+                         f"removed while the stage was starting?): run the workflow again")
+    return record
+
+
+def _begin_attempt(call: StageCall, call_id: str) -> None:
     """From now on the directory holds this attempt's files: another call's files go to ``.previous/``
-    (``freshdir``), this call's record and launch outcome go (they must not explain this attempt),
-    its earlier logs are kept aside, ``status`` sees it run."""
+    (``freshdir``; the verdict said so, else it is said here), this call's record and launch outcome go
+    (they must not explain this attempt), its earlier logs are kept aside, ``status`` sees it run."""
+    stage_dir = call.opts.stage_dir
     moved = start_fresh(stage_dir, call_id)
-    if moved:
-        get_logger("parsl_torch.workflow").info("[%s] a new call: the previous call's files (%d) moved to %s/%s/",
-                                                stage, len(moved), stage, PREVIOUS)
+    if moved and call.identify_on_worker:
+        get_logger("parsl_torch.workflow").info("[%s] a new call: the previous call's files go to %s/%s/",
+                                                call.stage, call.stage, PREVIOUS)
     identity.forget_call(stage_dir)
     forget_outcome(stage_dir)
     _keep_earlier_attempt(stage_dir)

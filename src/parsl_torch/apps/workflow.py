@@ -30,7 +30,6 @@ from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
 from .stopping import Terminated, how_it_ended, terminate_cleanly
-from .identity.memo import register_memo_ids, stage_memoizer
 from .placement import Placement, placements
 from .request import WorkflowRequest
 from .rundir import check_ours, check_stage_name, prepare
@@ -246,6 +245,8 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     run_dir = _made_run_dir(request.run_dir)
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
         prepare(run_dir, request.fresh)
+        from .identity.memo import register_memo_ids  # (with Parsl: not where the ranks import this module)
+
         register_memo_ids()
         wf = Workflow(placements(loaded, others, users_dfk is not None), run_dir, memoize=users_dfk is None,
                       max_continuations=request.max_continuations, retry_handler=request.retry_handler)
@@ -299,8 +300,10 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
     import parsl
     from parsl.utils import get_all_checkpoints
 
+    from .identity.memo import StageMemoizer  # (Parsl's subclass: imported where Parsl is)
+
     parsl_dir = wf.run_dir / "parsl"
-    memoizer = stage_memoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
+    memoizer = StageMemoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
     config = sites.build.workflow_config([w.site.spec for w in wf.where.values()], str(parsl_dir),
                                          request.gc_executor, warm=request.warm, import_path=rank_import_path(),
                                          memoizer=memoizer,

@@ -22,6 +22,8 @@ from .files import write_atomic
 
 #: the identity of the call whose files the directory holds (written when it succeeded)
 CALL = ".call.json"
+#: who the call is that an attempt runs: left by its verdict (``apps.identity.verdict``), read by the attempt
+IDENTITY = ".identity.json"
 #: rank 0's record of where the stage stands (step, checkpoint time), for its continuation
 CONTINUATION = ".continuation.json"
 #: the supervisor's record of the block an attempt runs in
@@ -58,6 +60,15 @@ class CallRecord:
     outputs: dict[str, str] = field(default_factory=dict)
     #: what its ranks read, each by its digest when it finished (None: not observed; ``identity.observed``)
     reads: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class IdentityRecord:
+    """The identity of the call an attempt runs (its ranks resume only a checkpoint written under the same
+    ``call_id``) and the user modules its code imports (known before it runs: a warm group observes them)."""
+
+    call_id: str
+    modules: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,7 +124,7 @@ class WarmJob:
 
     stage_dir: str
     walltime: float | None = None
-    #: the user modules the call's code imports, known before it runs (``StageCall.modules``)
+    #: the user modules the call's code imports, known before it runs (``IdentityRecord.modules``)
     modules: list[str] = field(default_factory=list)
 
     def file(self, name: str) -> str:

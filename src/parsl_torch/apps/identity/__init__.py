@@ -50,9 +50,9 @@ from . import usercode
 from .environment import env_components
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
-from .observed import reads_of_call, stale_reads  # noqa: F401 - (the sub-package's API)
-from .outputs import output_digests, set_aside, spoiled_files, spoiled_said  # noqa: F401 - (the sub-package's API)
-from .packages import package_change, package_components
+from .observed import reads_of_call
+from .outputs import output_digests
+from .packages import package_components
 
 #: keyword arguments of a stage's app that are Parsl's, not the call's own
 PARSL_KWARGS = ("inputs", "outputs", "stdout", "stderr", "parsl_resource_specification")
@@ -182,50 +182,6 @@ def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, 
 def forget_call(stage_dir: str | os.PathLike) -> None:
     """A run of the stage starts: its directory no longer holds the last finished call's files."""
     stagedir.forget(Path(stage_dir) / stagedir.CALL)
-
-
-def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],
-              memo_hit: bool) -> str:
-    """Why the stage runs (for the log), comparing the last finished call with this one."""
-    if before is None:
-        return "no finished run of it in this run directory" if not memo_hit else \
-            f"its directory {stage}/ was rewritten by a run that did not finish"
-    old = before.components
-    changed = []
-    if old.get("code") != now.get("code"):
-        changed.append(f"code of `{function}` changed")
-    for key in sorted(set(old) | set(now)):
-        if key.startswith("module ") and old.get(key) != now.get(key):
-            name = usercode.display_name(key[len("module "):])
-            changed.append(f"{name} changed" if key in old and key in now else
-                           f"{name} {'now imported' if key in now else 'no longer imported'}")
-    for key in sorted(set(old) | set(now)):
-        if key.startswith("package ") and old.get(key) != now.get(key):
-            changed.append(f"{key} {package_change(old.get(key), now.get(key))}")
-    if old.get("runtime") != now.get("runtime"):
-        changed.append("parsl-torch or torch changed")
-    if old.get("arguments") != now.get("arguments"):
-        changed.append("arguments changed")
-    if old.get("options") != now.get("options"):
-        changed.append("stage options changed")
-    if old.get("site setup") != now.get("site setup"):
-        changed.append("the site's provider.worker_init changed")
-    if old.get("accelerators") != now.get("accelerators"):
-        changed.append("it now runs on nodes with accelerators" if now.get("accelerators") else
-                       "it now runs on nodes without accelerators")
-    for key in sorted(set(old) | set(now)):
-        if key.startswith("env ") and old.get(key) != now.get(key):
-            changed.append(f"environment variable {key[4:]} changed" if key in old and key in now else
-                           f"environment variable {key[4:]} {'now given' if key in now else 'no longer given'}")
-    for key in sorted(set(old) | set(now)):
-        if key.startswith("input ") and old.get(key) != now.get(key):
-            changed.append(f"{key} changed" if key in old and key in now else
-                           f"{key} {'added' if key in now else 'removed'}")
-    if not changed:
-        return "its last result is not in Parsl's records" if not memo_hit else "unknown change"
-    if memo_hit:
-        return f"the files in {stage}/ are from another call of it ({', '.join(changed)})"
-    return ", ".join(changed)
 
 
 def stage_components(call: StageCall, args: tuple, kwargs: dict[str, Any], cache: DigestCache,

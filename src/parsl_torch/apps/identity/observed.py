@@ -20,7 +20,6 @@ from ...common import stagedir
 from ...core.log import get_logger
 from .digests import DigestCache, sha
 from .environment import env_components
-from .usercode import display_name
 
 #: environment variables that are the session's or the launch's, not the stage's input, when a stage
 #: reads the whole environment (``dict(os.environ)``; the interpreter's PYTHON* too); one read by its name is
@@ -28,7 +27,6 @@ from .usercode import display_name
 SESSION = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TMP", "TEMP", "PYTHONPATH", "OMP_NUM_THREADS",
                      "TERM", "COLORTERM", "DISPLAY", "LS_COLORS", "MAIL", "WINDOWID", "STY", "HOSTNAME"})
 SESSION_PREFIXES = ("PYTHON", "SSH_", "XDG_", "DBUS_", "TMUX", "TERM_", "LC_TERMINAL", "VSCODE_", "KITTY_", "ITERM_")
-
 
 def observed(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
     """The reads its supervisor (or its warm ranks) recorded (None: not observed: a record of a version
@@ -90,27 +88,6 @@ def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] 
     return {n for n in {*environ, *stage_env} if n not in SESSION and not n.startswith(SESSION_PREFIXES)}
 
 
-def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """What changed among a finished call's reads, for the log, as a change of what it is given reads
-    (``input /data/a.npy changed``, ``mymod.py changed``, ``environment variable X changed``)."""
-    said = []
-    for key in sorted(set(before) | set(now)):
-        if before.get(key) != now.get(key):
-            kind, _, what = key.partition(" ")
-            path = what.removeprefix("folder ")
-            if key == "env *":
-                said.append("the environment's variables changed (it read all of them)")
-            elif kind == "env":
-                said.append(f"environment variable {what} changed")
-            elif key in before and now.get(key, "missing") == "missing":
-                said.append(f"{path}, which it read, is gone")
-            elif kind == "listed":
-                said.append(f"the folder {path} changed (its names)")
-            else:
-                said.append(f"{display_name(path)} changed" if path.endswith(".py") else f"input {path} changed")
-    return said
-
-
 def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache,
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The digests of the same reads now (the names and paths a finished call's record lists)."""
@@ -142,11 +119,3 @@ def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCac
             record.ranks, record.expected)
         return None
     return read_digests(record, stage_dir, stage_env, cache)
-
-
-def stale_reads(before: stagedir.CallRecord, stage_dir: str, stage_env: Mapping[str, str],
-                cache: DigestCache) -> list[str]:
-    """What changed since the finished call ``before`` read it (empty: its reads are as it left them)."""
-    if before.reads is None:  # (a skip is a promise: without what it read, there is none to make)
-        return ["what its finished run read was not observed (see the warning of that run)"]
-    return changed_reads(before.reads, current(before.reads, stage_dir, stage_env, cache))

@@ -57,17 +57,6 @@ def set_aside(stage_dir: str | os.PathLike, outputs: Sequence[Any], before: stag
     return moved
 
 
-def spoiled_said(gone: Sequence[str], changed: Sequence[str]) -> str:
-    """Why a stage whose files are gone or changed runs again (``spoiled_files``)."""
-    said = []
-    if gone:
-        said.append(f"the {' and the '.join(gone)} of its finished run {'is' if len(gone) == 1 else 'are'} missing")
-    if changed:
-        said.append(f"the {' and the '.join(changed)} of its finished run {'was' if len(changed) == 1 else 'were'} "
-                    f"changed since that run wrote {'it' if len(changed) == 1 else 'them'}")
-    return "; ".join(said)
-
-
 def _shown(path: str, stage_dir: str | os.PathLike) -> str:
     relative = os.path.relpath(path, stage_dir)
     return f"output {path if relative.startswith('..') else relative}"

@@ -35,6 +35,7 @@ from ...errors import ConfigError, StageError
 from .. import identity
 from ..call import StageCall
 from ..stage_errors import stage_error
+from ..identity.verdict import decide, prepare
 from ..stagecmd import stage_command
 
 #: what Globus Compute carries back from a task (the endpoint refuses a larger result)
@@ -95,25 +96,20 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
         parts = identity.stage_components(call, args, kwargs, digests, None if job.code is None else dict(job.code))
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
-    key, before = identity.call_id(parts), identity.read_call(stage_dir)
-    hit = job.memoize and before is not None and before.memo_key == key
-    gone, changed = identity.spoiled_files(stage_dir, call.returns, outputs, before, digests) if hit else ([], [])
-    read = identity.stale_reads(before, str(stage_dir), call.opts.environment, digests) \
-        if hit and not gone and not changed else []
-    if hit and not gone and not changed and not read and (stored := _value(stage_dir, call)) is not False:
-        return RemoteAnswer(job.stage, stored)
-    name = call.fn.name if call.fn is not None else job.stage
-    why = identity.spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
-        identity.why_rerun(job.stage, name, before, parts, memo_hit=False)
-    if changed:  # (as where the workflow runs: the rerun starts without them)
-        why += f"; set aside: {', '.join(identity.set_aside(stage_dir, outputs, before, digests))}"
+    # what holds its result here is its directory: a call that returns something left it there
+    found = decide(call, parts, outputs, digests, lambda key: job.memoize and _value(stage_dir, call) is not False)
+    if found.skips:
+        return RemoteAnswer(job.stage, _value(stage_dir, call))
+    why = "; ".join(found.said(job.stage))
+    if moved := prepare(found, call, outputs, digests):  # (as where the workflow runs: the rerun starts without them)
+        why += f"; set aside: {', '.join(moved)}"
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
             shipped = str(_unpack(stage_dir / SOURCES, job.sources))
         except ConfigError as exc:
             return RemoteAnswer(job.stage, error=str(exc))
         call = replace(call, opts=replace(call.opts, import_path=(shipped, *call.opts.import_path)))
-    code = _launch(call.identified(key), args, kwargs)
+    code = _launch(call, args, kwargs)
     if code:
         from parsl.app.errors import BashExitFailure
 
@@ -127,7 +123,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
             f"stage {job.stage!r} returned {len(value) / 2**20:.1f} MiB, more than Globus Compute carries back "
             f"({RESULT_LIMIT // 2**20} MiB): write it to a file in outputs= (it stays on the endpoint, in "
             f"{stage_dir}) and return its path or a summary"))
-    identity.write_call(stage_dir, key, parts, outputs, digests, call.opts.environment)
+    identity.write_call(stage_dir, found.key, found.parts, outputs, digests, call.opts.environment)
     return RemoteAnswer(job.stage, value, why)
 
 

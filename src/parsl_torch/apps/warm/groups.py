@@ -111,11 +111,11 @@ class WarmGroups:
         """One call in a group of its shape (one is started if none is free); raises as its bash app would."""
         from parsl.app.errors import BashExitFailure
 
-        prepare_call(call, args, inputs, outputs, kwargs)
+        _, who = prepare_call(call, args, inputs, outputs, kwargs)
         for _ in range(MAX_UNTAKEN):
             group = self._take(call)
             try:
-                outcome = self._call(group, call)
+                outcome = self._call(group, call, who.modules)
             finally:
                 self._give_back(group)
             if outcome is not None:
@@ -166,14 +166,15 @@ class WarmGroups:
                       group_opts.num_nodes, group_opts.ranks_per_node)
         return _Group(key, directory, future)
 
-    def _call(self, group: _Group, call: StageCall) -> Outcome | None:
-        """The call in ``group``: None when it is done (or was never taken), else why it failed."""
+    def _call(self, group: _Group, call: StageCall, modules: list[str]) -> Outcome | None:
+        """The call in ``group`` (``modules``: the user modules its code imports): None when it is done (or
+        was never taken), else why it failed."""
         opts = call.opts
         n = next(group.jobs)
         said = _size(group.directory / STDERR) if n else 0  # a new group's start lines are the call's
         stage_dir = Path(opts.stage_dir)
         started = time.monotonic()
-        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime, list(call.modules)))
+        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime, modules))
         done, taken = job_path(group.directory, n, "done"), job_path(group.directory, n, "started")
         while not done.exists():
             if group.future.done() and not done.exists():

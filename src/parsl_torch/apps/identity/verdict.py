@@ -1,0 +1,171 @@
+"""Whether a stage call skips: the one decision of every route, where the workflow runs (Parsl's
+memoizer, ``memo``) and on a Globus Compute endpoint (``remote.job``).
+
+A call skips only when all of these hold; otherwise it runs, and the verdict says why:
+
+1. the cache holds a result of this identity (Parsl's memo table; on an endpoint, the stage's
+   result file);
+2. the stage directory's record (``.call.json``) is of this identity (any run of the stage that
+   started since removed it);
+3. its outputs are as that call left them (``outputs``): a gone or changed one reruns it, and a
+   changed one is set aside before it does;
+4. what its ranks were seen to read is as it was (``observed``).
+
+``decide`` only reads. A verdict to run asks two things done before the call's attempt starts
+(``prepare``): the call's identity left in its directory (``.identity.json``: the attempt reads it
+there, wherever it runs), and its changed outputs set aside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...common import stagedir
+from ...common.stagedir import CallRecord
+from ..call import StageCall
+from ..freshdir import is_new_call
+from . import call_id, read_call
+from .digests import DigestCache
+from .observed import current
+from .outputs import set_aside, spoiled_files
+from .packages import package_change
+from .usercode import display_name
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A stage call's verdict: ``why`` it runs (None: it skips), its memo ``key`` and ``parts`` (written
+    with the call when it finishes), the record of the call whose files are in its directory
+    (``before``), and the outputs that call wrote that were changed since (``changed``)."""
+
+    key: str
+    parts: Mapping[str, str]
+    before: CallRecord | None
+    why: str | None = None
+    changed: tuple[str, ...] = ()
+    new_call: bool = False  # the directory holds another call's files: they go to .previous/ when it runs
+    again: bool = False  # a call of it finished before (its record, or the cache's result)
+
+    @property
+    def skips(self) -> bool:
+        return self.why is None
+
+    @property
+    def modules(self) -> list[str]:
+        """The user modules the call's code imports (its ``module <file>`` components)."""
+        return [k[len("module "):] for k in self.parts if k.startswith("module ")]
+
+    def said(self, stage: str) -> list[str]:
+        """What the log says of a call that runs: why, and that a new call's directory starts empty."""
+        new = [f"a new call: the previous call's files go to {stage}/{stagedir.PREVIOUS}/"] if self.new_call else []
+        return [f"{self.why}", *new]
+
+
+def decide(call: StageCall, parts: Mapping[str, str], outputs: Sequence[Any], cache: DigestCache,
+           holds: Callable[[str], bool]) -> Verdict:
+    """The verdict on the call whose identity is ``parts``; ``holds(key)``: whether the cache holds the
+    result of the call whose memo key is ``key``."""
+    stage_dir, key = call.opts.stage_dir, call_id(parts)
+    before, cached = read_call(stage_dir), holds(key)
+    hit = cached and before is not None and before.memo_key == key
+    gone, changed = spoiled_files(stage_dir, call.returns, outputs, before, cache) if hit else ([], [])
+    read = stale_reads(before, stage_dir, call.opts.environment, cache) if hit and not gone and not changed else []
+    if hit and not gone and not changed and not read:
+        return Verdict(key, parts, before)
+    why = spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
+        why_rerun(call.stage, call.name, before, parts, cached)
+    return Verdict(key, parts, before, why, tuple(changed), is_new_call(stage_dir, key), before is not None or cached)
+
+
+def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: DigestCache) -> list[str]:
+    """Before the attempt of a call that runs: its identity left in its directory, and the outputs changed
+    since its call wrote them set aside (read as they are, a damaged one could fail the rerun, and every
+    rerun after it); the names set aside."""
+    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.key, verdict.modules))
+    if not verdict.changed:
+        return []
+    return set_aside(call.opts.stage_dir, outputs, verdict.before, cache)
+
+
+def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],
+              memo_hit: bool) -> str:
+    """Why the stage runs (for the log), comparing the last finished call with this one."""
+    if before is None:
+        return "no finished run of it in this run directory" if not memo_hit else \
+            f"its directory {stage}/ was rewritten by a run that did not finish"
+    changed = changed_components(function, before.components, now)
+    if not changed:
+        return "its last result is not in Parsl's records" if not memo_hit else "unknown change"
+    if memo_hit:
+        return f"the files in {stage}/ are from another call of it ({', '.join(changed)})"
+    return ", ".join(changed)
+
+
+#: the components compared one by one, and what their change is called
+_SINGLE = (("runtime", "parsl-torch or torch changed"), ("arguments", "arguments changed"),
+           ("options", "stage options changed"), ("site setup", "the site's provider.worker_init changed"))
+
+
+def changed_components(function: str, old: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """What differs between two identities, in the order a user looks for it: the code, the modules and
+    packages it imports, what runs it, its arguments and options, its variables, its input files."""
+    keys = sorted(set(old) | set(now))
+    differ = [k for k in keys if old.get(k) != now.get(k)]
+    both = [k for k in differ if k in old and k in now]
+    changed = [f"code of `{function}` changed"] if "code" in differ else []
+    for key in (k for k in differ if k.startswith("module ")):
+        how = "changed" if key in both else "now imported" if key in now else "no longer imported"
+        changed.append(f"{display_name(key[len('module '):])} {how}")
+    changed += [f"{k} {package_change(old.get(k), now.get(k))}" for k in differ if k.startswith("package ")]
+    changed += [said for key, said in _SINGLE if key in differ]
+    if "accelerators" in differ:
+        changed.append(f"it now runs on nodes {'with' if now.get('accelerators') else 'without'} accelerators")
+    for key in (k for k in differ if k.startswith("env ")):
+        changed.append(f"environment variable {key[4:]} " + ("changed" if key in both else
+                                                             "now given" if key in now else "no longer given"))
+    changed += [f"{k} " + ("changed" if k in both else "added" if k in now else "removed")
+                for k in differ if k.startswith("input ")]
+    return changed
+
+
+def spoiled_said(gone: Sequence[str], changed: Sequence[str]) -> str:
+    """Why a stage whose files are gone or changed runs again (``spoiled_files``)."""
+    said = []
+    if gone:
+        said.append(f"the {' and the '.join(gone)} of its finished run {'is' if len(gone) == 1 else 'are'} missing")
+    if changed:
+        said.append(f"the {' and the '.join(changed)} of its finished run {'was' if len(changed) == 1 else 'were'} "
+                    f"changed since that run wrote {'it' if len(changed) == 1 else 'them'}")
+    return "; ".join(said)
+
+
+def stale_reads(before: stagedir.CallRecord, stage_dir: str, stage_env: Mapping[str, str],
+                cache: DigestCache) -> list[str]:
+    """What changed since the finished call ``before`` read it (empty: its reads are as it left them)."""
+    if before.reads is None:  # (a skip is a promise: without what it read, there is none to make)
+        return ["what its finished run read was not observed (see the warning of that run)"]
+    return changed_reads(before.reads, current(before.reads, stage_dir, stage_env, cache))
+
+
+def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """What changed among a finished call's reads, for the log, as a change of what it is given reads
+    (``input /data/a.npy changed``, ``mymod.py changed``, ``environment variable X changed``)."""
+    said = []
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            kind, _, what = key.partition(" ")
+            path = what.removeprefix("folder ")
+            if key == "env *":
+                said.append("the environment's variables changed (it read all of them)")
+            elif kind == "env":
+                said.append(f"environment variable {what} changed")
+            elif key in before and now.get(key, "missing") == "missing":
+                said.append(f"{path}, which it read, is gone")
+            elif kind == "listed":
+                said.append(f"the folder {path} changed (its names)")
+            else:
+                said.append(f"{display_name(path)} changed" if path.endswith(".py") else f"input {path} changed")
+    return said
