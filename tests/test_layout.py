@@ -401,6 +401,20 @@ def test_no_module_level_mutable_state_outside_the_registry_and_the_rank_state()
     assert not found, f"module-level state changed by functions: {found}"
 
 
+def test_what_is_not_a_stages_input_is_listed_once():
+    """The variables that are not a stage's input are one list, in the module every observed process loads
+    (common/observe.py); its launch group holds the visibility variables a stage's launch narrows."""
+    from parsl_torch.common import observe
+    from parsl_torch.core.claim import VISIBILITY
+
+    assert set(VISIBILITY) <= set(observe.LAUNCH_PREFIXES)
+    elsewhere = [(m, target.id) for m, path in MODULES.items() if m != "parsl_torch.common.observe"
+                 for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
+                 for target in node.targets
+                 if isinstance(target, ast.Name) and re.search(r"SESSION|(LAUNCH|PROCESS)_(NAMES|PREFIXES)", target.id)]
+    assert not elsewhere, f"use common/observe.py's lists: {elsewhere}"
+
+
 def test_stage_directory_file_names_are_spelled_once():
     """Every file of a stage's directory is named in common/stagedir.py, read and written through it."""
     from parsl_torch.common import stagedir

@@ -55,11 +55,39 @@ if _hidden is not None and _hidden.loader is not None:
 STARTED = "s"
 #: the import system's frames: a package reading the environment under them is reading its own settings
 _IMPORTING = ("<frozen importlib", os.path.join(os.path.dirname(os.__file__), "importlib", ""))
-#: variables a package reads for your code that are the session's, not your stage's input (your own code's
-#: reads of them are recorded)
-SESSION_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "COLUMNS",
-                           "LINES", "PWD", "TMPDIR", "TMP", "TEMP", "DISPLAY", "HOSTNAME", "TZ", "NO_COLOR"})
-SESSION_PREFIXES = ("LC_", "PYTHON", "XDG_", "SSH_")
+# What is not a stage's input, the one list of it: the observed processes apply it as they read, the
+# workflow as it compares (``apps.identity``). Each variable is in the first group that names it:
+#: set by a launch for each rank (and by parsl-torch for its processes): never an input, whoever reads it
+LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                          "MASTER_ADDR", "MASTER_PORT"})
+LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HYDRA_", "SLURM_", "PBS_", "PARSL_",
+                   "TORCHELASTIC_", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                   "ZE_AFFINITY_MASK")  # (the last four: core.claim.VISIBILITY, which a launch narrows per stage)
+#: the session's (the terminal's, the shell's, the interpreter's): not an input when a stage reads the whole
+#: environment (``dict(os.environ)``) or a package reads one; your own code's read of one by its name is
+SESSION_NAMES = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TMP", "TEMP", "OMP_NUM_THREADS", "TERM",
+                           "COLORTERM", "DISPLAY", "LS_COLORS", "MAIL", "WINDOWID", "STY", "HOSTNAME"})
+SESSION_PREFIXES = ("PYTHON", "SSH_", "XDG_", "DBUS_", "TMUX", "TERM_", "LC_TERMINAL", "VSCODE_", "KITTY_", "ITERM_")
+#: the process's settings, which packages read for themselves: not an input when a package reads one; your
+#: own code's read of one, by its name or of the whole environment, is
+PROCESS_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "COLUMNS", "LINES", "TZ",
+                           "NO_COLOR"})
+PROCESS_PREFIXES = ("LC_",)
+
+
+def launch_variable(name: str) -> bool:
+    """Never an input (``LAUNCH_*``)."""
+    return name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES)
+
+
+def session_variable(name: str) -> bool:
+    """Not an input when the whole environment is read (``LAUNCH_*``, ``SESSION_*``)."""
+    return launch_variable(name) or name in SESSION_NAMES or name.startswith(SESSION_PREFIXES)
+
+
+def package_setting(name: str) -> bool:
+    """Not an input when a package reads it (every group)."""
+    return session_variable(name) or name in PROCESS_NAMES or name.startswith(PROCESS_PREFIXES)
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
 
 
@@ -208,7 +236,7 @@ def _watch_environ(recorder: Recorder) -> None:
     def note(key: object) -> None:
         line = f"e {key}"
         if line not in recorder.seen and (who := _reader(recorder, 2)) is not None and \
-                (who == "user" or not (key in SESSION_NAMES or str(key).startswith(SESSION_PREFIXES))):
+                (who == "user" or not package_setting(str(key))):
             recorder.line(line)
 
     class Environ(base):  # type: ignore[misc,valid-type]

@@ -6,14 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from ...core.claim import VISIBILITY
+from ...common.observe import launch_variable
 from .digests import sha
-
-#: variables a launch sets for each rank (and parsl-torch for its processes): not the shell's, not compared
-LAUNCH_PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_", "MPI_LOCAL", "MPICH_", "HYDRA_", "SLURM_", "PBS_", "PARSL_",
-                   "TORCHELASTIC_", *VISIBILITY)
-LAUNCH_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                          "MASTER_ADDR", "MASTER_PORT"})
 
 
 def env_components(names: Sequence[str], stage_env: Mapping[str, str],
@@ -29,4 +23,4 @@ def _env_values(names: Sequence[str], stage_env: Mapping[str, str],
                 environ: Mapping[str, str] | None) -> dict[str, str | None]:
     environ = os.environ if environ is None else environ
     return {name: stage_env.get(name, environ.get(name)) for name in names
-            if not (name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES))}
+            if not launch_variable(name)}

@@ -17,16 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ...common import stagedir
+from ...common.observe import session_variable
 from ...core.log import get_logger
 from .digests import DigestCache, sha
 from .environment import env_components
-
-#: environment variables that are the session's or the launch's, not the stage's input, when a stage
-#: reads the whole environment (``dict(os.environ)``; the interpreter's PYTHON* too); one read by its name is
-#: compared all the same
-SESSION = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "TMP", "TEMP", "PYTHONPATH", "OMP_NUM_THREADS",
-                     "TERM", "COLORTERM", "DISPLAY", "LS_COLORS", "MAIL", "WINDOWID", "STY", "HOSTNAME"})
-SESSION_PREFIXES = ("PYTHON", "SSH_", "XDG_", "DBUS_", "TMUX", "TERM_", "LC_TERMINAL", "VSCODE_", "KITTY_", "ITERM_")
 
 def observed(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
     """The reads its supervisor (or its warm ranks) recorded (None: not observed: a record of a version
@@ -51,7 +45,7 @@ def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mappin
             if key:
                 digests[key] = digest
     if any(line == "e *" for line in record.reads):  # (dict(os.environ) reads each name too: not told apart)
-        names = {n for n in names if n not in SESSION and not n.startswith(SESSION_PREFIXES)}
+        names = {n for n in names if not session_variable(n)}
         digests["env *"] = _names_digest(stage_env, environ)
     digests.update(env_components(sorted(names), stage_env, environ))
     return digests
@@ -85,7 +79,7 @@ def _folder(path: str, cache: DigestCache) -> str:
 
 def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> set[str]:
     environ = os.environ if environ is None else environ
-    return {n for n in {*environ, *stage_env} if n not in SESSION and not n.startswith(SESSION_PREFIXES)}
+    return {n for n in {*environ, *stage_env} if not session_variable(n)}
 
 
 def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache,
