@@ -33,7 +33,7 @@ from .identity.fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
 from .payload import ShippedFunction, StageOptions
 from .placement import Placement
-from .remote.client import remote_job, submit_remote
+from .remote.client import RemoteAnswer, remote_job, submit_remote
 from .request import BuiltinCall
 from .scriptargs import check_script_argument, script_command_length, script_stage_name, script_word
 from .stagecmd import bash_app_for
@@ -94,7 +94,7 @@ class DistributedApp:
         script = self._command_line(stage_dir, outputs)
         if script is not None and not placement.remote:
             args = tuple(script_word(a, outputs, stage_dir) for a in args)
-        call = self._call(wf, placement, name, nodes, ppn, walltime, stage_env, min_nodes, script)
+        call = self._call(wf, placement, stage_dir, nodes, ppn, walltime, stage_env, min_nodes, script)
         outputs = [wf.place(o, stage_dir) for o in outputs]
         if placement.remote:
             future = _remote(wf, call, self.fn, self.python, args, kwargs, list(inputs), outputs)
@@ -123,16 +123,15 @@ class DistributedApp:
         for arg in args:
             check_script_argument(arg, f"stage {stage!r}")
 
-    def _call(self, wf: Any, placement: Placement, stage: str, nodes: int, ppn: int, walltime: float | None,
+    def _call(self, wf: Any, placement: Placement, stage_dir: Path, nodes: int, ppn: int, walltime: float | None,
               stage_env: dict[str, str], min_nodes: int | None, script: tuple[str, ...] | None) -> StageCall:
         """The call's record: its options (code identity read now), its function, where it runs."""
-        stage_dir = placement.stage_dir(wf.run_dir, stage)
         # (the site's environment reaches the ranks through the workers too: given here, it is compared)
         env = {settings.RUN_DIR.name: str(stage_dir.parent), settings.STAGE_DIR.name: str(stage_dir),
                **placement.site.spec.environment, **placement.site.rank_env(), **stage_env}
         target, module = _script_target(script)
         opts = StageOptions(str(stage_dir), nodes, ppn, walltime, tuple(env.items()), placement.site.launcher_args(ppn),
-                            **self._code(stage), script=target, module=module,
+                            **self._code(stage_dir.name), script=target, module=module,
                             site_setup=placement.site.spec.provider.worker_init,
                             accelerated=placement.site.accelerated,
                             import_path=rank_import_path(),
@@ -194,7 +193,8 @@ def _remote(wf: Any, call: StageCall, fn: Callable | None, python: str | None, a
     """A stage on a Globus Compute endpoint: one task there (``remote.client``, ``remote.job``); ``fn``
     is shipped with the job, ``python`` is a script's there."""
     job = remote_job(call, fn, python, wf.digests, wf.memoize)
-    return StageFuture(call.stage, submit_remote(wf, job, args, kwargs, inputs, outputs), None, None)
+    return StageFuture(call.stage, submit_remote(wf, job, args, kwargs, inputs, outputs), None, None,
+                       answer=RemoteAnswer.unwrapped)
 
 
 def _absolute(value: Any) -> Any:
