@@ -3,12 +3,12 @@ stage, which rank on which node, what exit code, and the tail of its stderr."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from ..errors import StageError
-from .remote.job import RemoteAnswer
 from .stage_errors import stage_error
 
 
@@ -17,9 +17,12 @@ class StageFuture(Future):
     raising its StageError).
 
     ``result_file``: where rank 0's return value lands (None: the app's own
-    result is the stage's: a script's exit code, a remote stage's answer)."""
+    result is the stage's: a script's exit code); ``answer``: a route whose app returns an answer (a
+    remote stage's) says with it what the value is and whether the stage was skipped, or raises the
+    stage's error."""
 
-    def __init__(self, stage: str, app_future: Any, stderr: Path | None, result_file: Path | None) -> None:
+    def __init__(self, stage: str, app_future: Any, stderr: Path | None, result_file: Path | None,
+                 answer: Callable[[Any], tuple[Any, bool]] | None = None) -> None:
         from parsl.app.futures import DataFuture
 
         super().__init__()
@@ -27,27 +30,28 @@ class StageFuture(Future):
         self.app_future = app_future
         # (this future's own, not the app's: a failed stage's file raises the same StageError as its result)
         self.outputs = [DataFuture(self, out.file_obj, tid=out.tid) for out in app_future.outputs]
-        self._stderr, self._result_file = stderr, result_file
-        self.skipped_remotely = False  # a remote stage the endpoint did not run again
+        self._stderr, self._result_file, self._answer = stderr, result_file, answer
+        self._skipped = False  # the answer said so (where it runs, Parsl's record says it: ``from_cache``)
         app_future.add_done_callback(self._finish)
 
     @property
     def from_cache(self) -> bool:
         # Parsl's AppFuture exposes its task's record (public attribute, private schema):
         # "from_memo" is how the DFK marks a memoization hit
-        return self.skipped_remotely or bool(self.app_future.task_record.get("from_memo"))
+        return self._skipped or bool(self.app_future.task_record.get("from_memo"))
 
     def _finish(self, fut: Any) -> None:
         exc = fut.exception()
         if exc is not None:
             self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr))
             return
-        if isinstance(answer := fut.result(), RemoteAnswer):  # a remote stage: its value, or the error it ended with
-            self.skipped_remotely = answer.error is None and answer.ran is None
+        if self._answer is not None:
             try:
-                self.set_result(answer.result())
+                value, self._skipped = self._answer(fut.result())
             except StageError as err:
                 self.set_exception(err)
+                return
+            self.set_result(value)
             return
         if self._result_file is None:
             self.set_result(fut.result())  # a script stage: its exit code

@@ -72,6 +72,10 @@ class RemoteAnswer:
     ran: str | None = None
     error: str | None = None
 
+    def unwrapped(self) -> tuple[Any, bool]:
+        """(rank 0's return value, whether the endpoint skipped the stage), or the stage's StageError."""
+        return self.result(), self.error is None and self.ran is None
+
     def result(self) -> Any:
         """Rank 0's return value (None for a script), or the stage's StageError."""
         if self.error is not None:
@@ -100,7 +104,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     found = decide(call, parts, outputs, digests, lambda key: job.memoize and _value(stage_dir, call) is not False)
     if found.skips:
         return RemoteAnswer(job.stage, _value(stage_dir, call))
-    why = "; ".join(found.said(job.stage))
+    why = found.why
     if moved := prepare(found, call, outputs, digests):  # (as where the workflow runs: the rerun starts without them)
         why += f"; set aside: {', '.join(moved)}"
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
