@@ -199,7 +199,7 @@ def test_module_digests_ignore_comments_and_follow_code(tmp_path):
 
 def test_a_string_is_a_value_and_a_path_names_a_file_the_stage_is_told_about(tmp_path, monkeypatch):
     """A Path or File is a file the stage is given (its content joins the identity); a string is a value,
-    even one naming a file: what the stage opens is observed when it runs (``identity.observed``)."""
+    even one naming a file: what the stage opens is observed when it runs (``identity.reads``)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.txt").write_text("1")

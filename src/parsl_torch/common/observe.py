@@ -18,7 +18,7 @@ Not recorded, being compared otherwise or being no input: the standard library, 
 packages, parsl-torch itself, the compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``,
 and in the temporary folders (``$TMPDIR``, else ``/tmp``; ``/var/tmp``) what was made or changed
 since the call began (its scratch: a file there from before is an input like any other). The shim merges a
-rank's files (``reads_of``); the workflow keeps what a stage read (``apps.identity.observed``).
+rank's files (``reads_of``); the workflow keeps what a stage read (``apps.identity.reads``).
 It imports the standard library only, and is loaded by its path, not through the package: it
 runs at every interpreter's start (about 10 ms).
 """

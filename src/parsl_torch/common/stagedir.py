@@ -58,7 +58,7 @@ class CallRecord:
     components: dict[str, str]
     #: each declared output's digest when the call finished (an older record has none: not compared)
     outputs: dict[str, str] = field(default_factory=dict)
-    #: what its ranks read, each by its digest when it finished (None: not observed; ``identity.observed``)
+    #: what its ranks read, each by its digest when it finished (None: not observed; ``identity.reads``)
     reads: dict[str, str] | None = None
 
 

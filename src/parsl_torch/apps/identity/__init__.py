@@ -21,7 +21,7 @@ with these rules. A call's components, each a digest:
 That is what is known before the stage runs. Everything else it depends on (the files it opens,
 however their names were made, the folders it lists, the variables it reads, the modules it
 imports by a computed name) is what its ranks were seen to read, kept with the finished call and
-compared at the next run (``observed``): a skip needs both unchanged.
+compared at the next run (``reads``): a skip needs both unchanged.
 Not compared: ``walltime`` and ``retries`` (they cannot change a result).
 A file is hashed (SHA-256) when its size, mtime or inode differ from the last
 time; ``PARSL_TORCH_INPUT_HASH=stat`` uses those alone (for huge inputs), and
@@ -50,7 +50,7 @@ from . import usercode
 from .environment import env_components
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
-from .observed import reads_of_call
+from .reads import reads_of_call
 from .outputs import output_digests
 from .packages import package_components
 

@@ -14,7 +14,7 @@ their body), so a value is turned into a canonical token instead:
 * a ``Path`` or File by its path, kept in ``files`` (a file the stage is told
   about: its content joins the call's identity where the call is launched);
   a string is a string (the files a stage reads, named however, are observed:
-  ``identity.observed``);
+  ``identity.reads``);
 * a function or class of the workflow script by its code: the bytecode and
   constants of every code object inside it (no line numbers, no file name:
   a comment or a blank line changes nothing), its defaults and closure, and

@@ -22,7 +22,7 @@ from ...core.log import get_logger
 from .digests import DigestCache, sha
 from .environment import env_components
 
-def observed(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
+def recorded(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
     """The reads its supervisor (or its warm ranks) recorded (None: not observed: a record of a version
     that did not observe)."""
     return stagedir.read_or_none(Path(stage_dir) / stagedir.READS, stagedir.ReadsRecord,
@@ -103,7 +103,7 @@ def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, s
 
 def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache) -> dict[str, str] | None:
     """For a finished call's record: its reads' digests now (None: not observed, or not by every rank)."""
-    record = observed(stage_dir)
+    record = recorded(stage_dir)
     if record is None:
         return None
     if record.ranks < record.expected:

@@ -9,7 +9,7 @@ installs (``pip install -e``: a path entry, or an import hook that maps the pack
 found before it runs by reading each file's ``import`` statements (all of them, also inside
 functions; ``importlib.import_module("helpers")`` too), resolved on the import path the ranks get
 (:func:`rank_import_path`). What only running finds (a module imported by a computed name, from a
-folder added to ``sys.path``) is among what the stage was seen to read (``identity.observed``).
+folder added to ``sys.path``) is among what the stage was seen to read (``identity.reads``).
 
 A module's digest is that of its syntax tree (``ast.dump`` without
 positions): comments, blank lines and code moving to other lines do not

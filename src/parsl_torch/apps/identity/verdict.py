@@ -9,7 +9,7 @@ A call skips only when all of these hold; otherwise it runs, and the verdict say
    started since removed it);
 3. its outputs are as that call left them (``outputs``): a gone or changed one reruns it, and a
    changed one is set aside before it does;
-4. what its ranks were seen to read is as it was (``observed``).
+4. what its ranks were seen to read is as it was (``reads``).
 
 ``decide`` only reads. A verdict to run asks two things done before the call's attempt starts
 (``prepare``): the call's identity left in its directory (``.identity.json``: the attempt reads it
@@ -29,7 +29,7 @@ from ..call import StageCall
 from ..freshdir import is_new_call
 from . import call_id, read_call
 from .digests import DigestCache
-from .observed import current
+from .reads import current
 from .outputs import set_aside, spoiled_files
 from .packages import package_change
 from .usercode import display_name
