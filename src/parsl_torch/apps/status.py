@@ -187,30 +187,33 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
         for stage in data.get("stages", {}).values():
             if isinstance(stage, dict) and stage.get("state") in ("waiting", "running"):
                 stage.update(state="stopped", error="the workflow's process is gone")
-    rows = []
-    for name, s in data.get("stages", {}).items():
-        stage_dir = run_dir / name
-        started_file = stage_dir / stagedir.STARTED
-        started = started_file.stat().st_mtime if started_file.exists() else None
-        state = s.get("state", "waiting")
-        if state == "waiting" and started and started >= s.get("submitted_at", 0):
-            state = "running"
-        first_step = s.get("continued_at_step") or 0  # where a continuation resumed
-        progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done", "stopped") \
-            else ""
-        if state == "skipped":  # its files, and its result, are those of the run that did it
-            progress = "; ".join(filter(None, (_progress(stage_dir, None), _earlier(s.get("earlier")))))
-        if s.get("continuations"):
-            progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
-        if state == "running":
-            progress = "; ".join(filter(None, (_held(stage_dir, s), progress)))
-        if state in ("done", "skipped"):  # its own result, after where it got to
-            progress = "; ".join(filter(None, (progress, _result_text(s.get("result")))))
-        if state == "waiting" and not s.get("continuations"):  # (a continuation says where it resumes)
-            progress = "; ".join(filter(None, (_waiting(s, data.get("stages", {})), progress)))
-        rows.append(StageRow(name, state, progress, s.get("error", ""), str(stage_dir), s.get("result")))
+    rows = [_row(run_dir, name, s, data.get("stages", {})) for name, s in data.get("stages", {}).items()]
     data["quarantined"] = quarantine.read(run_dir / "parsl" / quarantine.FILE)
     return data, rows
+
+
+def _row(run_dir: Path, name: str, s: dict[str, Any], stages: dict[str, Any]) -> StageRow:
+    """One stage's row: its state (waiting, running, done...) and what it has done so far."""
+    stage_dir = run_dir / name
+    started_file = stage_dir / stagedir.STARTED
+    started = started_file.stat().st_mtime if started_file.exists() else None
+    state = s.get("state", "waiting")
+    if state == "waiting" and started and started >= s.get("submitted_at", 0):
+        state = "running"
+    first_step = s.get("continued_at_step") or 0  # where a continuation resumed
+    progress = _progress(stage_dir, started, first_step) if state in ("running", "failed", "done", "stopped") \
+        else ""
+    if state == "skipped":  # its files, and its result, are those of the run that did it
+        progress = "; ".join(filter(None, (_progress(stage_dir, None), _earlier(s.get("earlier")))))
+    if s.get("continuations"):
+        progress = "; ".join(filter(None, (_continued(stage_dir, s, state), progress)))
+    if state == "running":
+        progress = "; ".join(filter(None, (_held(stage_dir, s), progress)))
+    if state in ("done", "skipped"):  # its own result, after where it got to
+        progress = "; ".join(filter(None, (progress, _result_text(s.get("result")))))
+    if state == "waiting" and not s.get("continuations"):  # (a continuation says where it resumes)
+        progress = "; ".join(filter(None, (_waiting(s, stages), progress)))
+    return StageRow(name, state, progress, s.get("error", ""), str(stage_dir), s.get("result"))
 
 
 def lowest_is_best(metric: str) -> bool:

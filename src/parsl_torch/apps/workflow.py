@@ -213,27 +213,34 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
              gc_executor: Any = None, **keywords: Any) -> Iterator[Workflow]:
     """Run stages on ``site`` with their files and Parsl's records under ``run_dir``.
 
-    ``retries``: times Parsl reruns a failed stage (the built-in train stage
-    resumes from its last checkpoint). A stage that stops for its block's end
-    (``walltime``) is submitted again without using them, until it ends
-    ``max_continuations`` blocks in a row without progress. Other keywords are site overrides
-    (account, queue, walltime, nodes, as for ``pt.sites.load``) or
-    ``parsl.Config`` settings (``monitoring=MonitoringHub(...)``,
-    ``retry_handler``, ``max_idletime``, ...). ``sites=[default, *others]``
-    instead of ``site``: stages called with ``site=`` run on another of them
-    (``placement``: their inputs must be on a file system that site sees). ``on_error``: when the workflow script
-    raises, the error is logged at once and the stages already running finish
-    ("wait", the default: their work is kept and a rerun skips them) or are
-    stopped at once ("cancel"); stages that have not started never start. On a Globus Compute site the
-    stages write under the site's ``remote_run_dir``/<run_dir name>; Parsl's
-    records stay here. ``gc_executor`` replaces the site's Globus Compute
-    Executor (tests). ``warm=True``: function stages of one shape run one after
-    another in ranks that are already up (``apps.warm``; script stages run cold).
-    Under ``parsl-torch run --site S --run-dir D --fresh``
-    those flags replace what the script passes (the log says so).
+    ``retries``: times Parsl reruns a failed stage (the built-in train stage resumes from its last checkpoint). A
+    stage that stops for its block's end (``walltime``) is submitted again without using them, until it ends
+    ``max_continuations`` blocks in a row without progress. Other keywords are site overrides (account, queue,
+    walltime, nodes, as for ``pt.sites.load``) or ``parsl.Config`` settings (``monitoring=MonitoringHub(...)``,
+    ``retry_handler``, ``max_idletime``, ...). ``sites=[default, *others]`` instead of ``site``: stages called with
+    ``site=`` run on another of them (``placement``: their inputs must be on a file system that site sees).
+    ``on_error``: when the workflow script raises, the error is logged at once and the stages already running finish
+    ("wait", the default: their work is kept and a rerun skips them) or are stopped at once ("cancel"); stages that
+    have not started never start. On a Globus Compute site the stages write under the site's
+    ``remote_run_dir``/<run_dir name>; Parsl's records stay here. ``gc_executor`` replaces the site's Globus Compute
+    Executor (tests). ``warm=True``: function stages of one shape run one after another in ranks that are already up
+    (``apps.warm``; script stages run cold). Under ``parsl-torch run --site S --run-dir D --fresh`` those flags
+    replace what the script passes (the log says so).
     """
     settings.check_user_settings()  # (read on the ranks too late: a bad one would fail every stage, minutes in)
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
+    loaded, others, users_dfk = _sites_checked(request)
+    run_dir = _made_run_dir(request.run_dir)
+    with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
+        prepare(run_dir, request.fresh)
+        wf = _made(request, loaded, others, users_dfk, run_dir)
+        with _current_while(wf, request), terminate_cleanly(), _stages_run(wf, request, users_dfk):
+            yield wf
+
+
+def _sites_checked(request: WorkflowRequest) -> tuple[Any, list, bool]:
+    """The default site, the others, and whether the stages run in your own Parsl config (already loaded),
+    each site checked for it (or its blocks, for their stages) before anything is made."""
     loaded = sites.load(request.site, **request.site_overrides)
     others = [sites.load(name) for name in request.other_sites]  # (the overrides are the default site's)
     users_dfk = _loaded_dfk()
@@ -242,43 +249,58 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
             _check_users_dfk(users_dfk, each, request)
         elif not get_scheduler(each.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
             sites.build.check_blocks_take_stages(each.spec)
-    run_dir = _made_run_dir(request.run_dir)
-    with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
-        prepare(run_dir, request.fresh)
-        from .identity.memo import register_memo_ids  # (with Parsl: not where the ranks import this module)
+    return loaded, others, users_dfk is not None
 
-        register_memo_ids()
-        wf = Workflow(placements(loaded, others, users_dfk is not None), run_dir, memoize=users_dfk is None,
-                      max_continuations=request.max_continuations, retry_handler=request.retry_handler)
-        wf.log.info("workflow on site %r%s, run directory %s%s", loaded.name,
-                    f" (and {', '.join(o.name for o in others)})" if others else "", run_dir,
-                    " (in your own Parsl config: stages always run)" if users_dfk else "")
-        for key, asked in request.given.items():
-            wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
-                        getattr(request, key), key.replace("_", "-"), asked)
-        token = _current.set(wf)
-        watching = status.Progress(run_dir, request.progress, settings.PROGRESS_EVERY.get())
-        ended = None
-        try:
-            with terminate_cleanly():
-                if users_dfk is not None:
-                    with wf.running_stages_finish(request.on_error):
-                        yield wf
-                    wf.wait()
-                    return
-                with _parsl_loaded(wf, request) as dfk:
-                    with _warm_ranks(wf, request.warm):
-                        with wf.running_stages_finish(request.on_error):
-                            yield wf
-                        wf.wait()  # the stages; then the warm groups stop, then Parsl's other tasks end
-                    dfk.wait_for_current_tasks()
-        except BaseException as exc:
-            ended = how_it_ended(exc)
-            raise
-        finally:
-            wf.status.finish(ended)
-            watching.stop()
-            _current.reset(token)
+
+def _made(request: WorkflowRequest, loaded: Any, others: list, users_dfk: bool, run_dir: Path) -> Workflow:
+    """The workflow, its start logged (its sites, its run directory, the flags ``parsl-torch run`` replaced)."""
+    from .identity.memo import register_memo_ids  # (with Parsl: not where the ranks import this module)
+
+    register_memo_ids()
+    wf = Workflow(placements(loaded, others, users_dfk), run_dir, memoize=not users_dfk,
+                  max_continuations=request.max_continuations, retry_handler=request.retry_handler)
+    wf.log.info("workflow on site %r%s, run directory %s%s", loaded.name,
+                f" (and {', '.join(o.name for o in others)})" if others else "", run_dir,
+                " (in your own Parsl config: stages always run)" if users_dfk else "")
+    for key, asked in request.given.items():
+        wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
+                    getattr(request, key), key.replace("_", "-"), asked)
+    return wf
+
+
+@contextlib.contextmanager
+def _current_while(wf: Workflow, request: WorkflowRequest) -> Iterator[None]:
+    """The script's block: ``wf`` is the current workflow, progress lines are printed, and how it ended
+    goes into ``status.json``."""
+    token = _current.set(wf)
+    watching = status.Progress(wf.run_dir, request.progress, settings.PROGRESS_EVERY.get())
+    ended = None
+    try:
+        yield
+    except BaseException as exc:
+        ended = how_it_ended(exc)
+        raise
+    finally:
+        wf.status.finish(ended)
+        watching.stop()
+        _current.reset(token)
+
+
+@contextlib.contextmanager
+def _stages_run(wf: Workflow, request: WorkflowRequest, users_dfk: bool) -> Iterator[None]:
+    """The script's block, while its stages run (on your own Parsl, or on Parsl loaded with the sites and
+    the warm groups); when it ends, so have they: the stages, then the warm groups, then Parsl's other tasks."""
+    if users_dfk:
+        with wf.running_stages_finish(request.on_error):
+            yield
+        wf.wait()
+        return
+    with _parsl_loaded(wf, request) as dfk:
+        with _warm_ranks(wf, request.warm):
+            with wf.running_stages_finish(request.on_error):
+                yield
+            wf.wait()
+        dfk.wait_for_current_tasks()
 
 
 def _made_run_dir(run_dir: str) -> Path:

@@ -88,7 +88,9 @@ class Fingerprinter:
         return sha(repr(self.token(value, where)).encode())
 
     # -- values --------------------------------------------------------------------------------------------
-    def token(self, value: Any, where: str) -> Any:  # noqa: C901 - one dispatch over the kinds of value
+    def token(self, value: Any, where: str) -> Any:
+        """``value`` as plain data that equals itself across processes: plain values as they are, containers by
+        their items, the rest below."""
         kind = type(value)
         if kind is str:  # a long one by digest: repr() of a large value would copy it several times
             return ("str", value) if len(value) <= LONG_STR else \
@@ -106,6 +108,10 @@ class Fingerprinter:
                       self.token(v, f"{where}[{k!r}]")) for k, v in value.items()]           # (is no path)
             ordered = isinstance(value, OrderedDict)
             return (self._type_name(kind), items if ordered else sorted(items, key=lambda kv: kv[0]))
+        return self._file_token(value) or self._object_token(value, where)
+
+    def _file_token(self, value: Any) -> Any:
+        """A path or a File: named, its file compared where the stage runs (``files``); else None."""
         if isinstance(value, PurePath):
             path = os.path.abspath(value)
             self.files.add(path)
@@ -113,6 +119,11 @@ class Fingerprinter:
         if hasattr(value, "filepath") and hasattr(value, "url"):  # a Parsl File or a StageFile
             self.files.add(os.path.abspath(value.filepath))
             return ("file", str(value.url))
+        return None
+
+    def _object_token(self, value: Any, where: str) -> Any:
+        """Any other value: code by its fingerprint, an object by what it holds, else by its bytes (or refused)."""
+        kind = type(value)
         if isinstance(value, enum.Enum):
             return ("enum", self.token(kind, where), value.name)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType,

@@ -1,13 +1,6 @@
-"""Memoization that never returns a stale result.
-
-A stage call's memo key is its identity (``identity``'s components: code, the
-user modules it reaches, options, arguments, the content of every file it is
-told about), computed here when the call is ready to run, after the futures
-it waits on have resolved, instead of Parsl's ``make_hash`` (which pickles
-functions by name). ``StageMemoizer`` adds the rule Parsl cannot know: a hit
-stands only if the stage directory still holds that call's files and what they
-were made from is as it was (``verdict``), and it logs why a stage runs again.
-Other apps in the same workflow keep Parsl's own rules (a File by its content).
+"""Parsl's memoizer for a workflow's stages (``StageMemoizer``): a stage call's key is its identity
+(``identity``), computed when it is ready to run, instead of Parsl's ``make_hash`` (which pickles functions
+by name), and its hit is the verdict's (``verdict``). Other apps keep Parsl's rules (a File by its content).
 """
 
 from __future__ import annotations
@@ -50,10 +43,8 @@ def register_memo_ids() -> None:
 
 
 class StageMemoizer(BasicMemoizer):
-    """Parsl's ``BasicMemoizer`` for a workflow's stages: a stage call's key is its identity and its hit
-    the verdict's (``verdict``), digests in the run's ``cache``; other apps keep Parsl's rules (a File in
-    the user's own apps by its content, through the same cache). Once ``stopping`` is set (the workflow
-    script raised), a stage about to start fails instead."""
+    """Parsl's ``BasicMemoizer`` with the stages' rules, digests in the run's ``cache``; once ``stopping``
+    is set (the workflow script raised), a stage about to start fails instead."""
 
     def __init__(self, checkpoint_files: list[str], cache: identity.DigestCache, stopping: threading.Event) -> None:
         super().__init__(checkpoint_files=checkpoint_files, checkpoint_mode="task_exit")

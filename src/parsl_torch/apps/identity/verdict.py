@@ -1,19 +1,9 @@
-"""Whether a stage call skips: the one decision of every route, where the workflow runs (Parsl's
-memoizer, ``memo``) and on a Globus Compute endpoint (``remote.job``).
+"""Whether a stage call skips: the one decision of every route (the memoizer, ``memo``, where the workflow
+runs; the task on a Globus Compute endpoint, ``remote.job``), and every reason a stage reruns, worded.
 
-A call skips only when all of these hold; otherwise it runs, and the verdict says why:
-
-1. the cache holds a result of this identity (Parsl's memo table; on an endpoint, the stage's
-   result file);
-2. the stage directory's record (``.call.json``) is of this identity (any run of the stage that
-   started since removed it);
-3. its outputs are as that call left them (``outputs``): a gone or changed one reruns it, and a
-   changed one is set aside before it does;
-4. what its ranks were seen to read is as it was (``reads``).
-
-``decide`` only reads. A verdict to run asks two things done before the call's attempt starts
-(``prepare``): the call's identity left in its directory (``.identity.json``: the attempt reads it
-there, wherever it runs), and its changed outputs set aside.
+It skips only when the cache holds a result of its identity, its directory's record (``.call.json``) is of
+that identity, its outputs are as that call left them and what its ranks read is as it was. ``decide``
+only reads; ``prepare`` does what a verdict to run asks before the attempt.
 """
 
 from __future__ import annotations
@@ -37,9 +27,8 @@ from .usercode import display_name
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """A stage call's verdict: ``why`` it runs (None: it skips), its memo ``key`` and ``parts`` (written
-    with the call when it finishes), the record of the call whose files are in its directory
-    (``before``), and the outputs that call wrote that were changed since (``changed``)."""
+    """``why`` a call runs (None: it skips); its ``key`` and ``parts``, written with it when it finishes; the
+    record of the call whose files are in its directory, and the outputs of it changed since."""
 
     key: str
     parts: Mapping[str, str]

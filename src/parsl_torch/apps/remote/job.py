@@ -35,7 +35,7 @@ from ...errors import ConfigError, StageError
 from .. import identity
 from ..call import StageCall
 from ..stage_errors import stage_error
-from ..identity.verdict import decide, prepare
+from ..identity.verdict import Verdict, decide, prepare
 from ..stagecmd import stage_command
 
 #: what Globus Compute carries back from a task (the endpoint refuses a larger result)
@@ -107,6 +107,14 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     why = found.why
     if moved := prepare(found, call, outputs, digests):  # (as where the workflow runs: the rerun starts without them)
         why += f"; set aside: {', '.join(moved)}"
+    return _ran(job, call, found, why, args, kwargs, digests)
+
+
+def _ran(job: RemoteJob, call: StageCall, found: Verdict, why: str, args: tuple, kwargs: dict[str, Any],
+         digests: identity.DigestCache) -> RemoteAnswer:
+    """The stage run here (its shipped modules first on the ranks' path): its value, or its error; its call's
+    record written when it succeeded."""
+    stage_dir = Path(call.opts.stage_dir)
     if job.sources:  # only a stage that runs needs them (they are not part of what is compared)
         try:
             shipped = str(_unpack(stage_dir / SOURCES, job.sources))
@@ -127,7 +135,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
             f"stage {job.stage!r} returned {len(value) / 2**20:.1f} MiB, more than Globus Compute carries back "
             f"({RESULT_LIMIT // 2**20} MiB): write it to a file in outputs= (it stays on the endpoint, in "
             f"{stage_dir}) and return its path or a summary"))
-    identity.write_call(stage_dir, found.key, found.parts, outputs, digests, call.opts.environment)
+    identity.write_call(stage_dir, found.key, found.parts, kwargs["outputs"], digests, call.opts.environment)
     return RemoteAnswer(job.stage, value, why)
 
 
