@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import sites
 from ..common import settings
 from ..errors import ConfigError
+from ..launch.schedulers import get_scheduler
 from .continuation import check_max_continuations
 
 #: what pt.workflow does with the stages that run when the workflow script raises
@@ -152,3 +154,45 @@ class BuiltinCall:
     def name(self) -> str:
         """The name asked for: ``stage=``, else the built-in's."""
         return self.stage or self.builtin
+
+
+def sites_checked(request: WorkflowRequest) -> tuple[Any, list, bool]:
+    """The default site, the others, and whether the stages run in your own Parsl config (already loaded),
+    each site checked for it (or its blocks, for their stages) before anything is made."""
+    loaded = sites.load(request.site, **request.site_overrides)
+    others = [sites.load(name) for name in request.other_sites]  # (the overrides are the default site's)
+    users_dfk = loaded_dfk()
+    for each in (loaded, *others):
+        if users_dfk is not None:  # stages run on the site's executors in the user's own config
+            check_users_dfk(users_dfk, each, request)
+        elif not get_scheduler(each.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
+            sites.build.check_blocks_take_stages(each.spec)
+    return loaded, others, users_dfk is not None
+
+
+def loaded_dfk() -> Any:
+    """The DataFlowKernel the user loaded (``parsl.load``), or None."""
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+    from parsl.errors import NoDataFlowKernelError
+
+    try:
+        return DataFlowKernelLoader.dfk()
+    except NoDataFlowKernelError:
+        return None
+
+
+def check_users_dfk(dfk: Any, site: sites.Site, request: WorkflowRequest) -> None:
+    """Under a DataFlowKernel the user loaded: it must hold the site's executors, and the settings
+    of Parsl's own config are theirs. Checked before anything is made."""
+    if request.warm:
+        raise ConfigError("pt.workflow(warm=True) needs the Parsl config pt.workflow loads itself (its warm "
+                          "ranks' executor): leave out your parsl.load, or warm=True")
+    given = [k for k, v in {"retries": request.retries, "gc_executor": request.gc_executor,
+                            "retry_handler": request.retry_handler, **request.config_settings}.items() if v]
+    if given:
+        raise ConfigError(f"Parsl is already loaded (parsl.load): set {', '.join(given)} in your own "
+                          f"parsl.Config, not in pt.workflow")
+    if site.mpi_label not in dfk.executors:
+        raise ConfigError(f"Parsl is already loaded without site {site.name!r}'s executors: add "
+                          f"pt.sites.load({site.name!r}).executors() to your parsl.Config (labels "
+                          f"{site.mpi_label!r}, ...), or let pt.workflow load Parsl (no parsl.load around it)")

@@ -26,12 +26,11 @@ from ..common import settings, stagedir
 from ..common.runlock import RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
-from ..launch.schedulers import get_scheduler
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
 from .stopping import Terminated, how_it_ended, terminate_cleanly
 from .placement import Placement, placements
-from .request import WorkflowRequest
+from .request import WorkflowRequest, sites_checked
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
 from .identity.usercode import rank_import_path
@@ -229,27 +228,13 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     """
     settings.check_user_settings()  # (read on the ranks too late: a bad one would fail every stage, minutes in)
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
-    loaded, others, users_dfk = _sites_checked(request)
+    loaded, others, users_dfk = sites_checked(request)
     run_dir = _made_run_dir(request.run_dir)
     with RunLock(run_dir):  # a second workflow on this directory fails here, naming this one
         prepare(run_dir, request.fresh)
         wf = _made(request, loaded, others, users_dfk, run_dir)
         with _current_while(wf, request), terminate_cleanly(), _stages_run(wf, request, users_dfk):
             yield wf
-
-
-def _sites_checked(request: WorkflowRequest) -> tuple[Any, list, bool]:
-    """The default site, the others, and whether the stages run in your own Parsl config (already loaded),
-    each site checked for it (or its blocks, for their stages) before anything is made."""
-    loaded = sites.load(request.site, **request.site_overrides)
-    others = [sites.load(name) for name in request.other_sites]  # (the overrides are the default site's)
-    users_dfk = _loaded_dfk()
-    for each in (loaded, *others):
-        if users_dfk is not None:  # stages run on the site's executors in the user's own config
-            _check_users_dfk(users_dfk, each, request)
-        elif not get_scheduler(each.spec.scheduler).remote:  # blocks too short to take a stage: submitted forever
-            sites.build.check_blocks_take_stages(each.spec)
-    return loaded, others, users_dfk is not None
 
 
 def _made(request: WorkflowRequest, loaded: Any, others: list, users_dfk: bool, run_dir: Path) -> Workflow:
@@ -390,31 +375,3 @@ def _file_handlers(logger: str, under: Path) -> list:
 
     return [h for h in logging.getLogger(logger).handlers
             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(under)]
-
-
-def _loaded_dfk() -> Any:
-    """The DataFlowKernel the user loaded (``parsl.load``), or None."""
-    from parsl.dataflow.dflow import DataFlowKernelLoader
-    from parsl.errors import NoDataFlowKernelError
-
-    try:
-        return DataFlowKernelLoader.dfk()
-    except NoDataFlowKernelError:
-        return None
-
-
-def _check_users_dfk(dfk: Any, site: sites.Site, request: WorkflowRequest) -> None:
-    """Under a DataFlowKernel the user loaded: it must hold the site's executors, and the settings
-    of Parsl's own config are theirs. Checked before anything is made."""
-    if request.warm:
-        raise ConfigError("pt.workflow(warm=True) needs the Parsl config pt.workflow loads itself (its warm "
-                          "ranks' executor): leave out your parsl.load, or warm=True")
-    given = [k for k, v in {"retries": request.retries, "gc_executor": request.gc_executor,
-                            "retry_handler": request.retry_handler, **request.config_settings}.items() if v]
-    if given:
-        raise ConfigError(f"Parsl is already loaded (parsl.load): set {', '.join(given)} in your own "
-                          f"parsl.Config, not in pt.workflow")
-    if site.mpi_label not in dfk.executors:
-        raise ConfigError(f"Parsl is already loaded without site {site.name!r}'s executors: add "
-                          f"pt.sites.load({site.name!r}).executors() to your parsl.Config (labels "
-                          f"{site.mpi_label!r}, ...), or let pt.workflow load Parsl (no parsl.load around it)")
