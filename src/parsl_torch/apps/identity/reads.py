@@ -40,10 +40,8 @@ def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mappin
         kind, _, what = line.partition(" ")
         if kind == "e":
             names.update(_whole_environment(stage_env, environ) if what == "*" else [what])
-        elif not os.path.join(what, "").startswith(outputs):  # (recorded absolute; a stat per read is the cost)
-            key, digest = _digest(kind, what, cache)
-            if key:
-                digests[key] = digest
+        elif kind in _KEYS and not os.path.join(what, "").startswith(outputs):  # (recorded absolute; a stat each)
+            digests[_KEYS[kind] + what] = _digest(_KEYS[kind] + what, cache)
     if any(line == "e *" for line in record.reads):  # (dict(os.environ) reads each name too: not told apart)
         names = {n for n in names if not session_variable(n)}
         digests["env *"] = _names_digest(stage_env, environ)
@@ -56,19 +54,23 @@ def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | Non
     return sha(json.dumps(sorted(_whole_environment(stage_env, environ))).encode())
 
 
-def _digest(kind: str, path: str, cache: DigestCache) -> tuple[str | None, str]:
-    if kind == "f" and path.endswith(".py") and os.path.isfile(path):  # code: by its syntax tree, as a module's
-        return f"read {path}", cache.module(path).digest
-    if kind == "f":
-        return f"read {path}", cache.file_digest(path) if not os.path.isdir(path) else "folder"
-    if kind == "F":
-        return f"read folder {path}", _folder(path, cache)
-    if kind == "d":
+#: a recorded read's kind (``common.observe``) -> its key in a call's record, before its path
+_KEYS = {"f": "read ", "F": "read folder ", "d": "listed "}
+
+
+def _digest(key: str, cache: DigestCache) -> str:
+    """The digest now of the read a record's key names."""
+    if key.startswith("listed "):
         try:
-            return f"listed {path}", sha(json.dumps(sorted(os.listdir(path))).encode())
+            return sha(json.dumps(sorted(os.listdir(key[len("listed "):]))).encode())
         except OSError:
-            return f"listed {path}", "missing"
-    return None, ""
+            return "missing"
+    if key.startswith("read folder "):
+        return _folder(key[len("read folder "):], cache)
+    path = key[len("read "):]
+    if path.endswith(".py") and os.path.isfile(path):  # code: by its syntax tree, as a module's
+        return cache.module(path).digest
+    return cache.file_digest(path) if not os.path.isdir(path) else "folder"
 
 
 def _folder(path: str, cache: DigestCache) -> str:
@@ -85,18 +87,9 @@ def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] 
 def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache,
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The digests of the same reads now (the names and paths a finished call's record lists)."""
-    lines, names = [], []
-    for key in before:
-        kind, _, what = key.partition(" ")
-        if kind == "env":
-            names.append(what)
-        elif kind == "read":
-            lines.append(f"F {what[len('folder '):]}" if what.startswith("folder ") else f"f {what}")
-        elif kind == "listed":
-            lines.append(f"d {what}")
-    now = read_digests(stagedir.ReadsRecord(0, 0, lines), stage_dir, stage_env, cache, environ)
-    if "*" in names:
-        names.remove("*")
+    names = [key[len("env "):] for key in before if key.startswith("env ") and key != "env *"]
+    now = {key: _digest(key, cache) for key in before if key.startswith(tuple(_KEYS.values()))}
+    if "env *" in before:
         now["env *"] = _names_digest(stage_env, environ)
     return {**now, **env_components(names, stage_env, environ)}
 
