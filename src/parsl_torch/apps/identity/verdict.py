@@ -73,6 +73,7 @@ def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: Di
     """Before the attempt of a call that runs: its identity left in its directory, and the outputs changed
     since its call wrote them set aside (read as they are, a damaged one could fail the rerun, and every
     rerun after it); the names set aside."""
+    Path(call.opts.stage_dir).mkdir(parents=True, exist_ok=True)  # (made when it was called; removed since?)
     stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.key, verdict.modules))
     if not verdict.changed:
         return []
