@@ -100,8 +100,7 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
         parts = identity.stage_components(call, args, kwargs, digests, None if job.code is None else dict(job.code))
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
-    # what holds its result here is its directory: a call that returns something left it there
-    found = decide(call, parts, outputs, digests, lambda key: job.memoize and _value(stage_dir, call) is not False)
+    found = decide(call, parts, outputs, digests, lambda key: job.memoize and _holds(stage_dir, call, key))
     if found.skips:
         return RemoteAnswer(job.stage, _value(stage_dir, call))
     why = found.why
@@ -137,6 +136,13 @@ def _ran(job: RemoteJob, call: StageCall, found: Verdict, why: str, args: tuple,
             f"{stage_dir}) and return its path or a summary"))
     identity.write_call(stage_dir, found.key, found.parts, kwargs["outputs"], digests, call.opts.environment)
     return RemoteAnswer(job.stage, value, why)
+
+
+def _holds(stage_dir: Path, call: StageCall, key: str) -> bool:
+    """Whether the stage's directory holds the result of the call ``key`` (the cache of an endpoint's stage):
+    that call's record, and its return value if it has one."""
+    record = identity.read_call(stage_dir)
+    return record is not None and record.memo_key == key and _value(stage_dir, call) is not False
 
 
 def _here(job: RemoteJob) -> StageCall:
