@@ -222,7 +222,7 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     assert float(errors[1]) < 40, f"named {errors[1]} s after the loss: later than the collective timeout"
     assert result["resumed_from"] == 6 and result["world_size"] == 4
     first = (wf.run_dir / "train" / "stderr.1.txt").read_text()  # each attempt its own log
-    assert "node n2 did not answer a check within 3 s: it is lost" in first
+    assert "node n2 did not answer a check within 10 s: it is lost" in first
     history = pt.read_history(result["history"])
     # the retry ran on the nodes that remained, in the block's order: n1, n3 (on n2 it could not have finished)
     assert history.attrs["hostname"] == "n1"
