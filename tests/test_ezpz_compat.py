@@ -76,6 +76,7 @@ def test_a_logger_on_another_rank_is_critical_and_takes_a_later_level():
     assert ezpz.get_logger("ezpz-compat-test", rank=1, rank_zero_only=False).level == 20
 
 
+@pytest.mark.slow  # (wandb's service process: out of make test-fast)
 def test_setup_wandb_as_ezpz_offline(tmp_path, monkeypatch, capfd):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
