@@ -19,9 +19,9 @@ from ..call import StageCall
 from ..freshdir import is_new_call
 from . import call_id, read_call
 from .digests import DigestCache
-from .reads import current
 from .outputs import set_aside, spoiled_files
 from .packages import package_change
+from .reads import current
 from .usercode import display_name
 
 
@@ -50,7 +50,7 @@ class Verdict:
     def said(self, stage: str) -> list[str]:
         """What the log says of a call that runs: why, and that a new call's directory starts empty."""
         new = [f"a new call: the previous call's files go to {stage}/{stagedir.PREVIOUS}/"] if self.new_call else []
-        return [f"{self.why}", *new]
+        return [str(self.why), *new]
 
 
 def decide(call: StageCall, parts: Mapping[str, str], outputs: Sequence[Any], cache: DigestCache,
