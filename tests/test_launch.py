@@ -540,7 +540,7 @@ def test_a_shim_whose_command_ended_tells_hydra_its_rank_is_done():
     shim = [sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", "pass"]
     out = subprocess.run([str(BIN / "mpiexec"), "-verbose", "-n", "2", *shim], env=clean_env(), capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.count("cmd=finalize_ack rc=0") == 2, out.stdout[-2000:]
+    assert out.returncode == 0 and out.stdout.count("cmd=finalize_ack") == 2, out.stdout[-2000:]
 
 
 def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves_no_file(tmp_path):
