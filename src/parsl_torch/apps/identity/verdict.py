@@ -17,7 +17,7 @@ from ...common import stagedir
 from ...common.stagedir import CallRecord
 from ..call import StageCall
 from ..freshdir import is_new_call
-from . import call_id, read_call
+from . import call_id, module_files, read_call
 from .digests import DigestCache
 from .outputs import set_aside, spoiled_files
 from .packages import package_change
@@ -45,7 +45,7 @@ class Verdict:
     @property
     def modules(self) -> list[str]:
         """The user modules the call's code imports (its ``module <file>`` components)."""
-        return [k[len("module "):] for k in self.parts if k.startswith("module ")]
+        return module_files(self.parts)
 
     def said(self, stage: str) -> list[str]:
         """What the log says of a call that runs: why, and that a new call's directory starts empty."""
