@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -163,11 +164,16 @@ def test_one_node_stages_share_a_two_node_block(cluster, sites_here):
     assert start_c >= min(end_a, end_b) - 0.5  # the third waited for a free node
 
 
-def _wait_for(path: Path, what: str, timeout: float = 120) -> None:
+def _wait_for(path: Path, what: str, future: Future | None = None, timeout: float = 360) -> None:
+    """Until ``path`` appears; a stage that ended first fails the test with its own error (not a timeout).
+    (The limit is for a loaded machine: three tests side by side on two cores took over 120 s to start a
+    three-node Slurm block and its ranks.)"""
     deadline = time.monotonic() + timeout
     while not path.exists():
+        if future is not None and future.done():
+            raise AssertionError(f"{what} did not appear: {path}; the stage ended first: {future.exception()!r}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not appear: {path}")
+            raise AssertionError(f"{what} did not appear within {timeout:.0f} s: {path}")
         time.sleep(0.1)
 
 
@@ -176,7 +182,7 @@ def test_rank_killed_on_second_node_fails_fast_and_leaves_nothing(cluster, sites
     loop = pt.script_app(RANKS / "allreduce_loop.py", args=[str(markers), 120], num_nodes=2, ranks_per_node=2)
     with pt.workflow(site="nsslurm", run_dir="runs/kill"):
         future = loop()
-        _wait_for(markers / "rank3", "rank 3's marker")
+        _wait_for(markers / "rank3", "rank 3's marker", future)
         host, pid = (markers / "rank3").read_text().split()
         assert host == "n2"
         cluster.run_on("n2", f"kill -9 {pid}")
@@ -200,7 +206,7 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     # a block of 3 nodes: the 2-node stage gets n1, n2; after n2 is lost the retry gets n1, n3
     with pt.workflow(site="nspbs", run_dir="runs/lost", nodes=3, retries=1) as wf:
         future = train(cfg, num_nodes=2, ranks_per_node=2)
-        _wait_for(tmp_path / "once", "the stopped rank")
+        _wait_for(tmp_path / "once", "the stopped rank", future)
         assert (wf.run_dir / "train" / "model.pt").exists()
         errors: list[str] = []
         lost_at = time.monotonic()
@@ -365,7 +371,7 @@ def test_a_lost_node_is_never_handed_to_another_stage_of_its_block(cluster, site
     with pt.workflow(site="nsslurm", run_dir="runs/quarantine", nodes=3) as wf:
         first = [where(str(tmp_path / f"m{i}"), str(go), stage=f"first-{i}") for i in range(3)]
         for i in range(3):
-            _wait_for(tmp_path / f"m{i}", f"stage first-{i}")
+            _wait_for(tmp_path / f"m{i}", f"stage first-{i}", first[i])
         hosts = [(tmp_path / f"m{i}").read_text() for i in range(3)]
         assert sorted(hosts) == ["n1", "n2", "n3"], hosts
         victim = next(i for i, h in enumerate(hosts) if h != "n1")  # n1 holds the block's worker pool
@@ -403,7 +409,7 @@ def test_a_node_lost_on_a_site_that_does_not_survive_it_is_named_within_its_boun
 
     with pt.workflow(site="nsslurm-kill", run_dir="runs/kill", nodes=2):
         future = hold(str(tmp_path / "m-"), num_nodes=2)
-        _wait_for(tmp_path / "m-n2", "the rank on n2")
+        _wait_for(tmp_path / "m-n2", "the rank on n2", future)
         lost_at = time.monotonic()
         cluster.module.lose_node("n2")
         with pytest.raises(StageError, match=r"node n2 lost \(rank 1\): no heartbeat for 10 s"):
@@ -426,7 +432,7 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
         with pytest.raises(pt.ConfigError, match=r"blocks of 3 node\(s\) \(provider.nodes_per_block, 1 of them spare"):
             train(TRAIN, num_nodes=3, ranks_per_node=1, stage="too-wide")
         future = train({**TRAIN, "steps": 10, "checkpoint_every": 2}, num_nodes=2, ranks_per_node=2)
-        _wait_for(tmp_path / "once", "the stopped rank")
+        _wait_for(tmp_path / "once", "the stopped rank", future)
         cluster.module.lose_node("n2")
         result = future.result(timeout=600)
     assert result["resumed_from"] == 6 and result["world_size"] == 4
@@ -455,7 +461,7 @@ def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allo
         with pytest.raises(pt.ConfigError, match=r"min_nodes=3 must be an int from 1 to num_nodes \(2\)"):
             train(cfg, num_nodes=2, min_nodes=3, stage="wrong")
         future = train(cfg, num_nodes=2, ranks_per_node=2, min_nodes=1)
-        _wait_for(tmp_path / "once", "the stopped rank")
+        _wait_for(tmp_path / "once", "the stopped rank", future)
         cluster.module.lose_node("n2")
         result = future.result(timeout=600)
     assert result["resumed_from"] == 6 and result["world_size"] == 2
