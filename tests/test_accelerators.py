@@ -127,10 +127,10 @@ def precision_call(step: int):
     if step == 0:
         torch.set_float32_matmul_precision("high")
         torch.backends.cuda.matmul.fp32_precision = "tf32"
-        return {"pid": os.getpid()}
+        return {"pid": os.getppid()}
     model = torch.compile(torch.nn.Linear(64, 64).cuda())
     out = model(torch.randn(8, 64, device="cuda"))
-    return {"pid": os.getpid(), "matmul": torch.get_float32_matmul_precision(), "shape": list(out.shape),
+    return {"pid": os.getppid(), "matmul": torch.get_float32_matmul_precision(), "shape": list(out.shape),
             "device": torch.cuda.current_device()}
 
 
@@ -141,5 +141,5 @@ def test_a_warm_call_compiles_on_the_gpu_after_one_that_set_the_matmul_precision
     with pt.workflow(site="local", run_dir="runs", warm=True):
         first = precision_call(0, stage="p0").result(timeout=300)
         second = precision_call(1, stage="p1").result(timeout=600)
-    assert first["pid"] == second["pid"]  # one warm rank took both calls
+    assert first["pid"] == second["pid"]  # one warm rank forked both calls (pid: the parent's)
     assert second == {"pid": first["pid"], "matmul": "highest", "shape": [8, 64], "device": 0}

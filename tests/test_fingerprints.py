@@ -4,12 +4,9 @@ only with that, and the user modules a stage reaches are found through its impor
 
 from __future__ import annotations
 
-import ast
-import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections import OrderedDict
@@ -358,37 +355,3 @@ def test_the_package_itself_is_the_runtime_of_every_stage_and_never_user_code(tm
         assert identity.runtime_digest(identity.DigestCache(None)) != before
     finally:
         shim.write_text(text)
-
-
-def test_a_warm_rank_sees_a_module_rewritten_within_its_mtime_since_it_was_imported(tmp_path, monkeypatch):
-    """A warm group's import watch (``apps.warm.imports``): a helper regenerated with the same size within the
-    same whole-second mtime as when it was imported still counts as changed (its content is compared)."""
-    import importlib
-    import os
-
-    from parsl_torch.apps.warm.imports import ImportWatch
-
-    module, old = tmp_path / "genhelper.py", tmp_path / "oldhelper.py"
-    module.write_text("X = 2\n")
-    stamp = os.stat(module).st_mtime_ns
-    old.write_text("Y = 2\n")
-    os.utime(old, (time.time() - 60, time.time() - 60))  # written long before: no content kept, its stat is
-    monkeypatch.syspath_prepend(str(tmp_path))
-    watch = ImportWatch()
-    try:
-        importlib.import_module("oldhelper")
-        importlib.import_module("genhelper")
-    finally:
-        sys.meta_path.remove(watch)
-        sys.modules.pop("genhelper", None)
-        sys.modules.pop("oldhelper", None)
-    assert watch.changed() is None
-    module.write_text("X = 3\n")
-    os.utime(module, ns=(stamp, stamp))
-    assert watch.changed() == str(module.resolve())
-    del watch.imported[str(module.resolve())]
-    before = os.stat(old)
-    time.sleep(0.01)
-    old.write_text("Y = 3\n")  # copied over with its old mtime kept (cp -p, rsync -t): the ctime tells
-    os.utime(old, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert watch.changed() == str(old.resolve())

@@ -82,7 +82,7 @@ def attempt_identity(call: StageCall, args: tuple, kwargs: dict[str, Any]) -> Id
     if call.identify_on_worker:
         parts = identity.stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(
             Path(call.opts.stage_dir).parent))
-        return IdentityRecord(identity.call_id(parts), identity.module_files(parts))
+        return IdentityRecord(identity.call_id(parts))
     record = read_record(Path(call.opts.stage_dir) / IDENTITY, IdentityRecord)
     if record is None:
         raise StageError(f"stage {call.stage!r}: no verdict left its identity in {call.opts.stage_dir} (it was "

@@ -14,6 +14,7 @@ SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for e
 PREFLIGHT = "parsl_torch.launch.preflight"  # a rank of the pre-flight check: Python starts, answers
 NODE_PYTHON = "parsl_torch.launch.nodepython"  # the Python environment staged to node-local storage
 STAGE_MAIN = "parsl_torch.apps.stage_main"  # one rank of a distributed_app
+WARM_RANK = "parsl_torch.apps.warm.rank"  # one rank of a warm group: forks each call
 CLI = "parsl_torch.cli"  # the parsl-torch command
 WATCHDOG = "parsl_torch.apps.watchdog"  # ends what a workflow started when the workflow dies
 STAGES_PACKAGE = "parsl_torch.stages"  # built-in stage NAME runs as python -m parsl_torch.stages.NAME

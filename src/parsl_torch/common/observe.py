@@ -175,8 +175,10 @@ class Recorder:
             self.local.busy = False
 
     def begin(self) -> None:
-        """Forget what was seen: the next call's reads are recorded anew (into a fresh file)."""
+        """Forget what was seen: the next call's reads are recorded anew (into a fresh file), against the
+        places of its environment (a warm call's fork sets the call's ``TMPDIR``, caches, ...)."""
         self.since = time.time()
+        self.skipped, self.temp = (*_skipped_prefixes(), "<frozen"), _temp_folders()
         with self.lock:
             if self.out is not None:
                 os.close(self.out)
@@ -303,10 +305,15 @@ def install(folder: str, since: float) -> Recorder:
 
 
 def begin_call(folder: str) -> None:
-    """A warm rank's next call: the folder emptied and this process's recorder told (no handle on it
-    is kept anywhere: it hears its own audit event)."""
+    """A warm rank's next call, in its parent: the folder emptied and this process's recorder told (no
+    handle on it is kept anywhere: it hears its own audit event). The call's fork says ``begin_reads``."""
     for name in _files(folder):
         os.unlink(os.path.join(folder, name))
+    sys.audit(BEGIN)
+
+
+def begin_reads() -> None:
+    """This process's reads from now on are a new call's, against its environment as it is now."""
     sys.audit(BEGIN)
 
 

@@ -65,10 +65,9 @@ class CallRecord:
 @dataclass(frozen=True)
 class IdentityRecord:
     """The identity of the call an attempt runs (its ranks resume only a checkpoint written under the same
-    ``call_id``) and the user modules its code imports (known before it runs: a warm group observes them)."""
+    ``call_id``)."""
 
     call_id: str
-    modules: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -124,17 +123,28 @@ class WarmJob:
 
     stage_dir: str
     walltime: float | None = None
-    #: the user modules the call's code imports, known before it runs (``IdentityRecord.modules``)
-    modules: list[str] = field(default_factory=list)
 
     def file(self, name: str) -> str:
         return os.path.join(self.stage_dir, name)
 
 
+@dataclass(frozen=True)
+class WarmReport:
+    """How one rank's child ran a warm call (``jobs/<n>.rank<r>.json``): its exit code (negative: the
+    signal), the exception that ended it, whether its parent stopped it ("peer": another rank failed;
+    "walltime"), and what it read (None: not observed)."""
+
+    code: int
+    host: str
+    raised: str = ""
+    stopped: str = ""
+    reads: list[str] | None = None
+
+
 R = TypeVar("R")
 #: the JSON types an annotation allows (None is always allowed where the annotation says so)
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict[str, str]": (dict,),
-          "dict[str, Any]": (dict,)}
+          "dict[str, Any]": (dict,), "list[str]": (list,)}
 
 
 def to_json(record: Any) -> str:

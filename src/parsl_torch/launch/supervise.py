@@ -113,10 +113,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     if stage_dir and outcome.cause in (Cause.OK, Cause.CONTINUED) and settings.OBSERVE.get(plan.env):
         _record_reads(stage_dir, watch.listener, plan.num_ranks)
     if outcome.cause is Cause.OK and result and not os.path.exists(result):
-        outcome = Outcome(Cause.NO_RESULT, NO_RESULT_EXIT, (
-            f"every rank exited with code 0, but rank 0 never returned a value ({os.path.basename(result)} was not "
-            f"written): the stage's function ended its process before it returned (os._exit(0)? a library that "
-            f"exits?)"), rank=0)
+        outcome = no_result(result)
         _say(outcome.summary)
     if outcome.cause is Cause.NODE_LOST and outcome.host:
         if stage_dir:  # (first: a scheduler that ends the job for the lost node ends this process during the check)
@@ -206,13 +203,13 @@ class _Watch:
         if self.plan.num_ranks == 1:  # no other rank to stop, no launcher verdict on them to explain
             _say(str(report))
             stop(self.proc, self.grace)
-            return _rank_outcome(report)
+            return rank_outcome(report)
         _say(f"{report}; stopping {self.others}")
         stop(self.proc, self.grace)
         # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
         # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
         _say(f"{report} (the cause: what the launcher printed after it is about the ranks stopped)")
-        return _rank_outcome(report)
+        return rank_outcome(report)
 
     def _launcher_exited(self, status: int) -> Outcome:
         code = _exit_code(status)
@@ -228,7 +225,7 @@ class _Watch:
             if isinstance(event, RankReport) and not event.preflight:
                 event = blame_stopped(event, self.listener.stopped)
                 _say(str(event))
-                return _rank_outcome(event, code)
+                return rank_outcome(event, code)
         return Outcome(Cause.LAUNCHER_FAILED, code, f"the launcher {describe_exit(status)}")
 
     def _on_time(self) -> Outcome | None:
@@ -274,7 +271,16 @@ def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:
     return record is not None and record.time >= since
 
 
-def _rank_outcome(report: RankReport, code: int | None = None) -> Outcome:
+def no_result(result: str) -> Outcome:
+    """Every rank exited with code 0 and rank 0's value file ``result`` is not there (a warm call's too)."""
+    return Outcome(Cause.NO_RESULT, NO_RESULT_EXIT, (
+        f"every rank exited with code 0, but rank 0 never returned a value ({os.path.basename(result)} was not "
+        f"written): the stage's function ended its process before it returned (os._exit(0)? a library that "
+        f"exits?)"), rank=0)
+
+
+def rank_outcome(report: RankReport, code: int | None = None) -> Outcome:
+    """A failed rank's outcome (a warm call's too: ``apps.warm.rank``), its summary the report's line."""
     summary = str(report)
     if report.code == CONTINUE_EXIT:  # (one that continues the stage never gets here)
         summary += (f" (exit code {CONTINUE_EXIT} continues a stage in its next block only at its block's end or "

@@ -159,11 +159,6 @@ def runtime_digest(cache: DigestCache) -> str:
     return sha(json.dumps([_versions(), sources]).encode())
 
 
-def module_files(parts: Mapping[str, str]) -> list[str]:
-    """The user modules an identity holds (its ``module <file>`` components): what the call's code imports."""
-    return [k[len("module "):] for k in parts if k.startswith("module ")]
-
-
 def call_id(parts: Mapping[str, str]) -> str:
     return sha(json.dumps(dict(parts), sort_keys=True).encode())
 

@@ -17,7 +17,7 @@ from ...common import stagedir
 from ...common.stagedir import CallRecord
 from ..call import StageCall
 from ..freshdir import is_new_call
-from . import call_id, module_files, read_call
+from . import call_id, read_call
 from .digests import DigestCache
 from .outputs import set_aside, spoiled_files
 from .packages import package_change
@@ -41,11 +41,6 @@ class Verdict:
     @property
     def skips(self) -> bool:
         return self.why is None
-
-    @property
-    def modules(self) -> list[str]:
-        """The user modules the call's code imports (its ``module <file>`` components)."""
-        return module_files(self.parts)
 
     def said(self, stage: str) -> list[str]:
         """What the log says of a call that runs: why, and that a new call's directory starts empty."""
@@ -74,7 +69,7 @@ def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: Di
     since its call wrote them set aside (read as they are, a damaged one could fail the rerun, and every
     rerun after it); the names set aside."""
     Path(call.opts.stage_dir).mkdir(parents=True, exist_ok=True)  # (made when it was called; removed since?)
-    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.key, verdict.modules))
+    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.key))
     if not verdict.changed:
         return []
     return set_aside(call.opts.stage_dir, outputs, verdict.before, cache)

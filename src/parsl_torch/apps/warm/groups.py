@@ -4,22 +4,24 @@ Parsl's MPI mode starts a task's ranks anew for every task: Python, ``import tor
 process group, each time. In a warm workflow a function stage is a Parsl app on the
 workflow's ``warm`` thread executor instead (the same identity, memoization, retries and
 continuations as a cold stage), which hands the call to a *group*: ranks started once, as a
-cold stage's are (an MPI task on the site's executor: supervisor, shim, ``setup_torch``),
-that run one call after another (``apps.warm.rank``). Groups are kept by shape (site,
-nodes, ranks per node, launch flags, environment): at most as many per shape as the site
-runs stages at once, each stopped after ``IDLE_S`` without a call (its nodes go back to the
-block) and when the workflow ends. A call that fails ends its group: the stage fails as a
-cold one does (the supervisor's outcome, the rank's traceback in the stage's stderr), and
-the next call starts fresh ranks. Script stages run cold: a script owns its process.
+cold stage's are (an MPI task on the site's executor: supervisor, shim), each a prepared
+parent that runs every call in a fresh fork of itself (``apps.warm.rank``). Groups are kept
+by shape (site, nodes, ranks per node, launch flags, environment): at most as many per shape
+as the site runs stages at once, each stopped after ``IDLE_S`` without a call (its nodes go
+back to the block) and when the workflow ends. A call that fails fails its stage as a cold one
+does (the rank named, its traceback in the stage's stderr); its group goes on. A lost node
+ends the group (its supervisor's outcome is the call's). Script stages run cold: a script
+owns its process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
+import json
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common import settings, stagedir
+from ...common.entrypoints import WARM_RANK
 from ...common.files import write_atomic
 from ...common.outcome import Cause, Outcome, read_outcome, write_outcome
 from ...common.stagedir import RESULT, STDERR, STDOUT
@@ -35,10 +38,10 @@ from ...core.log import get_logger
 from ...sites.build import WARM_LABEL
 from ...sites.capacity import stages_at_once
 from ..call import StageCall
-from ..payload import ShippedFunction, StageOptions
+from ..payload import StageOptions
 from ..placement import Placement
 from ..stagecmd import bash_app_for, prepare_call
-from .rank import JOBS, STOP, job_path, serve
+from .rank import JOBS, STOP, job_path
 
 #: seconds an idle group waits for its next call before it stops
 IDLE_S = 5.0
@@ -111,11 +114,11 @@ class WarmGroups:
         """One call in a group of its shape (one is started if none is free); raises as its bash app would."""
         from parsl.app.errors import BashExitFailure
 
-        _, who = prepare_call(call, args, inputs, outputs, kwargs)
+        prepare_call(call, args, inputs, outputs, kwargs)
         for _ in range(MAX_UNTAKEN):
             group = self._take(call)
             try:
-                outcome = self._call(group, call, who.modules)
+                outcome = self._call(group, call)
             finally:
                 self._give_back(group)
             if outcome is not None:
@@ -157,7 +160,8 @@ class WarmGroups:
         env = {**call.opts.environment, settings.STAGE_DIR.name: str(directory)}
         group_opts = dataclasses.replace(call.opts, stage_dir=str(directory), walltime=None, env=tuple(env.items()),
                                          code="", code_roots=(), script=None, module=None, files=())
-        serving = StageCall(group_opts, call.executor, call.resources, fn=_serve(), id="warm-group")
+        serving = StageCall(group_opts, call.executor, call.resources, script=(sys.executable, "-m", WARM_RANK),
+                            id="warm-group")
         future = bash_app_for(call.executor, cache=False)(
             serving, str(directory), stdout=str(directory / STDOUT), stderr=str(directory / STDERR),
             parsl_resource_specification=call.resource_specification)
@@ -166,15 +170,14 @@ class WarmGroups:
                       group_opts.num_nodes, group_opts.ranks_per_node)
         return _Group(key, directory, future)
 
-    def _call(self, group: _Group, call: StageCall, modules: list[str]) -> Outcome | None:
-        """The call in ``group`` (``modules``: the user modules its code imports): None when it is done (or
-        was never taken), else why it failed."""
+    def _call(self, group: _Group, call: StageCall) -> Outcome | None:
+        """The call in ``group``: None when it is done (or was never taken), else why it failed."""
         opts = call.opts
         n = next(group.jobs)
         said = _size(group.directory / STDERR) if n else 0  # a new group's start lines are the call's
         stage_dir = Path(opts.stage_dir)
         started = time.monotonic()
-        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime, modules))
+        stagedir.write(job_path(group.directory, n), stagedir.WarmJob(str(stage_dir), opts.walltime))
         done, taken = job_path(group.directory, n, "done"), job_path(group.directory, n, "started")
         while not done.exists():
             if group.future.done() and not done.exists():
@@ -184,7 +187,8 @@ class WarmGroups:
                 return self._failure(group, opts, time.monotonic() - started)
             time.sleep(POLL_S)
         _pass_on(group, opts, said)
-        return None
+        told = done.read_text()
+        return Outcome.from_dict(json.loads(told)) if told else None
 
     def _failure(self, group: _Group, opts: StageOptions, took: float) -> Outcome:
         """The group's end as the call's outcome."""
@@ -243,11 +247,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-@functools.lru_cache(maxsize=1)
-def _serve() -> ShippedFunction:
-    return ShippedFunction.of(serve)
 
 
 @contextlib.contextmanager

@@ -1,311 +1,301 @@
-"""The ranks of a warm group (``pt.workflow(warm=True)``, see ``apps.warm``): started once,
-like any stage's ranks (supervisor, shim, ``stage_main``, ``setup_torch``), they run one stage
-call after another without starting again.
+"""``python -m parsl_torch.apps.warm.rank GROUP_DIR``: one rank of a warm group (``pt.workflow(warm=True)``).
 
-Rank 0 waits for the next job file in the group's directory and broadcasts it; every rank runs
-the call exactly as ``stage_main`` would (the same payload, environment and result files, in
-the stage's directory, its output in the stage's stdout/stderr), then the ranks meet (through the
-group's store, see ``_Meeting``) and rank 0 writes the job's done file. Between calls each rank is
-put back as it started (``baseline``: working directory, environment, torch's settings and flags,
-signal handlers, RNG seeds, ...), the process groups the call made are destroyed and the accelerator's
-cached memory is freed.
-Module state the call changed is its own; a user module whose file changed since the group imported
-it (``imports``) ends the group before the next call, which fresh ranks take. A call that leaves a
-thread running (it cannot be undone) is answered, then its group stops: the next call gets fresh
-ranks. A call that raises ends its rank (as in ``stage_main``): the supervisor ends the group, and
-the workflow starts fresh ranks for the next call.
+Started once, as a cold stage's ranks are (supervisor, shim), it is a *prepared parent*: Python started,
+torch and what every call's ranks load imported (``PRELOAD``), and nothing else: no process group, no
+accelerator context, no thread, none of the user's modules. Each call runs in a fresh fork of it, which
+starts as a cold rank does (``stage_main``: device, process group, the payload, rank 0's result) in the
+stage's directory, with the stage's environment and output files. Whatever a call changes (torch's flags,
+a patched module, the environment, a signal handler, a thread left running) dies with its child: the next
+call forks the parent again, as a preforking server or Android's zygote does. So nothing has to be put
+back, and a module edited between calls is imported anew by the next child.
+
+The ranks agree through files in the group's directory, not a process group (the parent has none): rank 0
+takes job ``n`` and names the call's rendezvous port (``<n>.started``); every rank's parent forks, waits
+for its child and leaves a report (``<n>.rank<r>.json``: its exit, the exception that ended it, what it
+read); a failed child's parent says so (``<n>.failed``) and the others stop theirs, as a cold launch
+stops its ranks. Rank 0 merges the reports into the call's outcome (``<n>.done``) and the stage's record
+of reads. A call that fails, hangs past its walltime or is killed ends its children only: the group goes
+on. Script stages run cold: a script owns its process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
+import ctypes
 import json
 import os
+import select
+import signal
+import socket
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
+from typing import Any, NoReturn
 
 from ...common import settings, stagedir
+from ...common.blocks import CONTINUE_EXIT
+from ...common.entrypoints import stage_module
 from ...common.files import write_atomic
-from ...common.observe import begin_call, observed_any, reads_of
-from ...common.raised import write_raised
-from ..stage_main import write_result
-from .baseline import Baseline
-from .census import Census
-from .imports import ImportWatch
+from ...common.observe import begin_call, begin_reads, observed_any, reads_of
+from ...common.outcome import Cause, Outcome
+from ...common.raised import read_raised
+from ...core.dist import exit_process
+from ...core.topology import env_topology, free_port
+from ...launch.events import RankReport
+from ...launch.shim import catches
+from ...launch.supervise import no_result, rank_outcome
+from ..stage_main import main as stage_main
 
-#: how often rank 0 looks for the next job
-POLL_S = 0.002
-#: an idle group's ranks meet this often (their broadcast would otherwise reach the collective timeout)
-TICK_S = 5.0
-#: the job files in a group's directory: jobs/<n>.json, written by the workflow; started and done markers
+#: what the parent imports before its first fork (with this module's own imports: the rank's start,
+#: ``stage_main``): what every call's ranks load (torch, its process groups, DDP, whose construction
+#: imports torch._dynamo: 2.5 s of CPU a process), the payload's loader, the built-in stages and their
+#: history files; a user's module is never among them (a child imports it as it is at the call)
+PRELOAD = ("numpy", "dill", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "h5py",
+           stage_module("train"), stage_module("evaluate"))
+#: the first and the longest pause between a waiting rank's looks at the group's directory (an idle group
+#: stops after a few seconds: ``groups.IDLE_S``)
+POLL_S, POLL_MAX_S = 0.001, 0.05
+#: how often a parent waiting for its child looks whether another rank failed or the walltime passed
+CHECK_S = 0.05
+#: how long a child that is asked to stop (a peer failed, its walltime passed) has before SIGKILL
+STOP_GRACE_S = 5.0
+#: signals the parent passes to its child: a block's end (SIGUSR1, to a child that catches it) and a stop
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+#: the job files in a group's directory: jobs/<n>.json, written by the workflow; the ranks' markers beside it
 JOBS = "jobs"
 STOP = "stop"
-
-
-#: the warm group's keys in its process group's store
-STORE_PREFIX = "parsl_torch/warm/"
-#: the longest pause between a finished rank's looks at the meeting's keys
-MEET_POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
 
 
 def job_path(group_dir: str | os.PathLike, n: int, kind: str = "json") -> Path:
     return Path(group_dir, JOBS, f"{n}.{kind}")
 
 
-class _Meeting:
-    """The end of a call, met through the process group's store, not a collective: a collective the call
-    left unmatched (``if rank == 0: dist.all_reduce(t)``) would pair with a meeting collective and hang the
-    group until the collective timeout, where a cold stage fails in seconds (the other ranks' exits break
-    the blocked one's connections). So each rank adds the collectives it issues on the default group in
-    the call to a store counter as they happen (a thread: a rank blocked in a collective cannot say it
-    itself); a rank that finished after ``c`` of them and sees more than ``world * c`` in all knows that a
-    rank issued one it never will: it ends, and the blocked rank fails as it would cold."""
+def fork_safe() -> None:
+    """Raise unless this process may fork a call: a thread may hold a lock that stays held forever in
+    the child, and CUDA, XPU and ROCm cannot be used in the fork of a process that initialised them, nor
+    a process group's connections shared by two processes."""
+    import torch
 
-    def __init__(self, rank: int, world: int) -> None:
-        from torch.distributed import distributed_c10d
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if threads:
+        raise RuntimeError(f"a warm rank's parent must not fork with threads running: {', '.join(threads)}")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        raise RuntimeError("a warm rank's parent must not fork with a process group: its children make their own")
+    for kind in ("cuda", "xpu"):
+        backend = getattr(torch, kind, None)
+        if backend is not None and backend.is_initialized():
+            raise RuntimeError(f"a warm rank's parent must not fork with {kind} initialised: its children set up "
+                               f"their device")
 
-        self.store, self.group = distributed_c10d._get_default_store(), distributed_c10d._get_default_group()
-        self.rank, self.world = rank, world
-        self._lock = threading.Lock()
-        self._call: list[int] | None = None  # [call, sequence number at its start, collectives counted]
-        #: rank 0: the user modules earlier calls were seen to import that their code does not name
-        self.found: set[str] = set()
-        threading.Thread(target=self._count_while_called, name="parsl-torch-warm-meeting", daemon=True).start()
 
-    def _key(self, n: int, what: str) -> str:
-        return f"{STORE_PREFIX}{n}/{what}"
+class _Parent:
+    """One rank's prepared parent: takes each job, forks it, reports how its child ended."""
 
-    def _sequence(self) -> int:
-        try:
-            return int(self.group._get_sequence_number_for_group())
-        except (AttributeError, RuntimeError):  # a backend without sequence numbers: nothing is told
-            return 0
+    def __init__(self, group_dir: str) -> None:
+        topo = env_topology()
+        self.dir, self.rank, self.world, self.host = group_dir, topo.rank, topo.world_size, socket.gethostname()
+        self.child: int | None = None
+        self.ending: int | None = None  # a stop signal: the group ends after the call
+        self.handlers = {sig: signal.getsignal(sig) for sig in FORWARDED}  # (a child gets them back)
+        for sig in FORWARDED:
+            signal.signal(sig, self._forward)
 
-    def begin(self, n: int) -> None:
-        if self.rank == 0 and n:  # every rank is past call n-1's meeting (they took call n's broadcast)
-            for what in ("issued", "done", "unclean"):
-                with contextlib.suppress(Exception):
-                    self.store.delete_key(self._key(n - 1, what))
-        with self._lock:
-            self._call = [n, self._sequence(), 0]
+    def _forward(self, signum: int, _frame: Any) -> None:
+        if signum != signal.SIGUSR1:
+            self.ending = signum
+        if self.child is not None:
+            if signum != signal.SIGUSR1 or catches(self.child, signum):  # (else it would end the child)
+                with contextlib.suppress(OSError):
+                    os.kill(self.child, signum)
+        elif self.ending is not None:
+            sys.exit(128 + signum)
 
-    def _count(self) -> int:
-        with self._lock:
-            if self._call is None:
+    def serve(self) -> int:
+        n = 0
+        while True:
+            taken = self._next_job(n)
+            if taken is None:
                 return 0
-            n, start, counted = self._call
-            issued = self._sequence() - start
-            if issued > counted:
-                self.store.add(self._key(n, "issued"), issued - counted)
-                self._call[2] = issued
-            return issued
+            job, port = taken
+            self._report(n, job, *self._run(n, job, port))
+            if self.rank == 0:
+                _finish(self.dir, n, job, self.world)
+            if self.ending is not None:
+                return 128 + self.ending
+            n += 1
 
-    def _count_while_called(self) -> None:
-        while True:
-            time.sleep(0.2)
-            with contextlib.suppress(Exception):  # a store gone with its group: the rank is ending
-                self._count()
-
-    def share_reads(self, n: int) -> None:
-        """This rank's reads in call ``n`` (``common.observe``) into the group's store: no collective, which
-        could pair with one a rank left unmatched in the call."""
-        folder = settings.READS_DIR.get()
-        if folder is not None and observed_any(folder):
-            self.store.set(self._key(n, f"reads/{self.rank}"), json.dumps(sorted(reads_of(folder))))
-
-    def record_reads(self, n: int, job: stagedir.WarmJob) -> None:
-        """Rank 0, once every rank finished call ``n``: their reads, merged, in the stage's directory (one
-        file per stage, as a cold stage's supervisor writes it); a rank not observed leaves it incomplete.
-        A module an earlier call imported by a name found at run time (``import_module(ARCH)``) is among
-        them: this call may run it without opening its file again (a needless rerun at worst)."""
-        merged: set[str] = set()
-        told = 0
-        for rank in range(self.world):
-            key = self._key(n, f"reads/{rank}")
-            if self.store.check([key]):
-                merged.update(json.loads(self.store.get(key)))
-                self.store.delete_key(key)
-                told += 1
-        if told or settings.READS_DIR.get() is not None:
-            found = {f"f {path}" for path in self.found}
-            stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(told, self.world, sorted(merged | found)))
-        known = {os.path.realpath(p) for p in job.modules}
-        self.found |= {line[2:] for line in merged if line.startswith("f ") and line.endswith(".py")
-                       and os.path.realpath(line[2:]) not in known}
-
-    def end(self, n: int, clean: bool) -> bool:
-        """Wait for every rank to finish call ``n``; whether none of them left a thread running. A rank
-        that can never finish (it waits in a collective this rank did not call) ends this rank."""
-        issued = self._count()
-        with self._lock:
-            self._call = None
-        if not clean:
-            self.store.add(self._key(n, "unclean"), 1)
-        self.store.add(self._key(n, "done"), 1)
-        pause = 0.001
-        while True:
-            done = self.store.add(self._key(n, "done"), 0)
-            total = self.store.add(self._key(n, "issued"), 0)  # (read after done: final once all are done)
-            if total > self.world * issued or (done == self.world and total != self.world * issued):
-                print(f"parsl-torch: rank {self.rank} finished the call after {issued} collective(s) on the default "
-                      f"process group, but the group's {self.world} ranks issued {total} in all: a rank called a "
-                      f"collective that the others never did (a collective under `if rank == 0:`?). It would wait "
-                      f"for it until the collective timeout: this rank ends, and the waiting rank's traceback names "
-                      f"the collective.", file=sys.stderr, flush=True)
-                os._exit(1)
-            if done == self.world:
-                return self.store.add(self._key(n, "unclean"), 0) == 0
+    def _next_job(self, n: int) -> tuple[stagedir.WarmJob, int] | None:
+        """Job ``n`` and its rendezvous port, or None when the group stops. Rank 0 decides (the workflow
+        asked it to stop, or the block is about to end); the others follow its markers."""
+        path, started, stopped = job_path(self.dir, n), job_path(self.dir, n, "started"), job_path(self.dir, n, "stop")
+        pause = POLL_S
+        while self.ending is None:
+            if self.rank == 0:
+                if path.exists():
+                    write_atomic(started, str(free_port()))
+                    return stagedir.read(path, stagedir.WarmJob), int(started.read_text())
+                deadline = settings.DEADLINE.get()
+                if Path(self.dir, STOP).exists() or (deadline is not None and time.time() >= deadline):
+                    write_atomic(stopped, "")
+                    return None
+            elif started.exists():
+                return stagedir.read(path, stagedir.WarmJob), int(started.read_text())
+            elif stopped.exists():
+                return None
             time.sleep(pause)
-            pause = min(2 * pause, MEET_POLL_S)
+            pause = min(2 * pause, POLL_MAX_S)
+        return None
 
-
-def _process_groups() -> set:
-    """The process groups alive now (torch keeps them in its world's map)."""
-    from torch.distributed import distributed_c10d
-
-    return set(getattr(getattr(distributed_c10d, "_world", None), "pg_map", {}) or ())
-
-
-def _keep_the_default_group() -> None:
-    """A call's ``pt.cleanup()`` / ``destroy_process_group()`` leaves the group's own process group up,
-    and its ``init_process_group`` finds it there (as ``setup_torch`` does)."""
-    import torch.distributed as dist
-
-    destroy, init = dist.destroy_process_group, dist.init_process_group
-
-    def destroy_process_group(group=None):
-        if group is not None and group is not dist.group.WORLD:
-            destroy(group)
-
-    def init_process_group(*args, **kwargs):
-        if not dist.is_initialized():
-            init(*args, **kwargs)
-
-    dist.destroy_process_group, dist.init_process_group = destroy_process_group, init_process_group
-
-
-@contextlib.contextmanager
-def _output_to(stdout: str, stderr: str):
-    """The rank's fds 1 and 2 write to the stage's files (appending: several ranks share them)."""
-    for stream in (sys.stdout, sys.stderr):  # what the rank printed before is not the stage's
-        stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        for fd, path in ((1, stdout), (2, stderr)):
-            target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            os.dup2(target, fd)
-            os.close(target)
-        yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        for fd, old in ((1, saved[0]), (2, saved[1])):
-            os.dup2(old, fd)
-            os.close(old)
-
-
-def _run(job: stagedir.WarmJob, baseline: Baseline, census: Census, rank: int) -> bool:
-    """One call, as ``stage_main`` runs it; a failure ends this rank (exit 1, or 124 past its walltime)."""
-    import dill
-
-    with open(job.file(stagedir.ENV)) as f:
-        env = json.load(f)
-    groups = _process_groups()
-    with _output_to(job.file(stagedir.STDOUT), job.file(stagedir.STDERR)):
-        os.chdir(job.stage_dir)
-        os.environ.update(env)
-        sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        timer = threading.Timer(job.walltime, os._exit, (124,)) if job.walltime else None
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
+    def _run(self, n: int, job: stagedir.WarmJob, port: int) -> tuple[int, str]:
+        """Fork the call, wait for its child; its exit code, and what the parent did to it ("" or why it
+        was stopped)."""
         if (folder := settings.READS_DIR.get()) is not None:
-            begin_call(folder)  # (what this call reads is its own: ``common.observe``)
+            begin_call(folder)  # (what this call reads is its child's: ``common.observe``)
+        fork_safe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(job, port, self.handlers)
+        self.child = pid
         try:
-            with open(job.file(stagedir.PAYLOAD), "rb") as f:
-                shipped, args, kwargs = dill.load(f)
-            value = shipped.load()(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - as stage_main: report any failure, then end this rank
-            traceback.print_exc()
-            write_raised(exc, settings.RAISED.get())
-            sys.stderr.flush()
-            os._exit(1)
-        if timer is not None:
-            timer.cancel()
-        if rank == 0:
-            write_result(value, job.file(stagedir.RESULT))
-    import torch.distributed as dist
+            return self._wait(n, job, pid)
+        finally:
+            self.child = None
 
-    for group in _process_groups() - groups:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group(group)
-    del value
-    census.run_exit_callbacks()
-    baseline.restore(job.stage_dir)
-    gc.collect()
-    left = baseline.threads_left()
-    if left:
-        print(f"parsl-torch: the call left thread(s) running ({', '.join(left)}): its warm ranks stop after it, and "
-              f"the next call starts fresh ones", file=sys.stderr, flush=True)
-    changed = census.restore()
-    if changed:
-        print(f"parsl-torch: the call changed process-wide settings that cannot be put back ({', '.join(changed)}): "
-              f"its warm ranks stop after it, and the next call starts fresh ones", file=sys.stderr, flush=True)
-    return not left and not changed
+    def _wait(self, n: int, job: stagedir.WarmJob, pid: int) -> tuple[int, str]:
+        """Until the child ends (its pidfd wakes this at once); it is stopped (SIGTERM, then SIGKILL after
+        STOP_GRACE_S) when another rank's child failed or the call's walltime passed."""
+        failed, started, stopped, why = job_path(self.dir, n, "failed"), time.monotonic(), None, ""
+        ended = os.pidfd_open(pid)
+        try:
+            while not select.select([ended], [], [], CHECK_S)[0]:
+                if stopped is None:
+                    if failed.exists():
+                        why = "peer"
+                    elif job.walltime and time.monotonic() - started >= job.walltime:
+                        why = "walltime"
+                    if why:
+                        stopped = time.monotonic()
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGTERM)
+                elif time.monotonic() - stopped > STOP_GRACE_S:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+        finally:
+            os.close(ended)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), why
 
-
-def _next_job(group_dir: str, n: int, imports: ImportWatch) -> stagedir.WarmJob | str | None:
-    """Rank 0: job ``n`` when it is there, "stop" when asked (or the block is about to end), None after TICK_S;
-    "stop" too, leaving the job untaken for fresh ranks, when a user module changed since it was imported."""
-    waited = time.monotonic() + TICK_S
-    path, stop = job_path(group_dir, n), Path(group_dir, STOP)
-    while time.monotonic() < waited:
-        if path.exists():
-            if (changed := imports.changed()) is not None:
-                print(f"parsl-torch: {changed} changed since these warm ranks imported it: they stop, and fresh "
-                      f"ranks take the next call", file=sys.stderr, flush=True)
-                return "stop"
-            job = stagedir.read(path, stagedir.WarmJob)
-            write_atomic(job_path(group_dir, n, "started"), "")
-            return job
-        deadline = settings.DEADLINE.get()
-        if stop.exists() or (deadline is not None and time.time() >= deadline):
-            return "stop"
-        time.sleep(POLL_S)
-    return None
+    def _report(self, n: int, job: stagedir.WarmJob, code: int, stopped: str) -> None:
+        folder = settings.READS_DIR.get()  # (first: what the parent opens from here on is not the call's)
+        reads = sorted(reads_of(folder)) if folder is not None and observed_any(folder) else None
+        raised = read_raised(path) if (path := settings.RAISED.get()) else ""
+        if code not in (0, CONTINUE_EXIT) and not stopped:
+            with contextlib.suppress(FileExistsError):  # the first failure (its rank): the other ranks stop theirs
+                fd = os.open(job_path(self.dir, n, "failed"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.write(fd, str(self.rank).encode())
+                os.close(fd)
+        stagedir.write(job_path(self.dir, n, f"rank{self.rank}"),
+                       stagedir.WarmReport(code, self.host, raised, stopped, reads))
 
 
-def serve(group_dir: str) -> str:
-    """The group's stage function: run calls until told to stop."""
-    import torch.distributed as dist
+def _child(job: stagedir.WarmJob, port: int, handlers: dict) -> NoReturn:
+    """The call, in a fresh fork: a cold rank's start, then ``stage_main``'s run; never returns."""
+    code = 1
+    try:
+        _start_as_a_cold_rank(job, port, handlers)
+        code = stage_main([job.file(stagedir.PAYLOAD), job.file(stagedir.RESULT)])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - anything before the call's own code: reported, then the child ends
+        import traceback
 
-    rank = dist.get_rank()
-    meeting = _Meeting(rank, dist.get_world_size())  # (its thread is part of the baseline)
-    baseline = Baseline()
-    census = Census()  # (after the baseline: what it puts back, the census finds as it was)
-    _keep_the_default_group()
-    imports = ImportWatch()
-    n = 0
-    while True:
-        box = [_next_job(group_dir, n, imports) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        job = box[0]
-        if job is None:
-            continue
-        if job == "stop":
-            return "stopped"
-        meeting.begin(n)
-        finished = _run(job, baseline, census, rank)
-        meeting.share_reads(n)
-        clean = meeting.end(n, finished)  # every rank finished: only then is the call done
-        if rank == 0:
-            meeting.record_reads(n, job)
-            write_atomic(job_path(group_dir, n, "done"), "")
-        if not clean:
-            return "stopped"  # a thread of a call still runs: later calls get fresh ranks
-        n += 1
+        traceback.print_exc()
+    finally:
+        exit_process(code)
+
+
+def _start_as_a_cold_rank(job: stagedir.WarmJob, port: int, handlers: dict) -> None:
+    """What differs between the parent and a cold rank of the call: signal handlers, its death with the
+    parent, its RNGs' seeds, the stage's environment, directory and output files, the call's rendezvous."""
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    parent = os.getppid()
+    with contextlib.suppress(Exception):  # (Linux: a child whose parent is killed ends with it)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # (killed before the line above)
+        os._exit(1)
+    import torch
+
+    torch.seed()  # fresh entropy, as a new process's RNGs have (a fork inherits its parent's state)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    with open(job.file(stagedir.ENV)) as f:
+        os.environ.update(json.load(f))
+    os.environ["MASTER_PORT"] = str(port)
+    begin_reads()
+    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.chdir(job.stage_dir)
+    for fd, name in ((1, stagedir.STDOUT), (2, stagedir.STDERR)):  # (appending: the ranks share them)
+        target = os.open(job.file(name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int) -> None:
+    """Rank 0, once every rank reported call ``n``: the reads in the stage's directory (as a cold stage's
+    supervisor writes them), then the call's outcome (``<n>.done``: empty when every rank finished)."""
+    reports: list[stagedir.WarmReport] = []
+    pause = POLL_S
+    for rank in range(world):
+        path = job_path(group_dir, n, f"rank{rank}")
+        while (report := stagedir.read_or_none(path, stagedir.WarmReport)) is None:
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_S)
+        reports.append(report)
+    told = [r.reads for r in reports if r.reads is not None]
+    if told or settings.READS_DIR.get() is not None:
+        merged = sorted({line for reads in told for line in reads})
+        stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(len(told), world, merged))
+    first = job_path(group_dir, n, "failed")
+    outcome = call_outcome(reports, job.walltime, int(first.read_text() or 0) if first.exists() else None)
+    if outcome is None and not os.path.exists(job.file(stagedir.RESULT)):
+        outcome = no_result(job.file(stagedir.RESULT))
+    if outcome is not None:
+        with contextlib.suppress(OSError), open(job.file(stagedir.STDERR), "a") as f:
+            f.write(f"parsl-torch: {outcome.summary}\n")
+    write_atomic(job_path(group_dir, n, "done"), outcome.to_json() if outcome is not None else "")
+
+
+def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, first: int | None) -> Outcome | None:
+    """How a call ended, from its ranks' reports (``first``: the rank that failed first), worded as a cold
+    launch's supervisor words it; None: every rank finished."""
+    if all(r.code == 0 for r in reports):
+        return None
+    if any(r.stopped == "walltime" for r in reports):
+        return Outcome(Cause.TIMED_OUT, 124, f"timed out after {walltime:g} s")
+    if first is None:
+        if all(r.code in (0, CONTINUE_EXIT) for r in reports):
+            return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end")
+        first = next(i for i, r in enumerate(reports) if r.code != 0)  # (a signal from outside: no failure first)
+    report = reports[first]
+    return rank_outcome(RankReport(first, report.host, report.code, raised=report.raised))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(f"usage: python -m {__name__} GROUP_DIR  (started by a warm workflow; not for use by hand)",
+              file=sys.stderr)
+        return 2
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    return _Parent(argv[0]).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
