@@ -60,8 +60,10 @@ POLL_S, POLL_MAX_S = 0.001, 0.05
 CHECK_S = 0.05
 #: how long a child that is asked to stop (a peer failed, its walltime passed) has before SIGKILL
 STOP_GRACE_S = 5.0
-#: signals the parent passes to its child: a block's end (SIGUSR1, to a child that catches it) and a stop
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+#: signals the parent passes to its child: those that stop the group after the call, and those a child
+#: gets only if it catches them (SIGUSR1: the block's end, for ``pt.should_checkpoint``)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED = (*STOPS, signal.SIGUSR1, signal.SIGUSR2)
 #: the job files in a group's directory: jobs/<n>.json, written by the workflow; the ranks' markers beside it
 JOBS = "jobs"
 STOP = "stop"
@@ -103,10 +105,10 @@ class _Parent:
             signal.signal(sig, self._forward)
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        if signum != signal.SIGUSR1:
+        if signum in STOPS:
             self.ending = signum
         if self.child is not None:
-            if signum != signal.SIGUSR1 or catches(self.child, signum):  # (else it would end the child)
+            if signum in STOPS or catches(self.child, signum):  # (SIGUSR1's default would end the child)
                 with contextlib.suppress(OSError):
                     os.kill(self.child, signum)
         elif self.ending is not None:
