@@ -3,17 +3,23 @@ forks a call, and how its ranks' reports become the call's outcome (worded as a 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from parsl_torch.apps.warm.rank import call_outcome
+from parsl_torch.apps.payload import ShippedFunction
+from parsl_torch.apps.warm.rank import JOBS, call_outcome, job_path
+from parsl_torch.common import stagedir
 from parsl_torch.common.blocks import CONTINUE_EXIT
+from parsl_torch.common.entrypoints import WARM_RANK
 from parsl_torch.common.outcome import Cause
 from parsl_torch.common.stagedir import WarmReport
 
-from .conftest import clean_env
+from .conftest import REPO, clean_env
 
 FORK_RULES = """
 import importlib
@@ -74,3 +80,67 @@ def test_a_warm_call_that_finished_timed_out_or_stopped_for_its_blocks_end_ends_
                                                                          "timed out after 3 s")
     continued = call_outcome([WarmReport(CONTINUE_EXIT, "n1"), WarmReport(CONTINUE_EXIT, "n2")], None, first=None)
     assert (continued.cause, continued.exit_code) == (Cause.CONTINUED, CONTINUE_EXIT)
+
+
+def _answer(x: int) -> int:
+    return x + 1
+
+
+def _hold(marker: str) -> None:
+    import time
+
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(300)
+
+
+def _job(group: Path, n: int, stage: Path, fn, *args) -> None:
+    """Job ``n`` as the workflow leaves it: the stage's payload and environment, then the job file."""
+    import dill
+
+    stage.mkdir(parents=True)
+    with open(stage / stagedir.PAYLOAD, "wb") as f:
+        dill.dump((ShippedFunction.of(fn), args, {}), f)
+    (stage / stagedir.ENV).write_text("{}")
+    stagedir.write(job_path(group, n), stagedir.WarmJob(str(stage)))
+
+
+@pytest.mark.slow
+def test_a_warm_parent_answers_a_job_and_its_fork_dies_with_it(tmp_path):
+    """One rank's parent driven by hand through the group's files: job 0's fork answers (its value in
+    the stage's result, an empty outcome); job 1's fork is left holding, the parent is SIGKILLed: the fork
+    ends with it (PDEATHSIG), as a rank ends with its launch."""
+    group = tmp_path / "group"
+    (group / JOBS).mkdir(parents=True)
+    env = clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    PYTHONPATH=str(REPO))
+    parent = subprocess.Popen([sys.executable, "-m", WARM_RANK, str(group)], env=env, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        _job(group, 0, tmp_path / "a", _answer, 41)
+        done = job_path(group, 0, "done")
+        _wait(lambda: done.exists() or parent.poll() is not None, 120)
+        assert done.read_text() == "" and dill_load(tmp_path / "a" / stagedir.RESULT) == 42
+        marker = tmp_path / "held"
+        _job(group, 1, tmp_path / "b", _hold, str(marker))
+        _wait(lambda: marker.exists() and marker.read_text() or parent.poll() is not None, 120)
+        child = int(marker.read_text())
+        parent.kill()
+        parent.wait()
+        _wait(lambda: not Path(f"/proc/{child}").exists(), 10)
+    finally:
+        parent.kill()
+        parent.communicate()
+
+
+def _wait(ready, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s"
+        time.sleep(0.05)
+
+
+def dill_load(path: Path):
+    import dill
+
+    with open(path, "rb") as f:
+        return dill.load(f)
