@@ -355,3 +355,38 @@ def test_the_package_itself_is_the_runtime_of_every_stage_and_never_user_code(tm
         assert identity.runtime_digest(identity.DigestCache(None)) != before
     finally:
         shim.write_text(text)
+
+
+def test_a_user_modules_values_read_by_the_code_are_compared_as_they_are_now(tmp_path, monkeypatch):
+    """What the workflow sets in a module at run time (``config.SCALE = args.scale``) is in the stage's
+    fingerprint, read directly or by a function of the module; what is not plain data is not compared."""
+    import threading
+
+    (tmp_path / "fpconfig.py").write_text("SCALE = 1\nLOCK = None\n\n\ndef scaled(x):\n    return x * SCALE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fpconfig
+
+    namespace = {"__name__": "__main__", "fpconfig": fpconfig}
+    exec("def direct():\n    return 10 * fpconfig.SCALE, fpconfig.LOCK\n\n\n"
+         "def through():\n    return fpconfig.scaled(10)\n", namespace)
+
+    def digests() -> tuple[str, str]:
+        return tuple(Fingerprinter(strict=False).digest(namespace[name], name) for name in ("direct", "through"))
+
+    try:
+        fpconfig.SCALE, fpconfig.LOCK = 2, threading.Lock()
+        two = digests()
+        fpconfig.SCALE, fpconfig.LOCK = 3, threading.Lock()  # (another lock: not compared, the same)
+        three = digests()
+        assert two[0] != three[0] and two[1] != three[1]
+        assert digests() == three
+        fpconfig.SCALE = 2
+        assert digests() == two
+        apart = Fingerprinter(strict=False, state_apart=True)  # a stage's: the code's digest is the code's
+        code = apart.digest(namespace["through"], "through")
+        assert set(apart.state) == {"fpconfig.SCALE"}
+        fpconfig.SCALE = 3
+        again = Fingerprinter(strict=False, state_apart=True)
+        assert again.digest(namespace["through"], "through") == code and again.state != apart.state
+    finally:
+        sys.modules.pop("fpconfig", None)

@@ -137,3 +137,37 @@ def test_arguments_of_the_workflows_own_classes_reach_a_cold_stage(tmp_path):
     """)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.split("result ", 1)[1]) == 12
+
+
+SET_AT_RUN_TIME = """
+    import sys
+    import parsl_torch as pt
+    import config
+
+    config.SCALE = int(sys.argv[1])  # a command-line option reaching the code, as cfg.lr = args.lr does
+
+    @pt.distributed_app(ranks_per_node=1)
+    def scaled():
+        return config.scaled(10)  # a function of the module reads it (config.SCALE read here: test_fingerprints)
+
+    with pt.workflow(site="local", run_dir="runs"):
+        print("result", scaled().result())
+"""
+
+
+@pytest.mark.slow
+def test_what_the_workflow_sets_in_a_module_at_run_time_reruns_the_stages_that_read_it(tmp_path):
+    """config.py says SCALE = 1; the workflow sets it from its command line. Its file is unchanged, yet
+    `python wf.py 3` after `python wf.py 2` must not return 20 (it did: modules were compared by their
+    code alone); the same value again skips, under another hash seed too."""
+    (tmp_path / "config.py").write_text("SCALE = 1\n\n\ndef scaled(x):\n    return x * SCALE\n")
+    (tmp_path / "wf.py").write_text(textwrap.dedent(SET_AT_RUN_TIME))
+    seen = []
+    for scale, seed in (("2", "1"), ("3", "2"), ("3", "3")):
+        out = subprocess.run([sys.executable, "wf.py", scale], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env=clean_env(PYTHONHASHSEED=seed))
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen.append((out.stdout.split("result ", 1)[1].strip(), why(out.stderr, "scaled")))
+    assert [s[0] for s in seen] == ["20", "30", "30"], seen
+    assert seen[1][1] == "config.SCALE changed (a value its code reads, set at run time)", seen
+    assert seen[2][1] == "skipped", seen

@@ -163,9 +163,10 @@ class DistributedApp:
         the installed modules it uses (a script's are read from its file when it is called)."""
         if self.fn is None:
             return {"files": self.files}
-        fp = Fingerprinter(strict=False)
+        fp = Fingerprinter(strict=False, state_apart=True)
         return {"code": fp.digest(self.fn, f"stage {stage!r}"), "code_roots": tuple(sorted(fp.roots)),
-                "files": (*self.files, *sorted(fp.files)), "packages": tuple(sorted(fp.packages))}
+                "files": (*self.files, *sorted(fp.files)), "packages": tuple(sorted(fp.packages)),
+                "state": tuple(sorted(fp.state.items()))}
 
 
 def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,

@@ -84,6 +84,8 @@ class StageOptions:
     module: str | None = None  # the module a ``python -m`` stage runs
     files: tuple[str, ...] = ()  # files and directories the stage is told about besides inputs= (Path arguments...)
     packages: tuple[str, ...] = ()  # installed top-level modules its function reaches (apps.identity.packages)
+    #: what user modules hold that its function reads, as they were at the call (``config.SCALE`` -> digest)
+    state: tuple[tuple[str, str], ...] = ()
     site_setup: str = ""  # the site's provider.worker_init (module loads: the software the ranks get)
     #: its nodes have accelerators: a result computed on CPUs is not what a GPU node would compute (compared)
     accelerated: bool = False

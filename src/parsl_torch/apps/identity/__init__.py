@@ -93,7 +93,7 @@ def search_path(opts: Any) -> list[str]:
 def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None = None) -> dict[str, str]:
     """``code`` and ``module <file>``: what the stage runs (read where its code is), and the list
     resolved where it runs (``PACKAGES``); ``arguments``: their functions and classes reach more code."""
-    parts = {"code": opts.code}
+    parts = {"code": opts.code, **{f"state {name}": digest for name, digest in opts.state}}
     roots = [*opts.code_roots, *(arguments.roots if arguments else ())]
     if opts.module:
         roots += usercode.module_origin(opts.module, search_path(opts))

@@ -23,6 +23,12 @@ their body), so a value is turned into a canonical token instead:
   code roots;
 * a function, class or module of a user module (``usercode``) by name, and
   the module's file is added to the stage's code roots (its digest covers it);
+  but the file does not say what the workflow set at run time
+  (``config.SCALE = int(sys.argv[1])``): the current values of the user
+  modules' names that the code reads (``config.SCALE`` in the stage, a global
+  that a user module's function reads, recursively) are part of the token
+  (``state``), compared as arguments are; a value that is not plain data (a
+  model, a connection) is not compared, and its type says so in the token;
   anything from an installed package by name, the package kept in ``packages``
   (its version and files join the identity: ``identity.packages``).
 
@@ -73,8 +79,12 @@ MAX_CONTAINER = 100_000
 class Fingerprinter:
     """Tokens for one stage call; ``roots`` collects the user modules they reach."""
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self, strict: bool, state_apart: bool = False) -> None:
         self.strict = strict
+        #: what user modules hold that the code reads (``config.SCALE`` -> its value's digest), kept apart from
+        #: the code's token where ``state_apart`` (a stage's function: "config.SCALE changed", not "code")
+        self.state: dict[str, str] = {}
+        self._state_apart = state_apart
         #: (file, module name) of each user module the tokens reached
         self.roots: set[tuple[str, str]] = set()
         #: the files and directories that Path and File values name (absolute paths)
@@ -82,6 +92,7 @@ class Fingerprinter:
         #: top-level names of the installed modules the tokens reached (``identity.packages``)
         self.packages: set[str] = set()
         self._active: set[int] = set()
+        self._states: dict[int, list] = {}  # a user module's function -> what it reads (once per call)
 
     def digest(self, value: Any, where: str) -> str:
         """``value``'s token as a digest (the files it names are in ``files``, compared where it runs)."""
@@ -201,7 +212,9 @@ class Fingerprinter:
         module = getattr(obj, "__module__", None)
         name = (module, getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj))))
         if module != _MAIN:
-            self._root(module)  # a user module's digest covers it; an installed one's version does
+            self._root(module)  # a user module's digest covers its code; an installed one's version does
+            if isinstance(obj, types.FunctionType) and self._is_users(obj) and id(obj) not in self._active:
+                return ("named", *name, self._state(obj.__code__, obj.__globals__, obj.__qualname__, obj))
             return ("named", *name)
         if id(obj) in self._active:
             return ("recursive", *name)  # already being fingerprinted higher up
@@ -223,6 +236,7 @@ class Fingerprinter:
         used = sorted(_global_names(code))
         globals_ = [(n, self.token(fn.__globals__[n], f"global {n!r} of {fn.__qualname__}"))
                     for n in used if n in fn.__globals__]
+        globals_ += self._module_state(code, fn.__globals__, fn.__qualname__)
         cells = [self.token(c.cell_contents, f"a closure variable of {fn.__qualname__}")
                  for c in fn.__closure__ or () if _cell_set(c)]
         for name in _imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
@@ -233,6 +247,85 @@ class Fingerprinter:
         parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
         return sha(repr(parts).encode())
+
+
+    # -- what user modules hold at run time ---------------------------------------------------------------
+    def _state(self, code: types.CodeType, namespace: dict, where: str, owner: Any) -> list:
+        """What a user module's function reads of its module's names and of other user modules, as the values
+        are now (its module's file says only what they were when it ran)."""
+        if id(owner) in self._states:
+            return self._states[id(owner)]
+        self._active.add(id(owner))
+        try:
+            module = namespace.get("__name__", "?")
+            found = [self._read(f"{module}.{n}", namespace[n], f"global {n!r} of {where}")
+                     for n in sorted(_global_names(code)) if n in namespace
+                     and not isinstance(namespace[n], types.ModuleType)]
+            self._states[id(owner)] = found = found + self._module_state(code, namespace, where)
+            return found
+        finally:
+            self._active.discard(id(owner))
+
+    def _module_state(self, code: types.CodeType, namespace: dict, where: str) -> list:
+        """``config.SCALE`` read in ``code``, ``config`` a user module: the value it holds now."""
+        found = []
+        for name, attr in sorted(_attributes_read(code)):
+            module = namespace.get(name)
+            if isinstance(module, types.ModuleType) and is_user_file(getattr(module, "__file__", None)) \
+                    and hasattr(module, attr):
+                found.append(self._read(f"{module.__name__}.{attr}", getattr(module, attr), f"{name}.{attr} in {where}"))
+        return found
+
+    def _read(self, name: str, value: Any, where: str) -> Any:
+        """A module's value ``name`` as the code reads it: plain data and the user's code by their tokens;
+        anything else (a model, a lock, a connection) is not compared: its type stands for it. Apart: the
+        token holds the name, ``state`` the value."""
+        try:
+            token = self.token(value, where) if _plain(value) else ("not compared", self._type_name(type(value)))
+        except Unidentifiable:
+            token = ("not compared", self._type_name(type(value)))
+        if not self._state_apart or isinstance(value, (types.FunctionType, type, functools.partial)):
+            return (name, token)  # (code is the code's: its module's digest covers it, its token its state)
+        self.state[name] = sha(repr(token).encode())
+        return name
+
+
+#: value types whose tokens a module's state is compared by (containers: by their items, each checked)
+_PLAIN = (str, bytes, bytearray, bool, int, float, complex, type(None), PurePath, enum.Enum, types.FunctionType,
+          type, functools.partial)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain data (or code), all the way down: numbers, strings, paths, enums, the user's
+    functions and classes, arrays, dataclasses, namespaces and the containers of these."""
+    if isinstance(value, _PLAIN) or _is_array(value) or depth > 20:
+        return depth <= 20
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(_plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
+    if isinstance(value, NAMESPACES):
+        return _plain(vars(value), depth + 1)
+    return False
+
+
+def _attributes_read(code: types.CodeType) -> set[tuple[str, str]]:
+    """``(name, attribute)`` for each ``name.attribute`` a code object (or one nested in it) reads from a
+    global: the attributes of modules it uses (``config.SCALE``, ``config.scaled(...)``)."""
+    found: set[tuple[str, str]] = set()
+    last = None
+    for ins in dis.get_instructions(code):
+        if ins.opname in _FILLER:
+            continue
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and last is not None:
+            found.add((last, ins.argval))
+        last = ins.argval if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") else None
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _attributes_read(const)
+    return found
 
 
 def _imported_names(code: types.CodeType) -> set[str]:
@@ -312,6 +405,10 @@ def _const(value: Any) -> Any:
     if isinstance(value, frozenset):  # `x in {"a", "b"}`: its repr's order follows the hash seed
         return ("frozenset", sorted(repr(_const(v)) for v in value))
     return (type(value).__name__, repr(value))
+
+
+def _is_array(value: Any) -> bool:
+    return type(value).__module__.partition(".")[0] in ("numpy", "torch") and hasattr(value, "dtype")
 
 
 def _array_token(value: Any) -> Any:
