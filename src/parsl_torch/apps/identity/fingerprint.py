@@ -280,10 +280,12 @@ class Fingerprinter:
         """A module's value ``name`` as the code reads it: plain data and the user's code by their tokens;
         anything else (a model, a lock, a connection) is not compared: its type stands for it. Apart: the
         token holds the name, ``state`` the value."""
+        files = set(self.files)  # (a Path a module holds is a value: what the stage reads of it is observed)
         try:
             token = self.token(value, where) if _plain(value) else ("not compared", self._type_name(type(value)))
         except Unidentifiable:
             token = ("not compared", self._type_name(type(value)))
+        self.files = files
         if not self._state_apart or isinstance(value, (types.FunctionType, type, functools.partial)):
             return (name, token)  # (code is the code's: its module's digest covers it, its token its state)
         self.state[name] = sha(repr(token).encode())

@@ -101,9 +101,10 @@ def changed_components(function: str, old: Mapping[str, str], now: Mapping[str, 
     differ = [k for k in keys if old.get(k) != now.get(k)]
     both = [k for k in differ if k in old and k in now]
     changed = [f"code of `{function}` changed"] if "code" in differ else []
-    changed += [f"{k[len('state '):]} " + ("changed (a value its code reads, set at run time)" if k in both else
-                                            "now read" if k in now else "no longer read")
-                for k in differ if k.startswith("state ")]
+    code = changed or any(k.startswith("module ") for k in differ)  # (an edited module's values are its file's)
+    changed += [] if code else [f"{k[len('state '):]} " + ("changed (a value its code reads, set at run time)"
+                                                           if k in both else "now read" if k in now else
+                                                           "no longer read") for k in differ if k.startswith("state ")]
     for key in (k for k in differ if k.startswith("module ")):
         how = "changed" if key in both else "now imported" if key in now else "no longer imported"
         changed.append(f"{display_name(key[len('module '):])} {how}")
