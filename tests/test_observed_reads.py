@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,19 @@ def _project(root: Path) -> None:
     (root / "helpers.py").write_text(HELPERS)
     (root / "archmod.py").write_text("WIDTH = 64\n")
     (root / "wf.py").write_text(WORKFLOW)
-    (root / "tmp").mkdir()
+    _short_tmpdir(root)
+
+
+def _short_tmpdir(root: Path) -> None:
+    """``root/tmp``, a link to a short TMPDIR: Parsl's worker pool starts a multiprocessing manager whose
+    socket lives there, and a socket's path has at most 107 bytes (under
+    /tmp/pytest-of-root/pytest-105/popen-gw1/<test>/tmp the pool could not start)."""
+    (root / "tmp").symlink_to(tempfile.mkdtemp(prefix="ptobs-"))
 
 
 def _run(root: Path, seed: str, **env: str) -> tuple[dict, str]:
     out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=300, cwd=root,
-                         env=clean_env(PYTHONHASHSEED=seed, TMPDIR=str(root / "tmp"), MYAPP_MODE="a", **env))
+                         env=clean_env(PYTHONHASHSEED=seed, TMPDIR=os.path.realpath(root / "tmp"), MYAPP_MODE="a", **env))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.split("RESULT ", 1)[1]), out.stderr
 
@@ -250,7 +258,7 @@ def _config_project(root: Path) -> None:
     for name, content in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(content)
-    (root / "tmp").mkdir()
+    _short_tmpdir(root)
 
 
 def _ran_of(log: str) -> set[str]:

