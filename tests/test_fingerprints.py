@@ -280,7 +280,7 @@ def test_literal_imports_are_found_in_functions_and_modules():
         name = "not_" + "literal"
         return importlib.import_module("helpermod"), importlib.import_module(name)
 
-    from parsl_torch.apps.identity.fingerprint import _imported_names
+    from parsl_torch.apps.identity.bytecode import imported_names as _imported_names
 
     assert "helpermod" in _imported_names(stage.__code__) and "not_literal" not in _imported_names(stage.__code__)
     source = b"import os, importlib\ndef f():\n    return importlib.import_module('pkg.mod')\n"

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import dis
 import enum
 import functools
 import os
@@ -53,7 +52,8 @@ from pathlib import PurePath
 from typing import Any
 
 from .digests import sha
-from .usercode import MODULE_IMPORTERS, is_user_file, user_files
+from .bytecode import attributes_read, code_without_positions, global_names, imported_names
+from .usercode import is_user_file, user_files
 
 
 class Unidentifiable(TypeError):
@@ -73,7 +73,6 @@ LONG_STR = 4096
 NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
 #: a library's mapping or sequence with more items than this is hashed whole (as other objects)
 MAX_CONTAINER = 100_000
-
 
 
 class Fingerprinter:
@@ -233,18 +232,18 @@ class Fingerprinter:
     def function(self, fn: types.FunctionType) -> str:
         """The digest of a function of the workflow script: its code, defaults, closure and globals."""
         code = fn.__code__
-        used = sorted(_global_names(code))
+        used = sorted(global_names(code))
         globals_ = [(n, self.token(fn.__globals__[n], f"global {n!r} of {fn.__qualname__}"))
                     for n in used if n in fn.__globals__]
         globals_ += self._module_state(code, fn.__globals__, fn.__qualname__)
         cells = [self.token(c.cell_contents, f"a closure variable of {fn.__qualname__}")
                  for c in fn.__closure__ or () if _cell_set(c)]
-        for name in _imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
+        for name in imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
             found = user_files(name, sys.path)
             self.roots.update(found)
             if not found:
                 self.packages.add(name.partition(".")[0])
-        parts = (_code(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
+        parts = (code_without_positions(code), self.token(fn.__defaults__, f"the defaults of {fn.__qualname__}"),
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
         return sha(repr(parts).encode())
 
@@ -259,7 +258,7 @@ class Fingerprinter:
         try:
             module = namespace.get("__name__", "?")
             found = [self._read(f"{module}.{n}", namespace[n], f"global {n!r} of {where}")
-                     for n in sorted(_global_names(code)) if n in namespace
+                     for n in sorted(global_names(code)) if n in namespace
                      and not isinstance(namespace[n], types.ModuleType)]
             self._states[id(owner)] = found = found + self._module_state(code, namespace, where)
             return found
@@ -269,7 +268,7 @@ class Fingerprinter:
     def _module_state(self, code: types.CodeType, namespace: dict, where: str) -> list:
         """``config.SCALE`` read in ``code``, ``config`` a user module: the value it holds now."""
         found = []
-        for name, attr in sorted(_attributes_read(code)):
+        for name, attr in sorted(attributes_read(code)):
             module = namespace.get(name)
             if isinstance(module, types.ModuleType) and is_user_file(getattr(module, "__file__", None)) \
                     and hasattr(module, attr):
@@ -313,100 +312,12 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _attributes_read(code: types.CodeType) -> set[tuple[str, str]]:
-    """``(name, attribute)`` for each ``name.attribute`` a code object (or one nested in it) reads from a
-    global: the attributes of modules it uses (``config.SCALE``, ``config.scaled(...)``)."""
-    found: set[tuple[str, str]] = set()
-    last = None
-    for ins in dis.get_instructions(code):
-        if ins.opname in _FILLER:
-            continue
-        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and last is not None:
-            found.add((last, ins.argval))
-        last = ins.argval if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") else None
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= _attributes_read(const)
-    return found
-
-
-def _imported_names(code: types.CodeType) -> set[str]:
-    """The modules an ``import`` inside a code object (or one nested in it) can load: ``import a.b``
-    -> a.b; ``from a import b`` -> a and a.b (b may be a module). Relative imports are left out: a
-    workflow script's function is not in a package."""
-    names: set[str] = set()
-    consts: list[Any] = []
-    for ins in dis.get_instructions(code):
-        if ins.opname == "IMPORT_NAME" and len(consts) >= 2 and consts[-2] == 0:
-            names.add(ins.argval)
-            names.update(f"{ins.argval}.{item}" for item in consts[-1] or () if item != "*")
-        consts = [*consts[-1:], ins.argval] if ins.opname == "LOAD_CONST" else []
-    loads = _loads(code)  # ``importlib.import_module("x")`` with a literal, absolute name
-    for i, (op, value) in enumerate(loads):
-        if op == "const" and isinstance(value, str) and value and not value.startswith(".") and i \
-                and loads[i - 1][0] == "name" and loads[i - 1][1] in MODULE_IMPORTERS:
-            names.add(value)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _imported_names(const)
-    return names
-
-
-#: instructions that load nothing (they sit between a name and its argument in some Pythons)
-_FILLER = {"CACHE", "PUSH_NULL", "PRECALL", "NOP", "EXTENDED_ARG", "RESUME", "COPY_FREE_VARS", "KW_NAMES"}
-
-
-def _loads(code: types.CodeType) -> list[tuple[str, Any]]:
-    """A code object's own instructions as ("const", value), ("name", name loaded) or ("op", opname)."""
-    found = []
-    for ins in dis.get_instructions(code):
-        if ins.opname in _FILLER:
-            continue
-        if ins.opname.startswith("LOAD_CONST"):
-            found.append(("const", ins.argval))
-        elif ins.opname.startswith("LOAD_"):
-            found.append(("name", ins.argval))
-        else:
-            found.append(("op", ins.opname))
-    return found
-
-
 def _cell_set(cell: types.CellType) -> bool:
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises
     except ValueError:
         return False
     return True
-
-
-def _code(code: types.CodeType) -> tuple:
-    """A code object without its positions (file, first line, line table)."""
-    consts = tuple(_const(c) for c in code.co_consts)
-    return (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
-            code.co_code.hex(), consts, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
-            getattr(code, "co_exceptiontable", b"").hex())
-
-
-_GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    """The globals a code object reads or writes (not attribute names, which share ``co_names``)."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def _const(value: Any) -> Any:
-    if isinstance(value, types.CodeType):
-        return _code(value)
-    if isinstance(value, tuple):
-        return ("tuple", [_const(v) for v in value])
-    if isinstance(value, frozenset):  # `x in {"a", "b"}`: its repr's order follows the hash seed
-        return ("frozenset", sorted(repr(_const(v)) for v in value))
-    return (type(value).__name__, repr(value))
 
 
 def _is_array(value: Any) -> bool:
