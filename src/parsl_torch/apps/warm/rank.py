@@ -136,8 +136,9 @@ class _Parent:
         while self.ending is None:
             if self.rank == 0:
                 if path.exists():
-                    write_atomic(started, str(free_port()))
-                    return stagedir.read(path, stagedir.WarmJob), int(started.read_text())
+                    port = free_port()
+                    write_atomic(started, str(port))
+                    return stagedir.read(path, stagedir.WarmJob), port
                 deadline = settings.DEADLINE.get()
                 if Path(self.dir, STOP).exists() or (deadline is not None and time.time() >= deadline):
                     write_atomic(stopped, "")
