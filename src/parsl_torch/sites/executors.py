@@ -6,6 +6,7 @@ loads it when it makes a site's executors."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from parsl.executors import HighThroughputExecutor, MPIExecutor
@@ -46,14 +47,34 @@ class SiteMPIExecutor(MPIExecutor):
 
 class SiteHighThroughputExecutor(HighThroughputExecutor):
     """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor
-    refuses (InvalidResourceSpecification), goes to the site's MPI executor."""
+    refuses (InvalidResourceSpecification), goes to the site's MPI executor. Its interchange (a
+    process that imports Parsl: 1.5 to 2 s of CPU) starts with the first app it runs, not with the
+    workflow: most workflows run only multi-rank stages, and its blocks start on demand anyway."""
 
     multi_process: Any = None
+
+    def start(self):
+        self._starting = threading.Lock()
+        self._started = False
+
+    def _start_once(self) -> None:
+        with self._starting:
+            if not self._started:
+                super().start()
+                self._started = True
 
     def submit(self, func, resource_specification, *args, **kwargs):
         if self.multi_process is not None and set(resource_specification or ()) - HTEX_RESOURCE_KEYS:
             return self.multi_process.submit(func, resource_specification, *args, **kwargs)
+        self._start_once()
         return super().submit(func, resource_specification, *args, **kwargs)
+
+    def status(self):
+        """Before its start it has no blocks, and no interchange to ask which are connected."""
+        return super().status() if self._started else {}
+
+    def scale_in(self, blocks, max_idletime=None):
+        return super().scale_in(blocks, max_idletime) if self._started else []
 
 
 def complete_mpi_spec(resources: dict[str, Any]) -> None:
