@@ -40,7 +40,7 @@ def shards():
 '''
 
 WORKFLOW = '''
-import glob, importlib, json, os
+import glob, importlib, json, os, time
 import parsl_torch as pt
 import helpers
 
@@ -75,10 +75,33 @@ def sharded():
     return helpers.shards()
 
 
+@pt.distributed_app(ranks_per_node=1)
+def during():  # reads d.txt, then waits for the workflow's go (which may rewrite d.txt first)
+    text = open(os.path.join(helpers.DATA_DIR, "d.txt")).read()
+    open(os.path.join(helpers.DATA_DIR, "d.read"), "w").close()
+    go = os.path.join(os.path.dirname(helpers.DATA_DIR), "go")
+    for _ in range(2400):
+        if os.path.exists(go):
+            break
+        time.sleep(0.05)
+    return text
+
+
+for name in ("go", "data/d.read"):
+    if os.path.exists(name):
+        os.remove(name)
+
+
 with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1"):
     futures = {"reader": reader("b.txt"), "arch": arch(), "envy": envy(), "summarize": summarize(),
                "sharded": sharded()}
     futures["arch2"] = arch(stage="arch2")  # (warm: after arch, in ranks that imported archmod already)
+    futures["during"] = during()
+    if os.path.exists("edit.flag"):  # the user edits an input while the stage that read it runs
+        while not os.path.exists("data/d.read") and not futures["during"].done():
+            time.sleep(0.05)
+        open("data/d.txt", "w").write("d2")
+    open("go", "w").close()
     print("RESULT", json.dumps({k: f.result() for k, f in futures.items()}), flush=True)
 '''
 
@@ -87,6 +110,7 @@ def _project(root: Path) -> None:
     (root / "data").mkdir()
     (root / "data" / "b.txt").write_text("one")
     (root / "data" / "c.txt").write_text("c1")
+    (root / "data" / "d.txt").write_text("d1")
     (root / "inbox").mkdir()
     (root / "inbox" / "a.num").write_text("2")
     (root / "shards").mkdir()
@@ -113,15 +137,22 @@ def _run(root: Path, seed: str, **env: str) -> tuple[dict, str]:
 
 
 def _ran(log: str) -> set[str]:
-    return {s for s in ("reader", "arch", "envy", "summarize", "sharded", "arch2") if f"[{s}] runs" in log}
+    return {s for s in ("reader", "arch", "envy", "summarize", "sharded", "arch2", "during") if f"[{s}] runs" in log}
 
 
 @pytest.mark.slow
 def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     _project(tmp_path)
-    first, _ = _run(tmp_path, "1")
+    (tmp_path / "edit.flag").write_text("")  # d.txt is rewritten while the stage that read it runs
+    first, log = _run(tmp_path, "1")
     assert first == {"reader": "one+c1", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300,
-                     "arch2": 64}
+                     "arch2": 64, "during": "d1"}
+    d = tmp_path / "data" / "d.txt"
+    assert f"[during] input {d} changed while it ran, after it read it" in log, log
+    (tmp_path / "edit.flag").unlink()
+    first, log = _run(tmp_path, "8")  # a result made from d1 is not given back for d2
+    assert first["during"] == "d2" and _ran(log) == {"during"}, log
+    assert f"[during] runs again: input {d} changed while its last run ran, after it read it" in log, log
     again, log = _run(tmp_path, "2")
     assert again == first and not _ran(log), log  # nothing changed: every stage skipped, summarize too
     (tmp_path / "data" / "b.txt").write_text("two")  # DATA_DIR joined with a name the caller passes
@@ -185,6 +216,37 @@ def test_the_recorder_sees_reads_in_children_and_forked_workers_and_not_the_stan
     reads = reads_of(str(folder))
     assert {f"f {data}", "e MYAPP_KEY", f"d {tmp_path}", "e CHILD_KEY", f"f {data}.2"} <= reads, reads
     assert not any("python3" in line or "site-packages" in line for line in reads), reads
+
+
+def test_the_recorder_sees_sqlite_environb_and_python_children_that_drop_it(tmp_path):
+    """Reads Python's open does not see: SQLite's own, ``os.environb``; a Python child started without the
+    observer (``-I``, a cleared environment) is told, one started as usual is not; a file changed after its
+    first read (not by the stage) is found at the end, one the stage rewrote itself is not."""
+    db, data, own = tmp_path / "t.db", tmp_path / "in.txt", tmp_path / "own.txt"
+    data.write_text("x")
+    own.write_text("x")
+    folder = tmp_path / "reads"
+    folder.mkdir()
+    code = (f"import os, sqlite3, subprocess, sys\n"
+            f"sqlite3.connect({str(db)!r}).execute('create table t (a)')\n"
+            f"os.environb.get(b'MYAPP_BYTES')\n"
+            f"open({str(data)!r}).read(); open({str(own)!r}).read(); open({str(own)!r}, 'w').write('y')\n"
+            f"subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+            f"subprocess.run([sys.executable, '-I', '-c', 'pass'], check=True)\n"
+            f"subprocess.run([sys.executable, '-c', 'pass'], env={{'PATH': os.environ['PATH']}}, check=True)\n")
+    from parsl_torch.apps.identity.reads import changed_while_running
+    from parsl_torch.common.observe import reads_of
+    from parsl_torch.launch.shim import observing_env
+
+    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **observing_env(str(folder), os.environ))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    reads = reads_of(str(folder))
+    assert {f"f {db}", f"w {db}", "e MYAPP_BYTES", f"f {data}", f"w {own}"} <= reads, reads
+    unseen = sorted(line for line in reads if line.startswith("x "))
+    assert len(unseen) == 2 and "started with -I" in unseen[0] and "PYTHONPATH without" in unseen[1], unseen
+    assert changed_while_running(sorted(reads)) == []
+    data.write_text("changed after the stage read it")
+    assert changed_while_running(sorted(reads)) == [str(data)]
 
 
 CONFIG_WORKFLOW = '''

@@ -12,7 +12,13 @@ nothing:
 * ``e NAME``: an environment variable read by name by the user's code, or by a package it called
   (OmegaConf's ``${oc.env:X}``; not a package's own settings, read while it is imported, nor the
   session's variables a package reads: ``PATH``, ``HOME``...); ``e *``: the whole environment read
-  by the user's code (``dict(os.environ)``, ``os.environ.copy()``).
+  by the user's code (``dict(os.environ)``, ``os.environ.copy()``); ``os.environb`` alike;
+* ``t STATE PATH``: a file's state (mtime, size, inode) when the process first read it, against which
+  its state at the stage's end is compared (a file changed while the stage ran makes no skip
+  promise), and ``w PATH``: a file the stage opened to write (its own change is no one else's);
+* ``x WHY``: a Python child that the user's code started without this observer (``-I``, ``-S``,
+  ``-E``, or a ``PYTHONPATH`` of its own): what it reads is not seen, so the stage makes no skip
+  promise. ``sqlite3.connect`` is a read and a write of its database file.
 
 Not recorded, being compared otherwise or being no input: the standard library, installed
 packages, parsl-torch itself, the compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``,
@@ -88,7 +94,10 @@ def session_variable(name: str) -> bool:
 def package_setting(name: str) -> bool:
     """Not an input when a package reads it (every group)."""
     return session_variable(name) or name in PROCESS_NAMES or name.startswith(PROCESS_PREFIXES)
-_EVENTS = frozenset({"open", "os.listdir", "os.scandir", BEGIN})
+_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "sqlite3.connect", "subprocess.Popen", "os.exec",
+                     "os.posix_spawn", BEGIN})
+#: a Python's options that drop the observer (its ``sitecustomize`` on ``PYTHONPATH``): isolated, no site, no PYTHON*
+_UNOBSERVED_FLAGS = frozenset("ISE")
 
 
 def _skipped_prefixes() -> tuple[str, ...]:
@@ -137,12 +146,34 @@ class Recorder:
             self.begin()
         elif event == "open":
             path, mode, flags = args
-            if isinstance(path, int) or not _reads(mode, flags):
+            if isinstance(path, int):
                 return
-            self.note("f", path)
+            if _writes(mode, flags):
+                self.note("w", path)
+            if _reads(mode, flags):
+                self.note("f", path)
+        elif event == "sqlite3.connect":
+            self.database(args[0])
+        elif event in ("subprocess.Popen", "os.exec", "os.posix_spawn"):
+            self.child(*args[:2], args[-1])
         elif args[0] is not None and not isinstance(args[0], int) and \
                 not sys._getframe(1).f_code.co_filename.startswith(self.finders):
             self.note("d", args[0])  # (not the import system's: the modules it finds are recorded as files)
+
+    def database(self, name: object) -> None:
+        """SQLite opens its file in C: it is read, and may be written by the stage itself."""
+        if isinstance(name, (str, bytes, os.PathLike)):
+            text = os.fsdecode(name)
+            text = text[len("file:"):].split("?", 1)[0] if text.startswith("file:") else text
+            if text and text != ":memory:":
+                self.note("w", text)
+                self.note("f", text)
+
+    def child(self, program: object, argv: object, env: object) -> None:
+        """A Python child that the user's code starts without this observer: what it reads is unseen."""
+        why = _drops_observer(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
+        if why and _reader(self, 2) == "user":
+            self.line(f"x {why}")
 
     def note(self, kind: str, path: object) -> None:
         try:
@@ -154,8 +185,10 @@ class Recorder:
         if inside.startswith(self.skipped) or inside.startswith(self.folder):
             return
         line = f"{kind} {full}"
-        if line not in self.seen and inside.startswith(self.temp) and _made_since(full, self.since):
+        if line in self.seen or (inside.startswith(self.temp) and _made_since(full, self.since)):
             return
+        if kind == "f" and (state := file_state(full)) is not None:
+            self.line(f"t {state} {full}")
         self.line(line)
 
     def line(self, text: str) -> None:
@@ -216,6 +249,65 @@ def _reads(mode: object, flags: object) -> bool:
     return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
 
 
+def _writes(mode: object, flags: object) -> bool:
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+
+
+def file_state(path: str) -> str | None:
+    """A file's state, as ``t`` lines record it: what a change of its content changes (None: no such file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"
+
+
+def _options(args: list[str]) -> set[str]:
+    """The one-letter options of a Python command line's interpreter part (before the script, ``-c``, ``-m``)."""
+    letters: set[str] = set()
+    takes_value = False
+    for arg in args:
+        if takes_value:
+            takes_value = False
+            continue
+        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
+            break
+        for i, letter in enumerate(arg[1:]):
+            if letter in "cm":  # (the rest is its value: the code or the module)
+                return letters
+            letters.add(letter)
+            if letter in "XW":
+                takes_value = i == len(arg) - 2  # (-X dev: the next argument; -Xdev: this one)
+                break
+    return letters
+
+
+def _drops_observer(program: object, argv: object, env: object, boot: str) -> str | None:
+    """Why a child started as ``program argv`` with ``env`` is a Python that this observer will not load in
+    (None: not a Python, or one that loads it)."""
+    try:
+        args = [os.fsdecode(a) for a in ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))]
+        name = os.path.basename(os.fsdecode(program if program is not None else args[0]))
+    except (TypeError, IndexError):
+        return None
+    if not name.startswith("python"):
+        return None
+    shown = " ".join(args)[:200]
+    if flags := _options(args[1:]) & _UNOBSERVED_FLAGS:
+        return f"a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
+    try:
+        path = env.get("PYTHONPATH") if hasattr(env, "get") else None  # type: ignore[union-attr]
+        path = env.get(b"PYTHONPATH", path) if path is None and hasattr(env, "get") else path  # type: ignore
+    except TypeError:
+        path = None
+    folders = os.fsdecode(path).split(os.pathsep) if path is not None else []
+    if not any(os.path.abspath(f or ".") == os.path.abspath(boot) for f in folders):
+        return f"a Python child started with a PYTHONPATH without the observer's folder: {shown}"
+    return None
+
+
 def _reader(recorder: Recorder, depth: int) -> str | None:
     """Who reads the environment: "user" (your code), "package" (a package your code called while it runs:
     OmegaConf's ``${oc.env:X}``, Hydra's), None (parsl-torch; a package while it is imported: its settings)."""
@@ -256,6 +348,19 @@ def _watch_environ(recorder: Recorder) -> None:
             return base.__iter__(self)
 
     os.environ.__class__ = Environ
+    if hasattr(os, "environb"):  # (its keys are bytes: recorded as the names they are)
+        base_b = type(os.environb)
+
+        class EnvironB(base_b):  # type: ignore[misc,valid-type]
+            def __getitem__(self, key):
+                note(os.fsdecode(key))
+                return base_b.__getitem__(self, key)
+
+            def __contains__(self, key):
+                note(os.fsdecode(key))
+                return base_b.__contains__(self, key)
+
+        os.environb.__class__ = EnvironB
 
 
 def _watch_h5py(recorder: Recorder) -> None:
@@ -343,8 +448,9 @@ def _folded(lines: Iterable[str]) -> set[str]:
         if line.startswith("f "):
             by_folder.setdefault(os.path.dirname(line[2:]), []).append(line)
     many = {folder for folder, files in by_folder.items() if len(files) > MANY}
-    return {line for line in lines if not (line.startswith("f ") and os.path.dirname(line[2:]) in many)} | \
-        {f"F {folder}" for folder in many}
+    return {line for line in lines if not (line.startswith(("f ", "t ")) and
+                                           os.path.dirname(line.split(" ", 2)[2] if line[0] == "t" else line[2:])
+                                           in many)} | {f"F {folder}" for folder in many}
 
 
 def boot_folder(folder: str) -> str:

@@ -180,7 +180,11 @@ def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, 
 
 
 def forget_call(stage_dir: str | os.PathLike) -> None:
-    """A run of the stage starts: its directory no longer holds the last finished call's files."""
+    """A run of the stage starts: its directory no longer holds the last finished call's files. What a
+    finished call read goes too (its record holds it); what an unfinished attempt read stays, for the
+    attempts that resume it (a retry, a continuation, a rerun after a kill) read on from it."""
+    if (Path(stage_dir) / stagedir.CALL).exists():
+        stagedir.forget(Path(stage_dir) / stagedir.READS)
     stagedir.forget(Path(stage_dir) / stagedir.CALL)
 
 

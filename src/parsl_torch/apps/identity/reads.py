@@ -6,7 +6,9 @@ rewrites what it read is compared with what it left): ``read <path>`` a file (it
 key with ctime, then SHA-256; a ``.py`` file's syntax tree, as a module's: a comment changes
 nothing), ``read folder <path>`` a folder of many files read (every file in it, by its stat),
 ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in the
-stage's own directory and the run directory (outputs) are not inputs.
+stage's own directory and the run directory (outputs) are not inputs. A file that changed while the
+stage ran, after it read it (and not by the stage's own hand), is ``during <path>``: such a result
+was made from a content that is no longer there, so it makes no skip promise.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ...common import stagedir
-from ...common.observe import session_variable
+from ...common.observe import file_state, session_variable
 from ...core.log import get_logger
 from .digests import DigestCache, sha
 from .environment import env_components
@@ -34,7 +36,7 @@ def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mappin
     """Each observed read's digest now (at the stage's end, and again at each skip check)."""
     run_dir = os.path.dirname(os.path.abspath(stage_dir))  # (the stage's own directory is inside it)
     outputs = tuple({os.path.join(p, "") for p in (run_dir, os.path.realpath(run_dir))})
-    digests: dict[str, str] = {}
+    digests: dict[str, str] = {f"{DURING}{path}": "changed" for path in changed_while_running(record.reads, outputs)}
     names: set[str] = set()
     for line in record.reads:
         kind, _, what = line.partition(" ")
@@ -47,6 +49,23 @@ def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mappin
         digests["env *"] = _names_digest(stage_env, environ)
     digests.update(env_components(sorted(names), stage_env, environ))
     return digests
+
+
+#: a read whose file changed while the stage ran: never equal to anything now
+DURING = "during "
+
+
+def changed_while_running(lines: list[str], outputs: tuple[str, ...] = ()) -> list[str]:
+    """The files read whose state at their first read (``t`` lines) is not their state now, or was not the
+    same for every process that read them, except those the stage wrote itself (``w``) and its outputs."""
+    states: dict[str, set[str]] = {}
+    written = {line[2:] for line in lines if line.startswith("w ")}
+    for line in lines:
+        if line.startswith("t "):
+            _, state, path = line.split(" ", 2)
+            states.setdefault(path, set()).add(state)
+    return sorted(path for path, seen in states.items() if path not in written and
+                  not os.path.join(path, "").startswith(outputs) and (len(seen) > 1 or file_state(path) not in seen))
 
 
 def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> str:
@@ -99,10 +118,17 @@ def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCac
     record = recorded(stage_dir)
     if record is None:
         return None
+    log, stage = get_logger("parsl_torch.workflow"), os.path.basename(stage_dir)
     if record.ranks < record.expected:
-        get_logger("parsl_torch.workflow").warning(
-            "[%s] %d of its %d ranks told what they read (a rank's Python could not observe, or its shim could "
-            "not reach the supervisor): the next run runs it again", os.path.basename(stage_dir),
-            record.ranks, record.expected)
+        log.warning("[%s] %d of its %d ranks told what they read (a rank's Python could not observe, or its shim "
+                    "could not reach the supervisor): the next run runs it again", stage, record.ranks, record.expected)
         return None
-    return read_digests(record, stage_dir, stage_env, cache)
+    unseen = sorted(line[2:] for line in record.reads if line.startswith("x "))
+    if unseen:
+        log.warning("[%s] not all it read was seen (%s): the next run runs it again", stage, "; ".join(unseen[:3]))
+        return None
+    digests = read_digests(record, stage_dir, stage_env, cache)
+    for key in (k for k in digests if k.startswith(DURING)):
+        log.warning("[%s] input %s changed while it ran, after it read it (its result may be of the content "
+                    "before): the next run runs it again", stage, key[len(DURING):])
+    return digests

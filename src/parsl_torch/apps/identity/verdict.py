@@ -147,7 +147,10 @@ def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str
         if before.get(key) != now.get(key):
             kind, _, what = key.partition(" ")
             path = what.removeprefix("folder ")
-            if key == "env *":
+            if kind == "during":
+                said.append(f"{display_name(what) if what.endswith('.py') else 'input ' + what} changed while its "
+                            f"last run ran, after it read it")
+            elif key == "env *":
                 said.append("the environment's variables changed (it read all of them)")
             elif kind == "env":
                 said.append(f"environment variable {what} changed")
