@@ -87,6 +87,20 @@ def during():  # reads d.txt, then waits for the workflow's go (which may rewrit
     return text
 
 
+RUN = os.path.abspath("runs")
+
+
+@pt.distributed_app(ranks_per_node=1)
+def producer():
+    text = open(os.path.join(helpers.DATA_DIR, "p.txt")).read()
+    open(os.path.join(RUN, "producer", "made.txt"), "w").write(text.upper())
+
+
+@pt.distributed_app(ranks_per_node=1)
+def consumer(_after):  # another stage's output, by a path string: not an argument, not a declared input
+    return open(os.path.join(RUN, "producer", "made.txt")).read()
+
+
 for name in ("go", "data/d.read"):
     if os.path.exists(name):
         os.remove(name)
@@ -97,6 +111,7 @@ with pt.workflow(site="local", run_dir="runs", warm=os.environ.get("WARM") == "1
                "sharded": sharded()}
     futures["arch2"] = arch(stage="arch2")  # (warm: after arch, in ranks that imported archmod already)
     futures["during"] = during()
+    futures["consumer"] = consumer(producer())
     if os.path.exists("edit.flag"):  # the user edits an input while the stage that read it runs
         while not os.path.exists("data/d.read") and not futures["during"].done():
             time.sleep(0.05)
@@ -111,6 +126,7 @@ def _project(root: Path) -> None:
     (root / "data" / "b.txt").write_text("one")
     (root / "data" / "c.txt").write_text("c1")
     (root / "data" / "d.txt").write_text("d1")
+    (root / "data" / "p.txt").write_text("p1")
     (root / "inbox").mkdir()
     (root / "inbox" / "a.num").write_text("2")
     (root / "shards").mkdir()
@@ -137,7 +153,8 @@ def _run(root: Path, seed: str, **env: str) -> tuple[dict, str]:
 
 
 def _ran(log: str) -> set[str]:
-    return {s for s in ("reader", "arch", "envy", "summarize", "sharded", "arch2", "during") if f"[{s}] runs" in log}
+    stages = ("reader", "arch", "envy", "summarize", "sharded", "arch2", "during", "producer", "consumer")
+    return {s for s in stages if f"[{s}] runs" in log}
 
 
 @pytest.mark.slow
@@ -146,7 +163,7 @@ def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     (tmp_path / "edit.flag").write_text("")  # d.txt is rewritten while the stage that read it runs
     first, log = _run(tmp_path, "1")
     assert first == {"reader": "one+c1", "arch": 64, "envy": [["MYAPP_MODE", "a"]], "summarize": 2, "sharded": 300,
-                     "arch2": 64, "during": "d1"}
+                     "arch2": 64, "during": "d1", "consumer": "P1"}
     d = tmp_path / "data" / "d.txt"
     assert f"[during] input {d} changed while it ran, after it read it" in log, log
     (tmp_path / "edit.flag").unlink()
@@ -156,9 +173,12 @@ def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     again, log = _run(tmp_path, "2")
     assert again == first and not _ran(log), log  # nothing changed: every stage skipped, summarize too
     (tmp_path / "data" / "b.txt").write_text("two")  # DATA_DIR joined with a name the caller passes
+    (tmp_path / "data" / "p.txt").write_text("p2")  # the producer's input: its output, read by the consumer
     result, log = _run(tmp_path, "3")
-    assert result["reader"] == "two+c1" and _ran(log) == {"reader"}, log
+    assert result["reader"] == "two+c1" and result["consumer"] == "P2", result
+    assert _ran(log) == {"reader", "producer", "consumer"}, log
     assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed" in log, log
+    assert f"[consumer] runs again: input {tmp_path / 'runs' / 'producer' / 'made.txt'} changed" in log, log
     (tmp_path / "data" / "c.txt").write_text("c2")  # (PDATA / "c.txt") inside a module's function
     result, log = _run(tmp_path, "7")
     assert result["reader"] == "two+c2" and _ran(log) == {"reader"}, log

@@ -6,7 +6,8 @@ rewrites what it read is compared with what it left): ``read <path>`` a file (it
 key with ctime, then SHA-256; a ``.py`` file's syntax tree, as a module's: a comment changes
 nothing), ``read folder <path>`` a folder of many files read (every file in it, by its stat),
 ``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in the
-stage's own directory and the run directory (outputs) are not inputs. A file that changed while the
+stage's own directory and the run's own files (its records, Parsl's folder, a stage's dot-files)
+are not inputs; another stage's output read by its path is. A file that changed while the
 stage ran, after it read it (and not by the stage's own hand), is ``during <path>``: such a result
 was made from a content that is no longer there, so it makes no skip promise.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ...common import stagedir
@@ -34,15 +35,14 @@ def recorded(stage_dir: str | os.PathLike) -> stagedir.ReadsRecord | None:
 def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mapping[str, str],
                  cache: DigestCache, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Each observed read's digest now (at the stage's end, and again at each skip check)."""
-    run_dir = os.path.dirname(os.path.abspath(stage_dir))  # (the stage's own directory is inside it)
-    outputs = tuple({os.path.join(p, "") for p in (run_dir, os.path.realpath(run_dir))})
-    digests: dict[str, str] = {f"{DURING}{path}": "changed" for path in changed_while_running(record.reads, outputs)}
+    ours = RunFiles(stage_dir)
+    digests: dict[str, str] = {f"{DURING}{path}": "changed" for path in changed_while_running(record.reads, ours)}
     names: set[str] = set()
     for line in record.reads:
         kind, _, what = line.partition(" ")
         if kind == "e":
             names.update(_whole_environment(stage_env, environ) if what == "*" else [what])
-        elif kind in _KEYS and not os.path.join(what, "").startswith(outputs):  # (recorded absolute; a stat each)
+        elif kind in _KEYS and not ours(what):  # (recorded absolute; a stat each)
             digests[_KEYS[kind] + what] = _digest(_KEYS[kind] + what, cache)
     if any(line == "e *" for line in record.reads):  # (dict(os.environ) reads each name too: not told apart)
         names = {n for n in names if not session_variable(n)}
@@ -55,9 +55,31 @@ def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mappin
 DURING = "during "
 
 
-def changed_while_running(lines: list[str], outputs: tuple[str, ...] = ()) -> list[str]:
+class RunFiles:
+    """Whether a path read is the run's own rather than an input: in the stage's own directory, the run
+    directory's files and folders of its own (``status.json``, Parsl's ``parsl/``, dot-files), a stage's
+    records and earlier calls (``<stage>/.call.json``, ``<stage>/.previous/``). Another stage's output
+    (``<run>/producer/out.txt``, opened by a path string) is an input: it changes when its producer reruns."""
+
+    def __init__(self, stage_dir: str) -> None:
+        run_dir = os.path.dirname(os.path.abspath(stage_dir))
+        self.runs = tuple({os.path.join(p, "") for p in (run_dir, os.path.realpath(run_dir))})
+        self.stage = os.path.basename(os.path.abspath(stage_dir))
+
+    def __call__(self, path: str) -> bool:
+        inside = next((path[len(r):] for r in self.runs if os.path.join(path, "").startswith(r)), None)
+        if inside is None:
+            return False
+        parts = inside.rstrip(os.sep).split(os.sep)
+        if len(parts) == 1:  # the run directory, its own files; another stage's folder listed is an input
+            return not parts[0] or parts[0] in (self.stage, "parsl") or parts[0].startswith(".") or \
+                not os.path.isdir(path)
+        return parts[0] in (self.stage, "parsl") or any(p.startswith(".") for p in parts)
+
+
+def changed_while_running(lines: list[str], ours: Callable[[str], bool] = lambda path: False) -> list[str]:
     """The files read whose state at their first read (``t`` lines) is not their state now, or was not the
-    same for every process that read them, except those the stage wrote itself (``w``) and its outputs."""
+    same for every process that read them, except those the stage wrote itself (``w``) and ``ours``."""
     states: dict[str, set[str]] = {}
     written = {line[2:] for line in lines if line.startswith("w ")}
     for line in lines:
@@ -65,7 +87,7 @@ def changed_while_running(lines: list[str], outputs: tuple[str, ...] = ()) -> li
             _, state, path = line.split(" ", 2)
             states.setdefault(path, set()).add(state)
     return sorted(path for path, seen in states.items() if path not in written and
-                  not os.path.join(path, "").startswith(outputs) and (len(seen) > 1 or file_state(path) not in seen))
+                  not ours(path) and (len(seen) > 1 or file_state(path) not in seen))
 
 
 def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> str:
