@@ -15,7 +15,8 @@ nothing:
   by the user's code (``dict(os.environ)``, ``os.environ.copy()``); ``os.environb`` alike;
 * ``t STATE PATH``: a file's state (mtime, size, inode) when the process first read it, against which
   its state at the stage's end is compared (a file changed while the stage ran makes no skip
-  promise), and ``w PATH``: a file the stage opened to write (its own change is no one else's);
+  promise), and ``w PATH``: a file the stage opened to write (its own change is no one else's;
+  ``W PATH``: a folder it wrote more than ``MANY`` files into);
 * ``x WHY``: a Python child that the user's code started without this observer (``-I``, ``-S``,
   ``-E``, or a ``PYTHONPATH`` of its own): what it reads is not seen, so the stage makes no skip
   promise. ``sqlite3.connect`` is a read and a write of its database file.
@@ -443,14 +444,27 @@ def observed_any(folder: str) -> bool:
 
 
 def _folded(lines: Iterable[str]) -> set[str]:
-    by_folder: dict[str, list[str]] = {}
+    """Folders with more than ``MANY`` files read kept as the folder (``F``: their files' states go), and
+    with more than ``MANY`` files written as the folder (``W``)."""
+    lines = set(lines)
+    many = {kind: _crowded(lines, kind) for kind in "fw"}
+    return {line for line in lines if _folder_of(line) not in many.get("w" if line[0] == "w" else "f", ())} | \
+        {f"F {folder}" for folder in many["f"]} | {f"W {folder}" for folder in many["w"]}
+
+
+def _crowded(lines: set[str], kind: str) -> set[str]:
+    by_folder: dict[str, int] = {}
     for line in lines:
-        if line.startswith("f "):
-            by_folder.setdefault(os.path.dirname(line[2:]), []).append(line)
-    many = {folder for folder, files in by_folder.items() if len(files) > MANY}
-    return {line for line in lines if not (line.startswith(("f ", "t ")) and
-                                           os.path.dirname(line.split(" ", 2)[2] if line[0] == "t" else line[2:])
-                                           in many)} | {f"F {folder}" for folder in many}
+        if line[0] == kind:
+            by_folder[_folder_of(line)] = by_folder.get(_folder_of(line), 0) + 1
+    return {folder for folder, n in by_folder.items() if n > MANY}
+
+
+def _folder_of(line: str) -> str | None:
+    """The folder of a file line's path (``f``, ``w``, ``t``); None for the others."""
+    if line[:2] in ("f ", "w "):
+        return os.path.dirname(line[2:])
+    return os.path.dirname(line.split(" ", 2)[2]) if line.startswith("t ") else None
 
 
 def boot_folder(folder: str) -> str:

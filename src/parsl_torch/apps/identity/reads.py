@@ -82,11 +82,13 @@ def changed_while_running(lines: list[str], ours: Callable[[str], bool] = lambda
     same for every process that read them, except those the stage wrote itself (``w``) and ``ours``."""
     states: dict[str, set[str]] = {}
     written = {line[2:] for line in lines if line.startswith("w ")}
+    folders = {line[2:] for line in lines if line.startswith("W ")}
     for line in lines:
         if line.startswith("t "):
             _, state, path = line.split(" ", 2)
             states.setdefault(path, set()).add(state)
     return sorted(path for path, seen in states.items() if path not in written and
+                  os.path.dirname(path) not in folders and
                   not ours(path) and (len(seen) > 1 or file_state(path) not in seen))
 
 
