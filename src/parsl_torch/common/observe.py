@@ -38,6 +38,16 @@ import threading
 import time
 from collections.abc import Iterable
 
+try:
+    from . import observe_more as _more
+except ImportError:  # loaded by its path (a rank's sitecustomize, before any package): its sibling the same way
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location("parsl_torch_observe_more",
+                                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe_more.py"))
+    _more = _util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(_more)  # type: ignore[union-attr]
+
 #: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
 MANY = 256
 #: an audit event of our own: a warm rank starts its next call (what the recorder saw so far is the last call's)
@@ -97,10 +107,6 @@ def package_setting(name: str) -> bool:
     return session_variable(name) or name in PROCESS_NAMES or name.startswith(PROCESS_PREFIXES)
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", "sqlite3.connect", "subprocess.Popen", "os.exec",
                      "os.posix_spawn", BEGIN})
-#: a Python's options that drop the observer (its ``sitecustomize`` on ``PYTHONPATH``): isolated, no site, no PYTHON*
-_UNOBSERVED_FLAGS = frozenset("ISE")
-
-
 def _skipped_prefixes() -> tuple[str, ...]:
     import site
 
@@ -149,9 +155,9 @@ class Recorder:
             path, mode, flags = args
             if isinstance(path, int):
                 return
-            if _writes(mode, flags):
+            if _more.writes(mode, flags):
                 self.note("w", path)
-            if _reads(mode, flags):
+            if _more.reads(mode, flags):
                 self.note("f", path)
         elif event == "sqlite3.connect":
             self.database(args[0])
@@ -172,7 +178,7 @@ class Recorder:
 
     def child(self, program: object, argv: object, env: object) -> None:
         """A Python child that the user's code starts without this observer: what it reads is unseen."""
-        why = _drops_observer(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
+        why = _more.drops_observer(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
         if why and _reader(self, 2) == "user":
             self.line(f"x {why}")
 
@@ -244,18 +250,6 @@ def _made_since(path: str, since: float) -> bool:
         return True
 
 
-def _reads(mode: object, flags: object) -> bool:
-    if isinstance(mode, str):
-        return "r" in mode or "+" in mode
-    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
-
-
-def _writes(mode: object, flags: object) -> bool:
-    if isinstance(mode, str):
-        return any(c in mode for c in "wax+")
-    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
-
-
 def file_state(path: str) -> str | None:
     """A file's state, as ``t`` lines record it: what a change of its content changes (None: no such file)."""
     try:
@@ -263,50 +257,6 @@ def file_state(path: str) -> str | None:
     except OSError:
         return None
     return f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"
-
-
-def _options(args: list[str]) -> set[str]:
-    """The one-letter options of a Python command line's interpreter part (before the script, ``-c``, ``-m``)."""
-    letters: set[str] = set()
-    takes_value = False
-    for arg in args:
-        if takes_value:
-            takes_value = False
-            continue
-        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
-            break
-        for i, letter in enumerate(arg[1:]):
-            if letter in "cm":  # (the rest is its value: the code or the module)
-                return letters
-            letters.add(letter)
-            if letter in "XW":
-                takes_value = i == len(arg) - 2  # (-X dev: the next argument; -Xdev: this one)
-                break
-    return letters
-
-
-def _drops_observer(program: object, argv: object, env: object, boot: str) -> str | None:
-    """Why a child started as ``program argv`` with ``env`` is a Python that this observer will not load in
-    (None: not a Python, or one that loads it)."""
-    try:
-        args = [os.fsdecode(a) for a in ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))]
-        name = os.path.basename(os.fsdecode(program if program is not None else args[0]))
-    except (TypeError, IndexError):
-        return None
-    if not name.startswith("python"):
-        return None
-    shown = " ".join(args)[:200]
-    if flags := _options(args[1:]) & _UNOBSERVED_FLAGS:
-        return f"a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
-    try:
-        path = env.get("PYTHONPATH") if hasattr(env, "get") else None  # type: ignore[union-attr]
-        path = env.get(b"PYTHONPATH", path) if path is None and hasattr(env, "get") else path  # type: ignore
-    except TypeError:
-        path = None
-    folders = os.fsdecode(path).split(os.pathsep) if path is not None else []
-    if not any(os.path.abspath(f or ".") == os.path.abspath(boot) for f in folders):
-        return f"a Python child started with a PYTHONPATH without the observer's folder: {shown}"
-    return None
 
 
 def _reader(recorder: Recorder, depth: int) -> str | None:
@@ -364,48 +314,13 @@ def _watch_environ(recorder: Recorder) -> None:
         os.environb.__class__ = EnvironB
 
 
-def _watch_h5py(recorder: Recorder) -> None:
-    """h5py's files are opened by the HDF5 library, not Python: ``h5py.File`` is wrapped where it is defined."""
-
-    class Finder:  # (a meta path finder: importlib.abc costs 17 ms at every start)
-        def find_spec(self, name, path, target=None):
-            if name != "h5py._hl.files":
-                return None
-            sys.meta_path.remove(self)
-            try:
-                import importlib.util
-
-                spec = importlib.util.find_spec(name)
-            finally:
-                sys.meta_path.insert(0, self)
-            if spec is None or spec.loader is None:
-                return spec
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                run(module)
-                opened = module.File.__init__
-
-                def init(self, name, mode="r", *args, **kwargs):
-                    if isinstance(name, (str, bytes, os.PathLike)) and mode in ("r", "r+", "a", None):
-                        recorder.note("f", name)
-                    opened(self, name, mode, *args, **kwargs)
-
-                module.File.__init__ = init
-
-            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-            return spec
-
-    sys.meta_path.insert(0, Finder())
-
-
 def install(folder: str, since: float) -> Recorder:
     """Observe this process (and its forked children) into ``folder``; ``since``: when the call began."""
     recorder = Recorder(os.path.join(os.path.abspath(folder), ""), since)
     sys.addaudithook(recorder.hook)
     os.register_at_fork(after_in_child=recorder.after_fork)
     _watch_environ(recorder)
-    _watch_h5py(recorder)
+    _more.watch_h5py(recorder)
     recorder.line(STARTED)  # (a rank whose Python could not observe writes nothing: its shim tells)
     return recorder
 

@@ -1,0 +1,104 @@
+"""What ``observe`` watches beyond audit events, in a file of its own that it loads the way it is loaded
+itself (the standard library only): ``h5py.File`` (the HDF5 library opens files in C), and whether a
+Python child that a process starts will load the observer at all.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+def reads(mode: object, flags: object) -> bool:
+    if isinstance(mode, str):
+        return "r" in mode or "+" in mode
+    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
+
+
+def writes(mode: object, flags: object) -> bool:
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+
+
+#: a Python's options that drop the observer (its ``sitecustomize`` on ``PYTHONPATH``): isolated, no site, no PYTHON*
+UNOBSERVED_FLAGS = frozenset("ISE")
+
+
+def _options(args: list[str]) -> set[str]:
+    """The one-letter options of a Python command line's interpreter part (before the script, ``-c``, ``-m``)."""
+    letters: set[str] = set()
+    takes_value = False
+    for arg in args:
+        if takes_value:
+            takes_value = False
+            continue
+        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
+            break
+        for i, letter in enumerate(arg[1:]):
+            if letter in "cm":  # (the rest is its value: the code or the module)
+                return letters
+            letters.add(letter)
+            if letter in "XW":
+                takes_value = i == len(arg) - 2  # (-X dev: the next argument; -Xdev: this one)
+                break
+    return letters
+
+
+def drops_observer(program: object, argv: object, env: object, boot: str) -> str | None:
+    """Why a child started as ``program argv`` with ``env`` is a Python that this observer will not load in
+    (None: not a Python, or one that loads it)."""
+    try:
+        args = [os.fsdecode(a) for a in ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))]
+        name = os.path.basename(os.fsdecode(program if program is not None else args[0]))
+    except (TypeError, IndexError):
+        return None
+    if not name.startswith("python"):
+        return None
+    shown = " ".join(args)[:200]
+    if flags := _options(args[1:]) & UNOBSERVED_FLAGS:
+        return f"a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
+    try:
+        path = env.get("PYTHONPATH") if hasattr(env, "get") else None  # type: ignore[union-attr]
+        path = env.get(b"PYTHONPATH", path) if path is None and hasattr(env, "get") else path  # type: ignore
+    except TypeError:
+        path = None
+    folders = os.fsdecode(path).split(os.pathsep) if path is not None else []
+    if not any(os.path.abspath(f or ".") == os.path.abspath(boot) for f in folders):
+        return f"a Python child started with a PYTHONPATH without the observer's folder: {shown}"
+    return None
+
+
+def watch_h5py(recorder: Any) -> None:
+    """h5py's files are opened by the HDF5 library, not Python: ``h5py.File`` is wrapped where it is defined."""
+
+    class Finder:  # (a meta path finder: importlib.abc costs 17 ms at every start)
+        def find_spec(self, name, path, target=None):
+            if name != "h5py._hl.files":
+                return None
+            sys.meta_path.remove(self)
+            try:
+                import importlib.util
+
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None:
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                opened = module.File.__init__
+
+                def init(self, name, mode="r", *args, **kwargs):
+                    if isinstance(name, (str, bytes, os.PathLike)) and mode in ("r", "r+", "a", None):
+                        recorder.note("f", name)
+                    opened(self, name, mode, *args, **kwargs)
+
+                module.File.__init__ = init
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Finder())
