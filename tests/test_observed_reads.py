@@ -217,23 +217,28 @@ def test_a_folder_of_many_files_read_is_kept_as_the_folder_and_a_module_cache_as
     assert _source_of("/p/data.pyc") == "/p/data.pyc"
 
 
+def _observed(tmp_path: Path, code: str) -> set[str]:
+    """What ``python -c code`` read, observed as a rank's processes are."""
+    from parsl_torch.common.observe import reads_of
+    from parsl_torch.launch.shim import observing_env
+
+    folder = tmp_path / "reads"
+    folder.mkdir()
+    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **observing_env(str(folder), os.environ))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    return reads_of(str(folder))
+
+
 def test_the_recorder_sees_reads_in_children_and_forked_workers_and_not_the_standard_library(tmp_path):
     data = tmp_path / "in.txt"
     data.write_text("x")
-    folder = tmp_path / "reads"
-    folder.mkdir()
     code = (f"import os, subprocess, sys, multiprocessing as mp\n"
             f"open({str(data)!r}).read(); os.environ.get('MYAPP_KEY'); os.listdir({str(tmp_path)!r})\n"
             f"subprocess.run([sys.executable, '-c', 'import os; os.environ.get(\"CHILD_KEY\")'], check=True)\n"
             f"p = mp.get_context('fork').Process(target=lambda: open({str(data)!r} + '.2', 'w') and "
             f"open({str(data)!r} + '.2').read())\n"
             f"p.start(); p.join()\n")
-    from parsl_torch.common.observe import reads_of
-    from parsl_torch.launch.shim import observing_env
-
-    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **observing_env(str(folder), os.environ))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
-    reads = reads_of(str(folder))
+    reads = _observed(tmp_path, code)
     assert {f"f {data}", "e MYAPP_KEY", f"d {tmp_path}", "e CHILD_KEY", f"f {data}.2"} <= reads, reads
     assert not any("python3" in line or "site-packages" in line for line in reads), reads
 
@@ -245,8 +250,6 @@ def test_the_recorder_sees_sqlite_environb_and_python_children_that_drop_it(tmp_
     db, data, own = tmp_path / "t.db", tmp_path / "in.txt", tmp_path / "own.txt"
     data.write_text("x")
     own.write_text("x")
-    folder = tmp_path / "reads"
-    folder.mkdir()
     code = (f"import os, sqlite3, subprocess, sys\n"
             f"sqlite3.connect({str(db)!r}).execute('create table t (a)')\n"
             f"os.environb.get(b'MYAPP_BYTES')\n"
@@ -255,12 +258,8 @@ def test_the_recorder_sees_sqlite_environb_and_python_children_that_drop_it(tmp_
             f"subprocess.run([sys.executable, '-I', '-c', 'pass'], check=True)\n"
             f"subprocess.run([sys.executable, '-c', 'pass'], env={{'PATH': os.environ['PATH']}}, check=True)\n")
     from parsl_torch.apps.identity.reads import changed_while_running
-    from parsl_torch.common.observe import reads_of
-    from parsl_torch.launch.shim import observing_env
 
-    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **observing_env(str(folder), os.environ))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
-    reads = reads_of(str(folder))
+    reads = _observed(tmp_path, code)
     assert {f"f {db}", f"w {db}", "e MYAPP_BYTES", f"f {data}", f"w {own}"} <= reads, reads
     unseen = sorted(line for line in reads if line.startswith("x "))
     assert len(unseen) == 2 and "started with -I" in unseen[0] and "PYTHONPATH without" in unseen[1], unseen
