@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -171,3 +172,49 @@ def test_what_the_workflow_sets_in_a_module_at_run_time_reruns_the_stages_that_r
     assert [s[0] for s in seen] == ["20", "30", "30"], seen
     assert seen[1][1] == "config.SCALE changed (a value its code reads, set at run time)", seen
     assert seen[2][1] == "skipped", seen
+
+
+WRITER_AND_READER = """
+import json, os
+import parsl_torch as pt
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+@pt.distributed_app(ranks_per_node=1)
+def writer():
+    version = open(os.path.join(DATA, "version.txt")).read()
+    open(os.path.join(DATA, "shared.txt"), "w").write(version)
+
+
+@pt.distributed_app(ranks_per_node=1)
+def peeker():
+    return open(os.path.join(DATA, "shared.txt")).read()
+
+
+with pt.workflow(site="local", run_dir="runs"):
+    w, p = writer(), peeker()  # called together: no dependency between them
+    w.result()
+    print("result " + json.dumps(p.result()))
+"""
+
+
+def test_a_reader_called_beside_the_writer_of_its_file_does_not_skip_while_the_writer_runs(tmp_path):
+    """The writer's input changes: it runs and rewrites shared.txt, which the reader read. The reader's
+    own reads are unchanged when it is checked, but which of the two comes first is chance: it must not
+    skip with the old content (it did, for one run)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "version.txt").write_text("v1")
+    (tmp_path / "data" / "shared.txt").write_text("v1")
+    scratch = tempfile.mkdtemp(prefix="ptsp-")  # (the project is under /tmp: a TMPDIR apart, or its files are scratch)
+    seen = []
+    for seed, version in (("1", "v1"), ("2", "v2"), ("3", "v2")):
+        (tmp_path / "data" / "version.txt").write_text(version)
+        out = run(tmp_path, WRITER_AND_READER, PYTHONHASHSEED=seed, TMPDIR=scratch)
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen.append((json.loads(out.stdout.split("result ", 1)[1]), why(out.stderr, "writer"), why(out.stderr, "peeker")))
+    assert seen[0][0] == "v1", seen
+    assert seen[1][1] == f"input {tmp_path / 'data' / 'version.txt'} changed", seen
+    assert seen[1][2].startswith(f"input {tmp_path / 'data' / 'shared.txt'} is written by stage 'writer', which runs "
+                                 f"now with no dependency between them"), seen
+    assert seen[2][0] == "v2" and seen[2][1] == "skipped", seen  # (the reader: skipped, or rerun if it came first)

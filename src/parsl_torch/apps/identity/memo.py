@@ -18,7 +18,8 @@ from ...core.log import get_logger
 from ...errors import StageError
 from .. import identity
 from ..call import StageCall
-from .verdict import Verdict, decide, prepare
+from .reads import recorded as recorded_reads
+from .verdict import Verdict, decide, prepare, read_paths
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
 #: ``id_for_memo`` is one process-wide function that cannot be handed it (set only around that call)
@@ -50,6 +51,8 @@ class StageMemoizer(BasicMemoizer):
         super().__init__(checkpoint_files=checkpoint_files, checkpoint_mode="task_exit")
         self.cache, self.stopping = cache, stopping
         self._running: dict[int, Verdict] = {}  # task id -> the verdict it runs under
+        self._writing: dict[int, tuple[str, set[str]]] = {}  # task id -> its stage, the files its last run wrote
+        self._skipped: dict[str, set[str]] = {}  # a stage skipped in this run -> the files it read
 
     def check_memo(self, task: Any) -> Future | None:
         """Parsl's contract: the future of the task's earlier result when it need not run, else None; either
@@ -70,11 +73,15 @@ class StageMemoizer(BasicMemoizer):
             return refused
         outputs = task["kwargs"].get("outputs", ())
         parts = identity.stage_components(call, task["args"][1:], task["kwargs"], self.cache)
-        found = decide(call, parts, outputs, self.cache, lambda key: self.memo_lookup_table.get(key) is not None)
+        written_now = {path: stage for stage, paths in self._writing.values() for path in paths}
+        found = decide(call, parts, outputs, self.cache, lambda key: self.memo_lookup_table.get(key) is not None,
+                       written_now)
         task["hashsum"] = found.key
         if found.skips:
+            self._skipped[call.stage] = read_paths(found.before)
             return self.memo_lookup_table[found.key]
         self._running[task["id"]] = found
+        self._writing[task["id"]] = (call.stage, self._written_by(call))
         moved = prepare(found, call, outputs, self.cache)
         log = get_logger("parsl_torch.workflow")
         if not task.get("try_id"):
@@ -86,12 +93,26 @@ class StageMemoizer(BasicMemoizer):
             log.info("[%s] set aside, so that the rerun starts without them: %s", call.stage, ", ".join(moved))
         return None
 
+    def _written_by(self, call: StageCall) -> set[str]:
+        """The files the stage's last run wrote (as its ranks were seen to: ``w`` lines); a stage skipped
+        earlier in this run that read one of them is told in a warning: it came first by chance."""
+        record = recorded_reads(call.opts.stage_dir)
+        written = {line[2:] for line in (record.reads if record else ()) if line.startswith("w ")}
+        for stage, read in self._skipped.items():
+            for path in sorted(read & written):
+                get_logger("parsl_torch.workflow").warning(
+                    "[%s] was skipped before %r ran, which writes %s, which it read: with no dependency between "
+                    "them, its result may be of that file before %r rewrites it (pass %r's future to it)",
+                    stage, call.stage, path, call.stage, call.stage)
+        return written
+
     def update_memo_result(self, task: Any, r: Future) -> None:
         """Parsl's contract: a finished task's result is kept under its key (and checkpointed). A stage's
         directory also gets its call's record (``.call.json``: its identity, its outputs' digests and what
         it read), which the next verdict compares."""
         super().update_memo_result(task, r)
         call, found = StageCall.of_task(task), self._running.pop(task["id"], None)
+        self._writing.pop(task["id"], None)
         if call is not None and found is not None:
             identity.write_call(call.opts.stage_dir, found.key, found.parts, task["kwargs"].get("outputs", ()),
                                 self.cache, call.opts.environment)
@@ -99,4 +120,5 @@ class StageMemoizer(BasicMemoizer):
     def update_memo_exception(self, task: Any, e: BaseException) -> None:
         """Parsl's contract: a failed task's result is not kept (nor its verdict)."""
         self._running.pop(task["id"], None)
+        self._writing.pop(task["id"], None)
         super().update_memo_exception(task, e)

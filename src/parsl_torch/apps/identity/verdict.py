@@ -49,14 +49,17 @@ class Verdict:
 
 
 def decide(call: StageCall, parts: Mapping[str, str], outputs: Sequence[Any], cache: DigestCache,
-           holds: Callable[[str], bool]) -> Verdict:
+           holds: Callable[[str], bool], written_now: Mapping[str, str] | None = None) -> Verdict:
     """The verdict on the call whose identity is ``parts``; ``holds(key)``: whether the cache holds the
-    result of the call whose memo key is ``key``."""
+    result of the call whose memo key is ``key``; ``written_now``: the files that stages running now
+    wrote in their last run (path -> stage): one the call read may change under it."""
     stage_dir, key = call.opts.stage_dir, call_id(parts)
     before, cached = read_call(stage_dir), holds(key)
     hit = cached and before is not None and before.memo_key == key
     gone, changed = spoiled_files(stage_dir, call.returns, outputs, before, cache) if hit else ([], [])
     read = stale_reads(before, stage_dir, call.opts.environment, cache) if hit and not gone and not changed else []
+    if hit and not gone and not changed and not read:
+        read = rewritten_now(before, written_now or {})
     if hit and not gone and not changed and not read:
         return Verdict(key, parts, before)
     why = spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
@@ -137,6 +140,19 @@ def stale_reads(before: stagedir.CallRecord, stage_dir: str, stage_env: Mapping[
     if before.reads is None:  # (a skip is a promise: without what it read, there is none to make)
         return ["what its finished run read was not observed (see the warning of that run)"]
     return changed_reads(before.reads, current(before.reads, stage_dir, stage_env, cache))
+
+
+def read_paths(record: CallRecord | None) -> set[str]:
+    """The files a finished call read (its record's ``read <path>`` keys)."""
+    return {key[len("read "):] for key in (record.reads or {}) if key.startswith("read ") and
+            not key.startswith("read folder ")} if record is not None else set()
+
+
+def rewritten_now(before: CallRecord, written_now: Mapping[str, str]) -> list[str]:
+    """The files the call read that a stage running now wrote in its last run: with no dependency between
+    them, which of the two comes first is chance, so its skip is no promise."""
+    return [f"input {path} is written by stage {written_now[path]!r}, which runs now with no dependency between "
+            f"them (pass {written_now[path]!r}'s future to it)" for path in sorted(read_paths(before) & set(written_now))]
 
 
 def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
