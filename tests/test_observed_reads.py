@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -166,6 +167,8 @@ def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
                      "arch2": 64, "during": "d1", "consumer": "P1"}
     d = tmp_path / "data" / "d.txt"
     assert f"[during] input {d} changed while it ran, after it read it" in log, log
+    assert f"[consumer] read {tmp_path / 'runs' / 'producer' / 'made.txt'}, an output of stage 'producer', by its " \
+           f"path: declare the dependency" in log, log
     (tmp_path / "edit.flag").unlink()
     first, log = _run(tmp_path, "8")  # a result made from d1 is not given back for d2
     assert first["during"] == "d2" and _ran(log) == {"during"}, log
@@ -191,6 +194,67 @@ def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     result, log = _run(tmp_path, "6", MYAPP_EXTRA="x")
     assert result["sharded"] == 310 and _ran(log) == {"sharded"}, log
     assert f"input {tmp_path / 'shards'} changed" in log, log
+
+
+BELOW_OPEN = '''
+import json, os, sqlite3, subprocess, sys
+import parsl_torch as pt
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pt.distributed_app(ranks_per_node=1)
+def db():  # SQLite opens its file in C
+    return sqlite3.connect(os.path.join(HERE, "data.db")).execute("select v from t").fetchone()[0]
+
+
+@pt.distributed_app(ranks_per_node=1)
+def envb():
+    return os.environb.get(b"MYAPP_BYTES", b"unset").decode()
+
+
+@pt.distributed_app(ranks_per_node=1)
+def child():  # a Python child that drops the observer: what it reads is unseen
+    tool = os.path.join(HERE, "tool.py")
+    return subprocess.run([sys.executable, "-I", tool], capture_output=True, text=True, check=True).stdout.strip()
+
+
+with pt.workflow(site="local", run_dir="runs"):
+    futures = {"db": db(), "envb": envb(), "child": child()}
+    print("RESULT", json.dumps({k: f.result() for k, f in futures.items()}), flush=True)
+'''
+
+
+def _set_db(path: Path, value: str) -> None:
+    with sqlite3.connect(path) as con:
+        con.execute("create table if not exists t (v text)")
+        con.execute("delete from t")
+        con.execute("insert into t values (?)", (value,))
+
+
+@pytest.mark.slow
+def test_sqlite_environb_and_a_python_child_without_the_observer_through_a_workflow(tmp_path):
+    """A database SQLite opens in C and a variable read through os.environb rerun their stage when they
+    change, and only then; a stage whose Python child drops the observer makes no skip promise: it runs
+    every time, and the log names the child."""
+    (tmp_path / "wf.py").write_text(BELOW_OPEN)
+    (tmp_path / "tool.py").write_text("print(open(__file__.replace('tool.py', 'tool.txt')).read().strip())\n")
+    (tmp_path / "tool.txt").write_text("t1")
+    _set_db(tmp_path / "data.db", "a")
+    _short_tmpdir(tmp_path)
+    first, log = _run(tmp_path, "1")
+    assert first == {"db": "a", "envb": "unset", "child": "t1"}, first
+    assert "[child] not all it read was seen (a Python child started with -I, which does not load the observer" in log
+    _set_db(tmp_path / "data.db", "b")
+    (tmp_path / "tool.txt").write_text("t2")
+    result, log = _run(tmp_path, "2", MYAPP_BYTES="x")
+    assert result == {"db": "b", "envb": "x", "child": "t2"}, log
+    assert f"[db] runs again: input {tmp_path / 'data.db'} changed" in log, log
+    assert "[envb] runs again: environment variable MYAPP_BYTES changed" in log, log
+    assert "[child] runs again: what its finished run read was not observed" in log, log
+    again, log = _run(tmp_path, "3", MYAPP_BYTES="x")
+    assert again == result and "[db] skipped" in log and "[envb] skipped" in log, log
+    assert "[child] runs again" in log, log
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ from . import usercode
 from .environment import env_components
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
 from .fingerprint import Fingerprinter, Unidentifiable
-from .reads import reads_of_call
+from .reads import reads_of_call, undeclared_outputs
 from .outputs import output_digests
 from .packages import package_components
 
@@ -174,6 +174,8 @@ def write_call(stage_dir: str | os.PathLike, memo_key: str, parts: Mapping[str, 
     """The call finished: its identity, its outputs' digests and what it read, as it left them (a skip
     stands while they are unchanged). ``stage_env``: its ``env=``, as its ranks got it."""
     reads = reads_of_call(str(stage_dir), stage_env, cache)
+    if reads is not None:
+        undeclared_outputs(reads, str(stage_dir), parts)
     stagedir.write(Path(stage_dir) / stagedir.CALL,
                    stagedir.CallRecord(memo_key, dict(parts), output_digests(outputs, cache), reads))
     cache.save()

@@ -66,11 +66,19 @@ class RunFiles:
         self.runs = tuple({os.path.join(p, "") for p in (run_dir, os.path.realpath(run_dir))})
         self.stage = os.path.basename(os.path.abspath(stage_dir))
 
-    def __call__(self, path: str) -> bool:
+    def _inside(self, path: str) -> list[str] | None:
         inside = next((path[len(r):] for r in self.runs if os.path.join(path, "").startswith(r)), None)
-        if inside is None:
+        return None if inside is None else inside.rstrip(os.sep).split(os.sep)
+
+    def producer(self, path: str) -> str | None:
+        """The other stage whose folder holds ``path`` (None: not another stage's output)."""
+        parts = self._inside(path)
+        return parts[0] if parts is not None and len(parts) > 1 and not self(path) else None
+
+    def __call__(self, path: str) -> bool:
+        parts = self._inside(path)
+        if parts is None:
             return False
-        parts = inside.rstrip(os.sep).split(os.sep)
         if len(parts) == 1:  # the run directory, its own files; another stage's folder listed is an input
             return not parts[0] or parts[0] in (self.stage, "parsl") or parts[0].startswith(".") or \
                 not os.path.isdir(path)
@@ -135,6 +143,19 @@ def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, s
     if "env *" in before:
         now["env *"] = _names_digest(stage_env, environ)
     return {**now, **env_components(names, stage_env, environ)}
+
+
+def undeclared_outputs(reads: Mapping[str, str], stage_dir: str, parts: Mapping[str, str]) -> None:
+    """Warn of each file of another stage's that the call read by its path without being given it (an
+    ``inputs=`` File, a File argument): it is compared as any read, but which run of that stage it sees
+    depends on an order the workflow does not say."""
+    run, stage = RunFiles(stage_dir), os.path.basename(stage_dir)
+    for path in sorted(k[len("read "):] for k in reads if k.startswith("read ") and f"input {k[5:]}" not in parts):
+        if (producer := run.producer(path)) is not None:
+            get_logger("parsl_torch.workflow").warning(
+                "[%s] read %s, an output of stage %r, by its path: declare the dependency (pass %r's output "
+                "File, future.outputs[i], in inputs=) so that it always runs after that stage", stage, path,
+                producer, producer)
 
 
 def reads_of_call(stage_dir: str, stage_env: Mapping[str, str], cache: DigestCache) -> dict[str, str] | None:
