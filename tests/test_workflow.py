@@ -631,6 +631,31 @@ def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and
         capsys.readouterr().err
 
 
+def test_results_of_any_size_and_numpy_type_reach_status_and_its_sort(tmp_path, capsys):
+    """A metric of 10**400 (status --sort, --lowest and --json ended in OverflowError), of 5,000 digits (the
+    workflow could not write status.json at all) and NumPy's float32 (silently missing) are all kept."""
+    import numpy as np
+
+    from parsl_torch.apps import status
+    from parsl_torch.cli import main as cli
+
+    run = status.StatusFile(tmp_path, "local")
+    for name, score in (("huge", 10 ** 400), ("digits", 10 ** 5000), ("f32", np.float32(0.5)), ("i64", np.int64(3)),
+                        ("neg", -(10 ** 400)), ("flag", np.bool_(True))):
+        run.stage(name, state="done", seconds=1.0, result=status.result_metrics({"score": score}))
+    run.finish()
+    kept = json.loads((tmp_path / "status.json").read_text())["stages"]
+    assert {k: v["result"] for k, v in kept.items()} == {
+        "huge": {"score": float("inf")}, "digits": {"score": float("inf")}, "f32": {"score": 0.5},
+        "i64": {"score": 3}, "neg": {"score": float("-inf")}, "flag": {}}
+    for flags in ((), ("--lowest",)):
+        assert cli(["status", str(tmp_path), "--sort", "score", *flags]) == 0
+        order = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
+        assert order == (["neg", "f32", "i64", "huge", "digits"] if flags else ["huge", "digits", "i64", "f32", "neg"])
+    assert cli(["status", str(tmp_path), "--json"]) == 0
+    assert '"score"' in capsys.readouterr().out
+
+
 def test_a_run_whose_process_is_gone_or_that_was_stopped_is_not_running(tmp_path):
     """`status` checks the PID it names: a SIGKILLed workflow's run is gone, its stages stopped; a run
     stopped by a signal says which, and when."""

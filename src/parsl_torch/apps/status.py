@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import numbers
 import os
 import sys
 import threading
@@ -91,13 +92,30 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _metric(value: Any) -> int | float | None:
+    """A number as status keeps it (None: not a number): NumPy's and other real types as Python's, an
+    integer past 64 bits as a float (``10**400``: inf; one of 5,000 digits JSON cannot write at all)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (NumPy's bool_ is not a Real)
+        return None
+    if isinstance(value, numbers.Integral):
+        whole = int(value)
+        if abs(whole) < 2 ** 63:
+            return whole
+        value = whole
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def result_metrics(value: Any) -> dict[str, Any]:
     """What ``status`` keeps of a stage's result: a dict's numbers (the first RESULT_VALUES), or a lone
     number as ``result``. Never its text: status.json is readable by others, and a result's strings
     may be anything (a path with a user name, a token)."""
     if isinstance(value, dict):
-        return dict(list({str(k): v for k, v in value.items() if _number(v)}.items())[:RESULT_VALUES])
-    return {"result": value} if _number(value) else {}
+        kept = {str(k): _metric(v) for k, v in value.items()}
+        return dict(list({k: v for k, v in kept.items() if v is not None}.items())[:RESULT_VALUES])
+    return {"result": number} if (number := _metric(value)) is not None else {}
 
 
 def _result_text(result: dict[str, Any] | None) -> str:
