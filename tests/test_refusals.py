@@ -50,6 +50,17 @@ def test_a_stage_name_is_one_safe_folder_name_and_arguments_need_an_identity(tmp
         with pytest.raises(ConfigError, match=r"the stage's name \(name= on the decorator or script_app\) "
                                               r"'my script' is not a stage name"):
             pt.script_app(tmp_path / "my script.py")()
+        # what needs the call's ranks is refused at the call, not 3 to 5 s later on them
+        from parsl_torch.stages.train import train
+
+        small = {"model": {"vocab_size": 16, "dim": 8}, "steps": 2}
+        for size in (1, 3):
+            with pytest.raises(ConfigError, match=rf"stage 'train' on 1 node\(s\) x 2 rank\(s\): data.batch_size: {size} "
+                                                  rf"does not split evenly into its 2 data-parallel ranks .*use a "
+                                                  rf"multiple of 2"):
+                train({**small, "data": {"batch_size": size}}, ranks_per_node=2)
+        with pytest.raises(ConfigError, match=r"parallel: tp=3 does not fill the 2 ranks launched"):
+            train({**small, "parallel": {"tp": 3, "dp_shard": 1}}, ranks_per_node=2)
         assert set(os.listdir(wf.run_dir)) == before  # nothing made, nothing renamed
     assert set(os.listdir(tmp_path)) == outside | {"runs"}
 

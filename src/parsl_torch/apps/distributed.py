@@ -50,8 +50,9 @@ class DistributedApp:
     def __init__(self, fn: Callable | None, *, script: Sequence[str] | None = None, name: str | None = None,
                  num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
                  env: dict[str, str] | None = None, files: Sequence[str] = (), python: str | None = None,
-                 min_nodes: int | None = None) -> None:
+                 min_nodes: int | None = None, check: Callable[[int, int], None] | None = None) -> None:
         self.fn, self.script = fn, tuple(script) if script else None
+        self.check = check  # (world, ranks per node): what of its arguments needs the call's ranks
         self.python = python  # a script's Python as given (None: the one the stage runs under)
         self.name = name or fn.__name__  # a script's name is given by script_app
         self.num_nodes, self.ranks_per_node, self.min_nodes = num_nodes, ranks_per_node, min_nodes
@@ -60,11 +61,13 @@ class DistributedApp:
         if fn is not None:
             functools.update_wrapper(self, fn)
 
-    def reading(self, files: Sequence[str]) -> DistributedApp:
-        """This stage, also identified by the content of ``files``."""
+    def reading(self, files: Sequence[str], check: Callable[[int, int], None] | None = None) -> DistributedApp:
+        """This stage, also identified by the content of ``files``; ``check(world, ranks_per_node)`` raises
+        at the call what its arguments cannot do on its ranks."""
         return DistributedApp(self.fn, script=self.script, name=self.name, num_nodes=self.num_nodes,
                               ranks_per_node=self.ranks_per_node, walltime=self.walltime, env=self.env,
-                              files=(*self.files, *files), python=self.python, min_nodes=self.min_nodes)
+                              files=(*self.files, *files), python=self.python, min_nodes=self.min_nodes,
+                              check=check or self.check)
 
     def __call__(self, *args: Any, inputs: Sequence = (), outputs: Sequence = (), stage: str | None = None,
                  num_nodes: int | None = None, ranks_per_node: int | None = None, walltime: float | None = None,
@@ -79,6 +82,11 @@ class DistributedApp:
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
         check_env(asked, stage_env)
         placement.check_resources(asked, nodes, ppn)  # before anything is named or made
+        if self.check is not None:
+            try:
+                self.check(nodes * ppn, ppn)
+            except ConfigError as exc:
+                raise ConfigError(f"stage {asked!r} on {nodes} node(s) x {ppn} rank(s): {exc}") from None
         min_nodes = min_nodes if min_nodes is not None else self.min_nodes
         placement.check_min_nodes(asked, min_nodes, nodes)
         placement.check_inputs(asked, list(inputs), wf.made_on)
@@ -298,8 +306,10 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
                           python=python, min_nodes=min_nodes)
 
 
-def submit_builtin(call: BuiltinCall, app: DistributedApp) -> StageFuture:
-    """A built-in stage: ``app`` (its function, by reference) with the files its config names."""
-    return app.reading(call.files)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
+def submit_builtin(call: BuiltinCall, app: DistributedApp, check: Callable[[int, int], None] | None = None
+                   ) -> StageFuture:
+    """A built-in stage: ``app`` (its function, by reference) with the files its config names; ``check``:
+    what of its config needs the call's ranks (``DistributedApp.reading``)."""
+    return app.reading(call.files, check)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
                                    stage=call.stage, num_nodes=call.num_nodes, ranks_per_node=call.ranks_per_node,
                                    walltime=call.walltime, site=call.site, min_nodes=call.min_nodes)

@@ -15,6 +15,7 @@ history has no lost or duplicated steps.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from ..core.precision import (
 )
 from ..core.ranks import get_rank, get_world_size
 from ..core.recompute import checkpoint_every
+from ..core.topology import env_topology
 from ..errors import ConfigError
 from . import faults
 from .config import (
@@ -102,6 +104,21 @@ class TrainConfig:
                               f"change strategy")
         if self.parallel is not None:
             check_parallel(self)
+
+
+def check_world(cfg: TrainConfig, world: int, local_world: int) -> None:
+    """What needs the call's ranks, checked at the call (not 3 to 5 s later on them): the ``parallel:``
+    sizes fill ``world`` ranks of ``local_world`` per node, and ``data.batch_size`` splits evenly over
+    the data-parallel ranks (1 on 2 ranks failed deep in the model; 3 trained on unequal shards)."""
+    layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
+    layout.check(world, local_world)
+    shards = layout.coords(0, world).dp_size
+    per = shards * (layout.microbatches if layout.pp > 1 else 1)
+    if cfg.data.batch_size % per:
+        split = f"{shards} data-parallel shards of {layout.microbatches} microbatches each (parallel.pp_microbatches)" \
+            if layout.pp > 1 else f"its {shards} data-parallel ranks ({layout.describe(world)})"
+        raise ConfigError(f"data.batch_size: {cfg.data.batch_size} does not split evenly into {split}: each would "
+                          f"train on a different number of samples, or none; use a multiple of {per}")
 
 
 def check_parallel(cfg: TrainConfig) -> None:
@@ -221,10 +238,8 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
     cfg, logger, world = run.cfg, get_logger(__name__), get_world_size()
     layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
     coords = layout.coords(get_rank(), world)
-    if layout.pp > 1 and cfg.data.batch_size % (coords.dp_size * layout.microbatches):
-        raise ConfigError(f"data.batch_size: {cfg.data.batch_size} does not split into {coords.dp_size} data-parallel "
-                          f"shards of {layout.microbatches} microbatches each (parallel.pp_microbatches): use a "
-                          f"multiple of {coords.dp_size * layout.microbatches}")
+    if layout.pp > 1 and cfg.data.batch_size % (coords.dp_size * layout.microbatches):  # (the CLI's; with fewer nodes)
+        check_world(cfg, world, env_topology().local_world_size)
     loss, compile_s = torch.tensor(float("nan")), None
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -328,7 +343,7 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     checked here, before anything is submitted. Returns a StageFuture."""
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
     return submit_builtin(BuiltinCall(STAGE, cfg, (), tuple(outputs), tuple(data_files(cfg.data)),
-                                      **call), _train)
+                                      **call), _train, functools.partial(check_world, cfg))
 
 
 def main(argv: list[str] | None = None) -> int:
