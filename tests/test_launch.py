@@ -499,6 +499,64 @@ def test_a_slow_client_does_not_hold_up_a_failure_report():
         listener.close()
 
 
+STRANGER = """
+import json, socket, sys, time
+port, token_guess = int(sys.argv[1]), sys.argv[2]
+
+def closed(payload, idle=False):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    t0 = time.monotonic()
+    try:
+        if not idle:
+            s.sendall(payload)
+        return s.recv(1) == b"" and round(time.monotonic() - t0, 1)
+    except (BrokenPipeError, ConnectionResetError):
+        return round(time.monotonic() - t0, 1)
+    except socket.timeout:
+        return False
+    finally:
+        s.close()
+
+print(json.dumps({"big": closed(b"x" * (8 << 20)), "newlines": closed(b"\\n" * (1 << 20)),
+                  "guess": closed((json.dumps({"token": token_guess, "reads": [], "rank": 0}) + "\\n").encode()),
+                  "idle": closed(b"", idle=True)}))
+"""
+
+
+#: a Python that the user nobody may run (the venv's lives under root's home)
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+                    reason="runs the stranger as the user nobody with the system's Python (root only)")
+def test_a_stranger_on_the_node_is_cut_off_at_once_and_changes_nothing(monkeypatch):
+    """Another user's process that reaches the supervisor's port: 8 MiB without a newline, 1 MiB of bare
+    newlines, a message with a guessed token, a connection that says nothing. Each is closed (at once; the
+    silent one after AUTH_S), nothing it sent is kept, and the ranks' own messages still count."""
+    import queue
+
+    from parsl_torch.launch import listener as listener_module
+
+    monkeypatch.setattr(listener_module, "AUTH_S", 1.0)
+    listener = listener_module.RankListener(queue.Queue(), node_timeout=60)
+    port, token = int(listener.address.split(":")[1]), listener.address.rsplit(":", 1)[1]
+    try:
+        out = subprocess.run([SYSTEM_PYTHON, "-c", STRANGER, str(port), "0" * len(token)], capture_output=True,
+                             text=True, timeout=60, user=65534, cwd="/")
+        assert out.returncode == 0, out.stderr
+        closed = json.loads(out.stdout)
+        assert all(closed[k] is not False and closed[k] < 1 for k in ("big", "newlines", "guess")), closed
+        assert closed["idle"] is not False and 0.9 <= closed["idle"] < 3, closed
+        assert listener.reads == set() and listener.read_ranks == set() and not listener._strangers
+        from parsl_torch.launch.shim import send_reads
+
+        assert send_reads(listener.address, 0, {"f /data/x"})
+        assert listener.reads == {"f /data/x"} and listener.read_ranks == {0}
+    finally:
+        listener.close()
+
+
 def test_the_report_listener_listens_only_where_the_ranks_are():
     import queue
     import socket

@@ -18,6 +18,8 @@ from ..errors import TopologyError
 from .events import NodeSilent, RankReport
 
 _MAX_LINE = 1 << 26  # (a rank's reads: one line of up to ~300,000 paths; folders of many files are one)
+#: seconds a connection may stay open before its first bytes show the token (a stranger's is closed)
+AUTH_S = 10.0
 
 
 LOCAL_NAMES = ("", "localhost", "127.0.0.1")
@@ -79,7 +81,10 @@ def _silent(kind: str, node: dict, silent_s: float = 0.0) -> NodeSilent:
 
 
 class RankListener:
-    """The ranks' shims talk to this one socket (JSON lines carrying the token):
+    """The ranks' shims talk to this one socket (JSON lines, each starting with the token:
+    ``{"token": "..."``; a connection whose first bytes are anything else is closed as they come, and
+    one that shows nothing for ``AUTH_S`` seconds too, so a stranger on the node can neither change a
+    record nor make this process hold what it sends):
 
     * a failure report (one line on its own connection): a ``RankReport``;
     * a rank's reads (one line on its own connection, closed here once taken: ``common.observe``);
@@ -104,6 +109,8 @@ class RankListener:
         self.server = socket.create_server((bind, 0), backlog=max(socket.SOMAXCONN, len(nodes) + SPARE_FDS))
         self.server.setblocking(False)
         self.address = f"{host}:{self.server.getsockname()[1]}:{self.token}"
+        self._prefix = json.dumps({"token": self.token})[:-1].encode()  # what every message of a shim starts with
+        self._strangers: dict[socket.socket, float] = {}  # connections whose token has not shown yet: since when
         self.events, self.node_timeout = events, node_timeout
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.server, selectors.EVENT_READ)
@@ -142,6 +149,9 @@ class RankListener:
                     self._drop(sock, buffers)
                     continue
                 buffers[sock] += data
+                if sock in self._strangers and not self._shows_token(sock, buffers[sock]):
+                    self._drop(sock, buffers)
+                    continue
                 if len(buffers[sock]) > _MAX_LINE:  # not a shim: nothing it sends is this long
                     nodes.pop(sock, None)
                     self._drop(sock, buffers)
@@ -154,6 +164,8 @@ class RankListener:
                     self._line(sock, line, nodes, buffers, now)
             if now >= next_scan:
                 next_scan = now + SCAN_S
+                for sock in [s for s, since in self._strangers.items() if now - since > AUTH_S]:
+                    self._drop(sock, buffers)
                 for sock, node in list(nodes.items()):
                     if now - node["seen"] > self.node_timeout:
                         nodes.pop(sock)  # (named for the timeout it passed: the look comes up to SCAN_S later)
@@ -172,6 +184,7 @@ class RankListener:
                 return
             conn.setblocking(False)
             buffers[conn] = bytearray()
+            self._strangers[conn] = time.monotonic()
             self.selector.register(conn, selectors.EVENT_READ)
 
     def _line(self, sock: socket.socket, line: bytes, nodes: dict, buffers: dict, now: float) -> None:
@@ -200,8 +213,18 @@ class RankListener:
         else:
             self.events.put(RankReport.of(message))
 
+    def _shows_token(self, sock: socket.socket, buffer: bytearray) -> bool:
+        """Whether a connection's first bytes are (so far) the token's: once they all are, it is a shim's."""
+        head = bytes(buffer[:len(self._prefix)])
+        if not self._prefix.startswith(head):
+            return False
+        if len(head) == len(self._prefix):
+            del self._strangers[sock]
+        return True
+
     def _drop(self, sock: socket.socket, buffers: dict) -> None:
         buffers.pop(sock, None)
+        self._strangers.pop(sock, None)
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.selector.unregister(sock)
         sock.close()

@@ -75,7 +75,7 @@ def send_reads(address: str, rank: int, reads: set[str]) -> bool:
     host, port, token = address.rsplit(":", 2)
     try:
         with socket.create_connection((host, int(port)), timeout=30) as s:
-            s.sendall((json.dumps({"reads": sorted(reads), "rank": rank, "token": token}) + "\n").encode())
+            s.sendall((json.dumps({"token": token, "reads": sorted(reads), "rank": rank}) + "\n").encode())
             s.shutdown(socket.SHUT_WR)
             while s.recv(4096):
                 pass
@@ -117,7 +117,7 @@ def notify_failure(address: str, report: dict) -> bool:
     host, port, token = address.rsplit(":", 2)
     try:
         with socket.create_connection((host, int(port)), timeout=5) as s:
-            s.sendall((json.dumps({**report, "token": token}) + "\n").encode())
+            s.sendall((json.dumps({"token": token, **report}) + "\n").encode())  # (the token first: listener)
         return True
     except OSError:
         return False
