@@ -48,7 +48,10 @@ def test_non_numeric_metric_names_the_key(value, needle):
 
 def test_file_layout_attributes_and_xarray(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    h = pt.History("train", sync_every=7, config={"lr": 0.1, "globus_client_secret": "s3cr3t"},
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    h = pt.History("train", sync_every=7, config={"lr": 0.1, "globus_client_secret": "s3cr3t",  # a secret name
+                                                  "run": {"wandb": "0123456789abcdef0123456789abcdef01234567"},
+                                                  "notes": "hub hf_AbCdEfGhIjKlMnOp"},  # a known value, a shape
                    units={"loss": "nats"}, descriptions={"loss": "cross-entropy"})
     for i in range(20):
         h.update({"loss": 1.0 / (i + 1), "train/acc": i / 20})
@@ -62,6 +65,8 @@ def test_file_layout_attributes_and_xarray(tmp_path, monkeypatch):
                     "backend", "versions", "git_commit", "config"):
             assert key in attrs, key
         assert "s3cr3t" not in attrs["config"] and '"lr": 0.1' in attrs["config"]
+        assert "0123456789abcdef" not in attrs["config"] and "hf_AbCd" not in attrs["config"], attrs["config"]
+        assert '"notes": "hub ***"' in attrs["config"]
         loss = f["loss"]
         assert loss.dtype == np.float64 and loss.compression == "gzip" and loss.chunks
         assert loss.attrs["units"] == "nats" and loss.attrs["description"] == "cross-entropy"

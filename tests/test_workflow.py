@@ -404,25 +404,33 @@ def test_secrets_given_to_a_stage_are_in_no_file_a_run_writes_but_its_private_on
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
 
     @pt.distributed_app(ranks_per_node=2, env={"WANDB_API_KEY": "ENVSECRET42"})
-    def leaky(cfg):
-        raise RuntimeError(f"bad config keys: {sorted(cfg)}")
+    def leaky(cfg, api_key):  # its message holds the argument named a secret, and the variable's value cut short
+        raise RuntimeError(f"bad config keys: {sorted(cfg)}; login with {api_key} or {os.environ['WANDB_API_KEY'][:8]}"
+                           f"... failed")
+
+    @pt.distributed_app(ranks_per_node=1)
+    def hands_back(token):
+        return {"token": token}
 
     with pytest.raises(StageError) as failed:
         with pt.workflow(site="local", run_dir=tmp_path / "run"):
-            leaky({"wandb_api_key": "ARGSECRET42", "lr": 0.1}).result()
+            assert hands_back("RETSECRET42").result() == {"token": "RETSECRET42"}
+            leaky({"wandb_api_key": "ARGSECRET42", "lr": 0.1}, "APISECRET42").result()
     # the exception is named first, whatever the tail of stderr holds (the launcher's banners, a retry)
     assert re.match(r"stage 'leaky' failed: rank [01] on \S+ raised RuntimeError: bad config keys: \['lr', "
-                    r"'wandb_api_key'\] \(exit code 1\)\n", str(failed.value)), str(failed.value)
-    private = {"payload.pkl", ".env.json"}
+                    r"'wandb_api_key'\]; login with \*\*\* or \*\*\*\.\.\. failed \(exit code 1\)\n",
+                    str(failed.value)), str(failed.value)
+    private = {"payload.pkl", ".env.json", "result.pkl", "stderr.txt"}  # (stderr.txt: the traceback it printed)
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             data = path.read_bytes()
             if path.name in private:
                 assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
             else:
-                assert b"ARGSECRET42" not in data and b"ENVSECRET42" not in data, path
+                assert not any(s in data for s in (b"ARGSECRET42", b"ENVSECRET42", b"ENVSECRE", b"APISECRET42",
+                                                   b"RETSECRET42")), path
                 assert MODULE_SECRET.encode() not in data, path
-    assert "SECRET42" not in str(failed.value)
+    assert "SECRET42" not in str(failed.value) and "ENVSECRE" not in str(failed.value)
     assert (tmp_path / "run" / "parsl").is_dir()
 
 
@@ -500,6 +508,20 @@ def test_a_secret_known_by_its_variable_is_redacted_in_every_form_an_error_carri
     monkeypatch.setenv("SSH_KEY_FILE", str(tmp_path))
     said = raised_line(RuntimeError("request failed: Authorization: Bearer hf_SHELLSECRET"))
     assert "SHELLSECRET" not in said and said.startswith("RuntimeError: request failed: Authorization: Bearer ***")
+    # cut short as "invalid key" messages print it; a credential known by its shape; an argument named a secret
+    from parsl_torch.common import metadata
+    from parsl_torch.common.metadata import argument_secrets, remember_secrets
+
+    monkeypatch.setattr(metadata, "_REMEMBERED", set())  # (this process's: the other tests' stay as they were)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-1234567890abcdef")
+
+    def login(cfg, api_key, notes=""):
+        pass
+
+    remember_secrets(argument_secrets(login, ({"wandb": {"token": "WTOKEN445566"}}, "APIKEY778899"), {}))
+    said = raised_line(RuntimeError("invalid key sk-live-12... (APIKEY778899, WTOKEN445566, ghp_abcdefghijklmnopqrst); "
+                                    "wrong password; scikit-learn"))
+    assert said == "RuntimeError: invalid key ***... (***, ***, ***); wrong password; scikit-learn", said
     stage = tmp_path / "leaky"
     stage.mkdir()
     (stage / ".env.json").write_text(json.dumps({"MY_API_TOKEN": "ENVGIVEN1234", "LR": "0.1"}))

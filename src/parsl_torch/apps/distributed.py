@@ -24,6 +24,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ..common import settings
+from ..common.metadata import argument_secrets, remember_secrets
 from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
@@ -97,6 +98,8 @@ class DistributedApp:
         if self.script is not None:
             self._check_script_call(asked, args, kwargs)
         self._check_arguments(asked, args, kwargs)
+        if self.fn is not None:  # (kept out of every error and log this process shows: common.metadata)
+            remember_secrets(argument_secrets(self.fn, args, kwargs))
         name = wf.stage_name(asked, explicit=stage is not None)
         stage_dir = placement.stage_dir(wf.run_dir, name)
         script = self._command_line(stage_dir, outputs)

@@ -15,8 +15,10 @@ import sys
 import traceback
 
 from ..common import settings
-from ..core.dist import cleanup, exit_process, setup_torch
+from ..common.files import open_private
+from ..common.metadata import argument_secrets, remember_secrets
 from ..common.raised import write_raised
+from ..core.dist import cleanup, exit_process, setup_torch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(payload, "rb") as f:
             shipped, args, kwargs = dill.load(f)
-        value = shipped.load()(*args, **kwargs)
+        fn = shipped.load()
+        remember_secrets(argument_secrets(fn, args, kwargs))  # (kept out of the exception text its shim reports)
+        value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
         traceback.print_exc()
         write_raised(exc, settings.RAISED.get())  # the shim's report names it: the stage's error says it
@@ -51,7 +55,7 @@ def write_result(value: object, result: str) -> None:
 
     tmp = f"{result}.tmp"
     try:
-        with open(tmp, "wb") as f:
+        with open_private(tmp) as f:  # (0600: a returned value may hold a secret)
             dill.dump(value, f)
         os.replace(tmp, result)
     except BaseException:  # noqa: BLE001 - as the function's own failures: reported, then the rank ends

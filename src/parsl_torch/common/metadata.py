@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 REDACTED = "***"
@@ -56,12 +57,80 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+#: secret values this process was given in a stage's arguments (``remember_secrets``): known as the shell's are
+_REMEMBERED: set[str] = set()
+#: a secret's first characters that, shown alone (``sk-live-12...``, as "invalid key" messages cut it), are redacted
+TRUNCATED_CHARS = 8
+#: credentials recognisable by their shape, whoever holds them: OpenAI/Anthropic-style ``sk-``, Hugging Face
+#: ``hf_``, GitHub ``ghp_``..., Slack ``xox?-``, AWS access key ids, JWTs
+_SHAPES = re.compile(r"(?<![\w-])(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{16,}|"
+                     r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,})")
+
+
+def remember_secrets(values: Iterable[str]) -> None:
+    """Secret values this process must keep out of what it writes or shows from now on (a stage's
+    arguments named as secrets: ``api_key=``, ``{"wandb": {"token": ...}}``)."""
+    _REMEMBERED.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_CHARS)
+
+
+def known_secrets(env: Mapping[str, str]) -> list[str]:
+    """``secret_values(env)`` and the values remembered, longest first."""
+    return sorted({*secret_values(env), *_REMEMBERED}, key=len, reverse=True)
+
+
+def argument_secrets(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
+    """The string values of a call's arguments that are secrets by their name: a parameter named as one
+    (``api_key``, ``hf_token``), an entry of a mapping (at any depth) whose key is."""
+    import inspect
+
+    try:
+        named = dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        named = dict(kwargs)
+    found: list[str] = []
+
+    def walk(name: Any, value: Any) -> None:
+        if isinstance(value, str):
+            if is_secret_name(name):
+                found.append(value)
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(key, item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(name, item)
+
+    for name, value in named.items():
+        walk(name, value)
+    return found
+
+
+def _without_secret(text: str, secret: str) -> str:
+    """``text`` without ``secret``, whole or cut short: its first TRUNCATED_CHARS characters or more where
+    an ellipsis or ``*`` follows them (``sk-live-12...``), or 12 or more (a word it starts with stays)."""
+    text = text.replace(secret, REDACTED)
+    if len(secret) < TRUNCATED_CHARS + 2:
+        return text
+    head, start = secret[:TRUNCATED_CHARS], 0
+    while (i := text.find(head, start)) >= 0:
+        n = TRUNCATED_CHARS
+        while i + n < len(text) and n < len(secret) and text[i + n] == secret[n]:
+            n += 1
+        if n >= 12 or text.startswith(("...", "…", "*"), i + n):
+            text = text[:i] + REDACTED + text[i + n:]
+        start = i + 1
+    return text
+
+
 def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
-    """``text`` with every known secret value (``secrets``), passwords in URLs (scheme://user:PASSWORD@host),
-    the values of secret flags (``--api-key X``, ``--token=X``, ``'--hf-token', 'X'`` in a printed argv),
-    of secret assignments (``db.password=X``, ``NAME_TOKEN=X``) and of ``Bearer X`` replaced by ***."""
-    for value in secrets:
-        text = text.replace(value, REDACTED)
+    """``text`` with every known secret value (``secrets``, also cut short: ``sk-live-12...``), the values
+    remembered from a stage's arguments, credentials by their shape (``hf_...``, ``sk-...``), passwords in
+    URLs (scheme://user:PASSWORD@host), the values of secret flags (``--api-key X``, ``--token=X``,
+    ``'--hf-token', 'X'`` in a printed argv), of secret assignments (``db.password=X``, ``NAME_TOKEN=X``)
+    and of ``Bearer X`` replaced by ***."""
+    for value in sorted({*secrets, *_REMEMBERED}, key=len, reverse=True):
+        text = _without_secret(text, value)
+    text = _SHAPES.sub(REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
     text = _LISTED_FLAG.sub(lambda m: f"{m['flag']}{m['v']}{REDACTED}{m['v']}"
                             if is_secret_name(m["flag"].strip("'\", ")) else m[0], text)
@@ -92,7 +161,7 @@ def redact(value: Any) -> Any:
             out.append(redact(item))
         return out
     if isinstance(value, str):
-        return redact_text(value)
+        return redact_text(value, secret_values(os.environ))
     return value
 
 
