@@ -212,7 +212,8 @@ def test_a_reader_called_beside_the_writer_of_its_file_does_not_skip_while_the_w
         (tmp_path / "data" / "version.txt").write_text(version)
         out = run(tmp_path, WRITER_AND_READER, PYTHONHASHSEED=seed, TMPDIR=scratch)
         assert out.returncode == 0, out.stderr[-3000:]
-        seen.append((json.loads(out.stdout.split("result ", 1)[1]), why(out.stderr, "writer"), why(out.stderr, "peeker")))
+        result = json.loads(out.stdout.split("result ", 1)[1])
+        seen.append((result, why(out.stderr, "writer"), why(out.stderr, "peeker")))
     assert seen[0][0] == "v1", seen
     assert seen[1][1] == f"input {tmp_path / 'data' / 'version.txt'} changed", seen
     assert seen[1][2].startswith(f"input {tmp_path / 'data' / 'shared.txt'} is written by stage 'writer', which runs "

@@ -83,11 +83,7 @@ class DistributedApp:
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
         check_env(asked, stage_env)
         placement.check_resources(asked, nodes, ppn)  # before anything is named or made
-        if self.check is not None:
-            try:
-                self.check(nodes * ppn, ppn)
-            except ConfigError as exc:
-                raise ConfigError(f"stage {asked!r} on {nodes} node(s) x {ppn} rank(s): {exc}") from None
+        self._check_world(asked, nodes, ppn)
         min_nodes = min_nodes if min_nodes is not None else self.min_nodes
         placement.check_min_nodes(asked, min_nodes, nodes)
         placement.check_inputs(asked, list(inputs), wf.made_on)
@@ -98,8 +94,6 @@ class DistributedApp:
         if self.script is not None:
             self._check_script_call(asked, args, kwargs)
         self._check_arguments(asked, args, kwargs)
-        if self.fn is not None:  # (kept out of every error and log this process shows: common.metadata)
-            remember_secrets(argument_secrets(self.fn, args, kwargs))
         name = wf.stage_name(asked, explicit=stage is not None)
         stage_dir = placement.stage_dir(wf.run_dir, name)
         script = self._command_line(stage_dir, outputs)
@@ -156,9 +150,20 @@ class DistributedApp:
         return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, script or (),
                          identify_on_worker=not wf.memoize and not placement.remote)
 
+    def _check_world(self, stage: str, nodes: int, ppn: int) -> None:
+        """What of its arguments needs the call's ranks (``reading(check=)``), refused at the call."""
+        if self.check is not None:
+            try:
+                self.check(nodes * ppn, ppn)
+            except ConfigError as exc:
+                raise ConfigError(f"stage {stage!r} on {nodes} node(s) x {ppn} rank(s): {exc}") from None
+
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
-        is submitted (the files they name are read when the stage is ready to run)."""
+        is submitted (the files they name are read when the stage is ready to run); those named as
+        secrets are kept out of every error and log this process shows from now on (``common.metadata``)."""
+        if self.fn is not None:
+            remember_secrets(argument_secrets(self.fn, args, kwargs))
         fp = Fingerprinter(strict=True)
         names = _parameter_names(self.fn, len(args)) if self.fn is not None else []
         for i, value in enumerate(args):

@@ -132,36 +132,10 @@ class RankListener:
                 return
             now = time.monotonic()
             for key, _ in ready:
-                sock = key.fileobj
-                if sock is self.server:
+                if key.fileobj is self.server:
                     self._accept_all(buffers)
-                    continue
-                try:
-                    data = sock.recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    node = nodes.pop(sock, None)
-                    if node is not None and not node.get("bye"):
-                        self.events.put(_silent("vanished", node))
-                    self._drop(sock, buffers)
-                    continue
-                buffers[sock] += data
-                if sock in self._strangers and not self._shows_token(sock, buffers[sock]):
-                    self._drop(sock, buffers)
-                    continue
-                if len(buffers[sock]) > _MAX_LINE:  # not a shim: nothing it sends is this long
-                    nodes.pop(sock, None)
-                    self._drop(sock, buffers)
-                    continue
-                if sock in nodes:
-                    nodes[sock]["seen"] = now
-                while b"\n" in buffers.get(sock, b""):
-                    line, _, rest = bytes(buffers[sock]).partition(b"\n")
-                    buffers[sock] = bytearray(rest)
-                    self._line(sock, line, nodes, buffers, now)
+                else:
+                    self._receive(key.fileobj, buffers, nodes, now)
             if now >= next_scan:
                 next_scan = now + SCAN_S
                 for sock in [s for s, since in self._strangers.items() if now - since > AUTH_S]:
@@ -171,6 +145,33 @@ class RankListener:
                         nodes.pop(sock)  # (named for the timeout it passed: the look comes up to SCAN_S later)
                         self.events.put(_silent("lost", node, self.node_timeout))
                         self._drop(sock, buffers)
+
+    def _receive(self, sock: socket.socket, buffers: dict, nodes: dict, now: float) -> None:
+        """What a connection sent: its complete lines taken; its end, a stranger's bytes or a line longer
+        than any shim's closes it (a node's heartbeat connection that ends without bye: "vanished")."""
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            node = nodes.pop(sock, None)
+            if node is not None and not node.get("bye"):
+                self.events.put(_silent("vanished", node))
+            self._drop(sock, buffers)
+            return
+        buffers[sock] += data
+        if (sock in self._strangers and not self._shows_token(sock, buffers[sock])) or len(buffers[sock]) > _MAX_LINE:
+            nodes.pop(sock, None)
+            self._drop(sock, buffers)
+            return
+        if sock in nodes:
+            nodes[sock]["seen"] = now
+        while b"\n" in buffers.get(sock, b""):
+            line, _, rest = bytes(buffers[sock]).partition(b"\n")
+            buffers[sock] = bytearray(rest)
+            self._line(sock, line, nodes, buffers, now)
 
     def _accept_all(self, buffers: dict) -> None:
         """Every connection waiting in the queue (a storm of hellos is taken in one wake)."""

@@ -151,8 +151,9 @@ def read_paths(record: CallRecord | None) -> set[str]:
 def rewritten_now(before: CallRecord, written_now: Mapping[str, str]) -> list[str]:
     """The files the call read that a stage running now wrote in its last run: with no dependency between
     them, which of the two comes first is chance, so its skip is no promise."""
+    both = sorted(read_paths(before) & set(written_now))
     return [f"input {path} is written by stage {written_now[path]!r}, which runs now with no dependency between "
-            f"them (pass {written_now[path]!r}'s future to it)" for path in sorted(read_paths(before) & set(written_now))]
+            f"them (pass {written_now[path]!r}'s future to it)" for path in both]
 
 
 def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
