@@ -105,8 +105,12 @@ def session_variable(name: str) -> bool:
 def package_setting(name: str) -> bool:
     """Not an input when a package reads it (every group)."""
     return session_variable(name) or name in PROCESS_NAMES or name.startswith(PROCESS_PREFIXES)
+
+
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", "sqlite3.connect", "subprocess.Popen", "os.exec",
                      "os.posix_spawn", BEGIN})
+
+
 def _skipped_prefixes() -> tuple[str, ...]:
     import site
 

@@ -58,14 +58,21 @@ def drops_observer(program: object, argv: object, env: object, boot: str) -> str
     shown = " ".join(args)[:200]
     if flags := _options(args[1:]) & UNOBSERVED_FLAGS:
         return f"a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
-    try:
-        path = env.get("PYTHONPATH") if hasattr(env, "get") else None  # type: ignore[union-attr]
-        path = env.get(b"PYTHONPATH", path) if path is None and hasattr(env, "get") else path  # type: ignore
-    except TypeError:
-        path = None
-    folders = os.fsdecode(path).split(os.pathsep) if path is not None else []
+    folders = (_variable(env, "PYTHONPATH") or "").split(os.pathsep)
     if not any(os.path.abspath(f or ".") == os.path.abspath(boot) for f in folders):
         return f"a Python child started with a PYTHONPATH without the observer's folder: {shown}"
+    return None
+
+
+def _variable(env: object, name: str) -> str | None:
+    """``name`` in a child's environment, whose keys may be str or bytes (None: not there)."""
+    for key in (name, name.encode()):
+        try:
+            value = env.get(key)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            continue
+        if value is not None:
+            return os.fsdecode(value)
     return None
 
 
