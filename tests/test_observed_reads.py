@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import h5py
 import pytest
 
 from parsl_torch.common.observe import _folded, _source_of
@@ -311,20 +312,23 @@ def test_the_recorder_sees_sqlite_environb_and_python_children_that_drop_it(tmp_
     """Reads Python's open does not see: SQLite's own, ``os.environb``; a Python child started without the
     observer (``-I``, a cleared environment) is told, one started as usual is not; a file changed after its
     first read (not by the stage) is found at the end, one the stage rewrote itself is not."""
-    db, data, own = tmp_path / "t.db", tmp_path / "in.txt", tmp_path / "own.txt"
+    db, data, own, h5 = tmp_path / "t.db", tmp_path / "in.txt", tmp_path / "own.txt", tmp_path / "h.h5"
     data.write_text("x")
     own.write_text("x")
+    with h5py.File(h5, "w") as f:
+        f["x"] = [1]
     code = (f"import os, sqlite3, subprocess, sys\n"
             f"sqlite3.connect({str(db)!r}).execute('create table t (a)')\n"
             f"os.environb.get(b'MYAPP_BYTES')\n"
             f"open({str(data)!r}).read(); open({str(own)!r}).read(); open({str(own)!r}, 'w').write('y')\n"
+            f"import h5py\nwith h5py.File({str(h5)!r}, 'a') as f: f['y'] = [2]\n"  # (read, then changed by itself)
             f"subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
             f"subprocess.run([sys.executable, '-I', '-c', 'pass'], check=True)\n"
             f"subprocess.run([sys.executable, '-c', 'pass'], env={{'PATH': os.environ['PATH']}}, check=True)\n")
     from parsl_torch.apps.identity.reads import changed_while_running
 
     reads = _observed(tmp_path, code)
-    assert {f"f {db}", f"w {db}", "e MYAPP_BYTES", f"f {data}", f"w {own}"} <= reads, reads
+    assert {f"f {db}", f"w {db}", "e MYAPP_BYTES", f"f {data}", f"w {own}", f"f {h5}", f"w {h5}"} <= reads, reads
     unseen = sorted(line for line in reads if line.startswith("x "))
     assert len(unseen) == 2 and "started with -I" in unseen[0] and "PYTHONPATH without" in unseen[1], unseen
     assert changed_while_running(sorted(reads)) == []

@@ -99,6 +99,8 @@ def watch_h5py(recorder: Any) -> None:
                 opened = module.File.__init__
 
                 def init(self, name, mode="r", *args, **kwargs):
+                    if isinstance(name, (str, bytes, os.PathLike)) and mode in ("r+", "a", "w", "w-", "x"):
+                        recorder.note("w", name)  # (a file it changes itself: not changed under it)
                     if isinstance(name, (str, bytes, os.PathLike)) and mode in ("r", "r+", "a", None):
                         recorder.note("f", name)
                     opened(self, name, mode, *args, **kwargs)
