@@ -279,10 +279,16 @@ def _kill_and_check(proc: subprocess.Popen, runs: Path) -> None:
     proc.wait()
     deadline = time.monotonic() + 30
 
+    def command(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:  # (ended since the table was read)
+            return "watchdog"
+
     def alive() -> list[int]:
         table = _processes()
         return [pid for pid, start in started.items() if pid in table and table[pid][1] == start
-                and "watchdog" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+                and "watchdog" not in command(pid)]
 
     while (left := alive() or _carrying(str(runs))) and time.monotonic() < deadline:
         time.sleep(0.5)
