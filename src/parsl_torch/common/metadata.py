@@ -73,11 +73,6 @@ def remember_secrets(values: Iterable[str]) -> None:
     _REMEMBERED.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_CHARS)
 
 
-def known_secrets(env: Mapping[str, str]) -> list[str]:
-    """``secret_values(env)`` and the values remembered, longest first."""
-    return sorted({*secret_values(env), *_REMEMBERED}, key=len, reverse=True)
-
-
 def argument_secrets(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
     """The string values of a call's arguments that are secrets by their name: a parameter named as one
     (``api_key``, ``hf_token``), an entry of a mapping (at any depth) whose key is."""
