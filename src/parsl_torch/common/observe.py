@@ -159,9 +159,10 @@ class Recorder:
             path, mode, flags = args
             if isinstance(path, int):
                 return
-            if _more.writes(mode, flags):
+            reads, writes = _more.access(mode, flags)
+            if writes:
                 self.note("w", path)
-            if _more.reads(mode, flags):
+            if reads:
                 self.note("f", path)
         elif event == "sqlite3.connect":
             self.database(args[0])

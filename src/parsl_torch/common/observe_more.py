@@ -9,16 +9,16 @@ import os
 import sys
 from typing import Any
 
-def reads(mode: object, flags: object) -> bool:
+def access(mode: object, flags: object) -> tuple[bool, bool]:
+    """Whether an ``open`` audit event's mode (or ``os.open``'s flags) reads, and whether it writes: one
+    call per open of every observed process."""
     if isinstance(mode, str):
-        return "r" in mode or "+" in mode
-    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
-
-
-def writes(mode: object, flags: object) -> bool:
-    if isinstance(mode, str):
-        return any(c in mode for c in "wax+")
-    return isinstance(flags, int) and flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+        plus = "+" in mode
+        return "r" in mode or plus, plus or "w" in mode or "a" in mode or "x" in mode
+    if not isinstance(flags, int):
+        return False, False
+    how = flags & os.O_ACCMODE
+    return how != os.O_WRONLY, how != os.O_RDONLY
 
 
 #: a Python's options that drop the observer (its ``sitecustomize`` on ``PYTHONPATH``): isolated, no site, no PYTHON*
