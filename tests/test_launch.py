@@ -104,6 +104,23 @@ def test_aurora_duplicated_nodefile_and_fewer_ranks(tmp_path, fake_bin):
                                   "list:1-16:17-32:33-48:53-68:69-84:85-100"]
 
 
+def test_a_launch_s_own_host_file_goes_with_the_process_and_a_dry_run_keeps_it(tmp_path, fake_bin):
+    """One host file per stage on part of a block's nodes: none may pile up in the node's /tmp."""
+    nf = nodefile(tmp_path, "a", "b")
+    env = {**os.environ, "PBS_JOBID": "1", "PBS_NODEFILE": nf, "PARSL_TORCH_MACHINE": "aurora", "TMPDIR": str(tmp_path)}
+    planned = subprocess.run([sys.executable, "-c", "from parsl_torch.launch.plan import LaunchRequest, plan_launch; "
+                              "from parsl_torch.launch.schedulers import detect_scheduler; "
+                              "p = plan_launch(LaunchRequest(('x',), None, 2, 1, None), detect_scheduler()); "
+                              "print(p.argv[p.argv.index('--hostfile') + 1])"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.strip().startswith(str(tmp_path)) and not Path(planned.stdout.strip()).exists()
+    shown = subprocess.run([str(BIN / "parsl-torch"), "launch", "--nodes", "1", "--ppn", "2", "--dry-run", "--", "x"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    kept = re.search(r"--hostfile (\S+)", shown.stdout)
+    assert kept and Path(kept.group(1)).read_text().split() == ["a"], shown.stdout + shown.stderr
+
+
 def test_polaris_depth_binding(tmp_path, fake_bin):
     nf = nodefile(tmp_path, "x3004c0s7b0n0", "x3004c0s7b1n0")
     p = plan({"PBS_JOBID": "9", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]}, hostname="x3004c0s7b0n0")

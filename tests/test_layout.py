@@ -363,7 +363,8 @@ def test_the_manuals_references_are_generated_from_the_code():
 
 #: where process-wide state may live: the registries (settings, schedulers) and the ranks' state object
 STATE_HOLDERS = {"parsl_torch.common.settings": {"REGISTRY"}, "parsl_torch.core.ranks": {"_STATE"},
-                 "parsl_torch.launch.schedulers": {"SCHEDULERS"},  # scheduler records, added by register()
+                 # scheduler records, added by register(); the host files the process wrote, removed at its exit
+                 "parsl_torch.launch.schedulers": {"SCHEDULERS", "_HOST_FILES"},
                  # the secret values the process was given in stage arguments: every text it writes loses them
                  "parsl_torch.common.metadata": {"_REMEMBERED"}}
 MUTATORS = {"append", "extend", "add", "update", "pop", "remove", "clear", "setdefault", "insert", "discard"}

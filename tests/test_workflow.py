@@ -157,6 +157,56 @@ def test_faults_fail_the_stage_fast_and_leave_nothing(tmp_path, fault, expected)
     assert "[evaluate] failed" in status.stdout and "did not run: a stage it depends on failed" in status.stdout
 
 
+@pt.distributed_app(ranks_per_node=1)
+def stops_its_parsl_worker(pid_file):
+    """Stops (SIGSTOP) the Parsl manager it runs under, as a batch job that its scheduler ends for a lost
+    node takes it down before it can answer, then fails."""
+    import os
+    import signal
+    import sys
+
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+        if b"parsl-torch-pool" in command or b"process_worker_pool" in command:
+            break
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(pid_file, "w") as f:
+        f.write(str(pid))
+    os.kill(pid, signal.SIGSTOP)
+    sys.exit(3)
+
+
+@pt.distributed_app(ranks_per_node=1)
+def answers():
+    return 42
+
+
+@pytest.mark.slow
+def test_a_stage_whose_parsl_worker_cannot_answer_ends_with_its_supervisors_verdict(tmp_path, capfd):
+    """Parsl's manager stopped under a stage (its heartbeat then runs out after 120 s): the stage's future
+    fails with what its supervisor recorded within seconds; the answer Parsl gets once the manager
+    goes on is dropped, and the next stage runs on the same block."""
+    pid_file = tmp_path / "manager.pid"
+    with pt.workflow(site="local", run_dir=tmp_path / "run", retries=0):
+        try:
+            future = stops_its_parsl_worker(str(pid_file))
+            started = time.monotonic()
+            with pytest.raises(StageError, match=r"stage 'stops_its_parsl_worker' failed: rank 0 on \S+ raised "
+                                                 r"SystemExit: 3 \(exit code 1\)"):
+                future.result(timeout=100)
+            took = time.monotonic() - started
+        finally:
+            if pid_file.exists():
+                os.kill(int(pid_file.read_text()), signal.SIGCONT)
+        assert pid_file.exists()
+        assert answers().result(timeout=300) == 42
+    assert took < 60, f"the stage failed {took:.0f} s after its call"
+    assert "its supervisor's verdict (rank 0 on" in capfd.readouterr().err
+
+
 @pytest.mark.slow
 def test_retry_resumes_from_the_checkpoint_without_lost_or_duplicated_steps(tmp_path):
     run_dir = tmp_path / "run"

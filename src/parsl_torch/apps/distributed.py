@@ -193,6 +193,8 @@ def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs:
     app_future = bash_app_for(call.executor, wf.memoize)(
         call, *args, inputs=inputs, outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
         parsl_resource_specification=call.resource_specification, **kwargs)
+    if wf.verdicts is not None:
+        wf.verdicts.watch(app_future, stage_dir)
     return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT if call.returns else None)
 
 

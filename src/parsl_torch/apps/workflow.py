@@ -33,6 +33,7 @@ from .placement import Placement, placements
 from .request import WorkflowRequest, sites_checked
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
+from .verdicts import Verdicts
 from .identity.usercode import rank_import_path
 from .warm.groups import WarmGroups, warm_groups
 
@@ -73,6 +74,8 @@ class Workflow:
         self.made_on: dict[int, tuple[Any, str, Placement]] = {}
         #: with warm=True: the groups of ranks that run the function stages (``apps.warm``)
         self.warm: WarmGroups | None = None
+        #: on the sites' own Parsl: ends a stage whose supervisor's verdict Parsl cannot answer (``apps.verdicts``)
+        self.verdicts: Verdicts | None = None
         self._names: Counter[str] = Counter()
         self._taken: set[str] = set()
         self._lock = threading.Lock()
@@ -280,7 +283,7 @@ def _stages_run(wf: Workflow, request: WorkflowRequest, users_dfk: bool) -> Iter
             yield
         wf.wait()
         return
-    with _parsl_loaded(wf, request) as dfk:
+    with _parsl_loaded(wf, request) as dfk, Verdicts(dfk.executors, wf.log) as wf.verdicts:
         with _warm_ranks(wf, request.warm):
             with wf.running_stages_finish(request.on_error):
                 yield

@@ -29,7 +29,7 @@ from ..core.topology import env_topology
 from ..errors import ConfigError, ParslTorchError, StageError
 from ..launch.machines import get_machine
 from ..launch.plan import LaunchRequest, plan_launch
-from ..launch.schedulers import all_launchers
+from ..launch.schedulers import all_launchers, keep_host_files
 from ..launch.supervise import supervise
 from ..sites.build import drain_period
 from ..sites.endpoint import render_endpoint_config
@@ -67,6 +67,7 @@ def _launch(args: argparse.Namespace) -> int:
     plan = dataclasses.replace(plan, env={**sites.rank_environment(), **plan.env, **deadline})
     shown = " ".join([*(f"{k}={v}" for k, v in plan.env.items()), shlex.join(plan.argv)])
     if args.dry_run:
+        keep_host_files()  # (the command names them)
         print(shown)
         return 0
     print(f"parsl-torch: {plan.num_ranks} rank(s) on {plan.num_nodes} node(s) via {plan.launcher} "

@@ -42,6 +42,9 @@ class Outcome:
     rank: int | None = None
     host: str | None = None
     ranks: tuple[int, ...] = ()
+    #: written before the lost node's check (of up to this many seconds) ended: not final (the check may
+    #: find the node alive)
+    checking: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "cause": self.cause.value, "ranks": list(self.ranks)})
@@ -49,7 +52,7 @@ class Outcome:
     @classmethod
     def from_dict(cls, data: dict) -> Outcome:
         return cls(Cause(data["cause"]), int(data["exit_code"]), str(data["summary"]), data.get("rank"),
-                   data.get("host"), tuple(data.get("ranks") or ()))
+                   data.get("host"), tuple(data.get("ranks") or ()), float(data.get("checking") or 0))
 
 
 def write_outcome(stage_dir: str | os.PathLike, outcome: Outcome) -> None:

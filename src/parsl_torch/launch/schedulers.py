@@ -19,6 +19,8 @@ job), then local. Installed binaries are never evidence: a laptop with
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import shlex
@@ -363,11 +365,29 @@ def is_hydra(mpiexec: str) -> bool:
     return "HYDRA" in out
 
 
+#: the host files this process wrote for its launches, removed when it exits (one per stage on a block's
+#: nodes would pile up in a node's /tmp); a dry run keeps them (``keep_host_files``): its command names them
+_HOST_FILES: list[str] = []
+
+
+def _remove_host_files() -> None:
+    for path in _HOST_FILES:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def keep_host_files() -> None:
+    _HOST_FILES.clear()
+
+
 def _hostfile(nodes: Sequence[str], nodefile: str) -> str:
     """PBS_NODEFILE itself when it already lists exactly these nodes once each."""
     if Path(nodefile).read_text().split() == list(nodes):
         return nodefile
     fd, path = tempfile.mkstemp(prefix="parsl-torch-hosts-", suffix=".txt")
+    if not _HOST_FILES:
+        atexit.register(_remove_host_files)
+    _HOST_FILES.append(path)
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(nodes) + "\n")
     return path

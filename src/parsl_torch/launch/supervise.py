@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -117,7 +118,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
         _say(outcome.summary)
     if outcome.cause is Cause.NODE_LOST and outcome.host:
         if stage_dir:  # (first: a scheduler that ends the job for the lost node ends this process during the check)
-            write_outcome(stage_dir, outcome)
+            write_outcome(stage_dir, dataclasses.replace(outcome, checking=check_s))
         outcome = checked(plan, outcome, check_s)
     if stage_dir:
         write_outcome(stage_dir, outcome)

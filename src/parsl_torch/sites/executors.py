@@ -7,6 +7,7 @@ loads it when it makes a site's executors."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 from parsl.executors import HighThroughputExecutor, MPIExecutor
@@ -18,11 +19,53 @@ from ..launch.packing import MIN_NODES_KEY
 HTEX_RESOURCE_KEYS = frozenset({"priority"})
 
 
-class SiteMPIExecutor(MPIExecutor):
+class _Tasks(dict):
+    """HTEX's table of the tasks it waits on (task id -> future), from which its result thread takes
+    each task as its answer arrives: a task settled early (``SettlesEarly.settle``) is gone from it, and
+    the interchange's later word on it (ManagerLost, minutes later) goes to a future nobody holds
+    instead of ending that thread with a KeyError."""
+
+    def __init__(self, tasks: dict) -> None:
+        super().__init__(tasks)
+        self.settled: set[Any] = set()
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in self.settled and key not in self:
+            return Future()
+        return super().pop(key, *default)
+
+
+class SettlesEarly:
+    """An executor whose task can be ended with what its stage's supervisor recorded
+    (``apps.verdicts``), when Parsl's own answer cannot come: a scheduler that ends the whole batch job
+    for one lost node ends Parsl's worker with it, and the task would wait for the manager's heartbeat
+    to run out."""
+
+    def _settling(self) -> None:
+        if not isinstance(self._tasks, _Tasks):
+            self._tasks = _Tasks(self._tasks)
+
+    def settle(self, future: Future, exc: BaseException) -> bool:
+        """End ``future`` (one this executor returned) with ``exc``; False if its answer came first."""
+        tid = getattr(future, "parsl_executor_task_id", None)
+        if tid is None or not isinstance(self._tasks, _Tasks):
+            return False
+        self._tasks.settled.add(tid)  # (first: the result thread may take it meanwhile)
+        if dict.pop(self._tasks, tid, None) is not future:
+            return False
+        future.set_exception(exc)
+        return True
+
+
+class SiteMPIExecutor(SettlesEarly, MPIExecutor):
     """An ordinary app (no resource specification), which a plain MPIExecutor fails, goes to the
     site's single-process executor when there is one, else runs as one process on one node."""
 
     single_process: Any = None
+
+    def start(self):
+        self._settling()
+        return super().start()
 
     def submit(self, func, resource_specification, *args, **kwargs):
         if not resource_specification:
@@ -45,7 +88,7 @@ class SiteMPIExecutor(MPIExecutor):
                 resource_specification[MIN_NODES_KEY] = min_nodes
 
 
-class SiteHighThroughputExecutor(HighThroughputExecutor):
+class SiteHighThroughputExecutor(SettlesEarly, HighThroughputExecutor):
     """An MPI app (a resource specification with ranks), which a plain HighThroughputExecutor
     refuses (InvalidResourceSpecification), goes to the site's MPI executor. Its interchange (a
     process that imports Parsl: 1.5 to 2 s of CPU) starts with the first app it runs, not with the
@@ -60,6 +103,7 @@ class SiteHighThroughputExecutor(HighThroughputExecutor):
     def _start_once(self) -> None:
         with self._starting:
             if not self._started:
+                self._settling()
                 super().start()
                 self._started = True
 
