@@ -99,15 +99,62 @@ def test_bad_finalize_paths_keep_the_history(tmp_path):
     assert pt.read_history(h.finalize(tmp_path / "h.h5", plot=False)).metrics["x"][0] == 1.0
 
 
-def test_killed_run_leaves_partial_readable_and_no_final_file(tmp_path):
+@pytest.mark.parametrize("read_every", [1, 4], ids=["floats", "tensors-read-every-4"])
+def test_killed_run_leaves_partial_readable_and_no_final_file(tmp_path, read_every):
+    """Killed at step 35, syncing every 10 steps: the partial file holds steps 0-29 and their values, whether
+    they were floats or tensors read every 4 steps (a sync reads what is not read yet)."""
     final = tmp_path / "train.h5"
-    out = subprocess.run([sys.executable, str(RANKS_DIR / "killed_midrun.py"), str(final)],
+    out = subprocess.run([sys.executable, str(RANKS_DIR / "killed_midrun.py"), str(final), str(read_every)],
                          env=clean_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == -9, out.stderr
     assert not final.exists()
     data = pt.read_history(partial_path(final))
     assert data.attrs["status"] == "running"
     assert list(data.steps) == list(range(30))  # up to the last flush (every 10 steps)
+    assert list(data.metrics["loss"]) == [1.0 / (s + 1) for s in range(30)]
+
+
+class _Rows:
+    """A sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict]] = []
+
+    def log(self, step, metrics) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_tensors_are_read_every_n_steps_in_order_and_before_a_failure_is_recorded(tmp_path):
+    """read_every=4: a tensor's value is read at steps that are multiples of 4 (the line shows ``…`` until
+    then), kept as it was when recorded (changed in place later), NaN as NaN; the sinks get each row once
+    its values are read, in order; a failure records what was not read yet."""
+    sink = _Rows()
+    h = pt.History("t", path=tmp_path / "h.h5", read_every=4, sinks=[sink])
+    loss = torch.zeros(())
+    lines = []
+    for step in range(6):
+        loss.fill_(float("nan") if step == 2 else step / 10)
+        lines.append(h.update({"loss": loss, "lr": 0.5}))
+    assert lines[0] == "step=0 loss=0 lr=0.5"  # (0 is a multiple of 4)
+    assert lines[1:4] == [f"step={s} loss=… lr=0.5" for s in (1, 2, 3)] and lines[4] == "step=4 loss=0.4 lr=0.5"
+    assert lines[5] == "step=5 loss=… lr=0.5" and [r[0] for r in sink.rows] == [0, 1, 2, 3, 4]
+    assert sink.rows[3] == (3, {"loss": pytest.approx(0.3), "lr": 0.5}) and math.isnan(sink.rows[2][1]["loss"])
+    with pytest.raises(ConfigError, match=r"metric 'loss' is a tensor of shape \(2,\), not a number"):
+        h.update({"lr": 0.1, "loss": torch.ones(2)})
+    with pytest.raises(RuntimeError), h:
+        raise RuntimeError("the step failed")
+    data = pt.read_history(partial_path(tmp_path / "h.h5"))
+    assert data.attrs["status"] == "failed" and list(data.steps) == list(range(6))
+    assert data.metrics["loss"][5] == pytest.approx(0.5) and np.isnan(data.metrics["loss"][2])
+    assert [r[0] for r in sink.rows] == list(range(6))
+    with pytest.raises(ConfigError, match=r"read_every=0: use an int >= 1"):
+        pt.History("t", path=tmp_path / "x.h5", read_every=0)
 
 
 def test_failure_inside_context_manager_marks_file_failed(tmp_path):

@@ -6,6 +6,7 @@ the GPU figures come from the accelerator machine."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,8 +80,12 @@ def test_the_train_stage_records_throughput_and_mfu_and_compiles_when_asked(tmp_
     cfg = {"steps": 6, "log_every": 2, "checkpoint_every": 6, "compile": True,
            "model": {"kind": "transformer", "vocab_size": 16, "dim": 16, "n_heads": 2, "n_layers": 1, "seq_len": 8},
            "data": {"batch_size": 4}}
+    eager = {**cfg, "compile": False, "steps": 7}
     with pt.workflow(site="local", run_dir="runs"):
         result = train(cfg, ranks_per_node=1).result(timeout=600)
+        each = train(eager, ranks_per_node=1)
+        every_3 = read_history(train({**eager, "read_every": 3}, ranks_per_node=1).result(timeout=600)["history"])
+        each = read_history(each.result(timeout=600)["history"])
     history = read_history(result["history"])
     assert {"tokens_per_s", "tflops", "mfu"} <= set(history.metrics)
     assert result["compile_s"] > 0
@@ -88,3 +93,8 @@ def test_the_train_stage_records_throughput_and_mfu_and_compiles_when_asked(tmp_
     assert all(v > 0 for v in rows["tokens_per_s"]) and all(0 < v < 1e6 for v in rows["mfu"])
     data, stages = read(tmp_path / "runs")
     assert "MFU " in plain(data, stages)  # parsl-torch status shows it
+    # the loss read every 3 steps (as on a GPU): every step's loss, as read each step; the time and
+    # throughput at the reads (0, 3 and the last step), as the means since the read before
+    assert list(every_3.steps) == list(range(7)) and list(every_3.metrics["loss"]) == list(each.metrics["loss"])
+    assert [s for s, dt in zip(every_3.steps, every_3.metrics["dt"]) if dt > 0] == [0, 3, 6]
+    assert not np.isnan(each.metrics["mfu"]).any() and np.isnan(every_3.metrics["mfu"][[1, 2, 4, 5]]).all()

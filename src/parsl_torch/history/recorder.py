@@ -1,17 +1,14 @@
 """History: per-step metrics that cost next to nothing to record.
 
-``update`` appends to per-metric Python lists on this rank: no collective, no
-file I/O, no logging set-up. Every ``sync_every`` updates (and at
-``finalize``) the rows since the last sync become a numpy block and the ranks
-compute mean/min/max/std per step and metric in a few batched collectives
-(see ``stats``). Rank 0 appends its blocks to the history file's partial copy
-at most every ``flush_every`` seconds (file I/O is local to rank 0, so it
-needs no agreement between ranks). ``finalize`` moves that file into place
-with status "complete".
+``update`` appends to per-metric Python lists on this rank: no collective, no file I/O, no logging
+set-up; a tensor on its device is read every ``read_every`` steps (``deferred``), not waited for. Every
+``sync_every`` updates (and at ``finalize``) the rows since the last sync become a numpy block and the
+ranks compute mean/min/max/std per step and metric in a few batched collectives (``stats``). Rank 0
+appends its blocks to the history file's partial copy at most every ``flush_every`` seconds (file I/O is
+local to rank 0: no agreement between ranks). ``finalize`` moves that file into place, "complete".
 
-All ranks must call ``update`` equally often and all must call ``finalize``
-(both contain the same collectives), as with any collective code; or rank 0
-alone calls ``finalize(ranks="this")``.
+All ranks must call ``update`` equally often and all must call ``finalize`` (both contain the same
+collectives), as with any collective code; or rank 0 alone calls ``finalize(ranks="this")``.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ from ..core.ranks import get_rank, process_group
 from ..core.topology import env_topology
 from ..errors import ConfigError
 from .blocks import MISSING, Block, as_float, as_step
+from .deferred import Deferred, is_tensor
 from .h5file import H5Writer, check_dir, checked_dataset_name, partial_path, read_history
 from .plots import plot_history
 from .sinks import make_sinks
@@ -59,24 +57,28 @@ class History:
     ``default_history_path(name)``). ``sync_every``: updates between cross-rank
     syncs (0: only at finalize). ``flush_every``: seconds between writes of
     the partial file, checked at syncs (0: at every sync); a crash loses at
-    most that much history. ``config``: stored as JSON with
+    most that much history. ``read_every``: steps between two reads of the
+    tensors passed to ``update`` (a loss on its GPU: copied to the host without
+    waiting, read at steps that are multiples of it and before every sync; 1:
+    read at once, as ``.item()``). ``config``: stored as JSON with
     secrets redacted. ``units``/``descriptions``: per-metric attributes.
     ``sinks``: "csv", "wandb" or Sink objects, fed on rank 0. ``on_sync``: called on
     every rank with each synced Block (its rows and their cross-rank statistics).
     """
 
     def __init__(self, name: str = "history", *, path: str | os.PathLike | None = None,
-                 sync_every: int = 100, flush_every: float = 30.0,
-                 config: Mapping[str, Any] | None = None,
-                 units: Mapping[str, str] | None = None, descriptions: Mapping[str, str] | None = None,
-                 sinks: Iterable[Any] = (), on_sync: Callable[[Block], None] | None = None) -> None:
-
+                 sync_every: int = 100, flush_every: float = 30.0, read_every: int = 1,
+                 config: Mapping[str, Any] | None = None, units: Mapping[str, str] | None = None,
+                 descriptions: Mapping[str, str] | None = None, sinks: Iterable[Any] = (),
+                 on_sync: Callable[[Block], None] | None = None) -> None:
         if not isinstance(sync_every, int) or sync_every < 0:
             raise ConfigError(f"sync_every={sync_every!r}: use a non-negative int (0: sync at finalize only)")
-        self.name = name
-        self.path = Path(path).absolute() if path is not None else None
-        self.sync_every = sync_every
-        self.flush_every = flush_every
+        if not isinstance(read_every, int) or read_every < 1:
+            raise ConfigError(f"read_every={read_every!r}: use an int >= 1 (1: tensors are read at each update)")
+        self.name, self.path = name, Path(path).absolute() if path is not None else None
+        self.sync_every, self.flush_every, self.read_every = sync_every, flush_every, read_every
+        self._deferred = Deferred()
+        self._unlogged: list[tuple[int, dict[str, tuple[list[float], int]]]] = []  # read late, for the sinks
         self._on_sync = on_sync
         self.config = dict(config or {})
         self._meta = {k: {"units": v} for k, v in (units or {}).items()}
@@ -101,22 +103,25 @@ class History:
 
     # -- recording ---------------------------------------------------------
     def update(self, metrics: Mapping[str, Any], step: int | None = None) -> str:
-        """Record one step's metrics on this rank; returns ``"step=3 loss=0.25 ..."``.
-
-        A ``"step"`` entry (or the ``step`` argument) sets the step, else steps
-        count up from the last one. Tensors, numpy and Python scalars are
-        accepted; NaN and inf are recorded as they are.
-        """
+        """Record one step's metrics on this rank; returns ``"step=3 loss=0.25 ..."``. A ``"step"``
+        entry (or ``step``) sets the step, else steps count up from the last one. Tensors, numpy and
+        Python scalars are accepted; NaN and inf are recorded as they are. With ``read_every`` > 1 a
+        tensor is read later (``loss=…`` in the line until then)."""
         cols, n = self._cols, len(self._steps)
-        parts = []
         created = None
+        late: list[tuple[str, Any]] = []
         try:
             for k, v in metrics.items():
                 if k == "step":
                     step = as_step(v) if step is None else step
                     continue
                 if type(v) is not float:
-                    v = as_float(k, v)
+                    if self.read_every > 1 and is_tensor(v):
+                        Deferred.check(k, v)
+                        late.append((k, v))
+                        v = _NAN
+                    else:
+                        v = as_float(k, v)
                 col = cols.get(k)
                 if col is None:
                     if k not in self._keys:
@@ -124,7 +129,6 @@ class History:
                     col = cols[k] = [_NAN] * n
                     created = [*(created or ()), k]
                 col.append(v)
-                parts.append(f"{k}={v:.6g}")
             if step is not None and type(step) is not int:
                 step = as_step(step)
         except ConfigError:  # a bad entry must not leave half a row behind
@@ -133,7 +137,8 @@ class History:
             for col in cols.values():
                 del col[n:]
             raise
-        if len(cols) != len(parts):  # a metric recorded before is missing now
+        recorded = [k for k in metrics if k in cols]
+        if len(cols) != len(recorded):  # a metric recorded before is missing now
             for col in cols.values():
                 if len(col) == n:
                     col.append(_NAN)
@@ -141,11 +146,27 @@ class History:
             step = self._next_step
         self._steps.append(step)
         self._next_step = step + 1
-        if self._sinks is not None and self._sinks.sinks:
-            self._sinks.log(step, {k: cols[k][-1] for k in metrics if k in cols})
+        unread = [k for k, _ in self._defer(step, n, late)] if late or self._deferred else []
+        line = self._row_done(step, n, recorded, unread)
         if self.sync_every and n + 1 >= self.sync_every:
             self.sync()
-        return f"step={step} " + " ".join(parts)
+        return f"step={step} {line}"
+
+    def _defer(self, step: int, n: int, late: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Row ``n``'s tensors, read later (all unread ones now, at a multiple of read_every); those unread."""
+        for k, v in late:
+            self._deferred.add(k, v, self._cols[k], n, step)
+        if step % self.read_every == 0 or step - (self._deferred.first_step or 0) >= self.read_every:
+            self._deferred.read()
+        return late if self._deferred else []
+
+    def _row_done(self, step: int, n: int, recorded: list[str], unread: list[str]) -> str:
+        """Row ``n`` to the sinks (rank 0) once every value up to it is read; its line."""
+        if self._sinks is not None and self._sinks.sinks:
+            self._unlogged.append((step, {k: (self._cols[k], n) for k in recorded}))
+        if not self._deferred:
+            self._unlogged = Deferred.to_sinks(self._sinks, self._unlogged)
+        return " ".join(f"{k}=…" if k in unread else f"{k}={self._cols[k][n]:.6g}" for k in recorded)
 
     def _add_key(self, key: Any) -> None:
         """A metric seen for the first time: a name the file can hold, not clashing with another."""
@@ -199,7 +220,9 @@ class History:
             stagedir.write(str(self._target(None)) + stagedir.PROGRESS_SUFFIX, progress)
 
     def _take_pending(self) -> Block:
-        """The rows recorded since the last sync as one block; starts a new one."""
+        """The rows recorded since the last sync as one block (their tensors read); starts a new one."""
+        self._deferred.read()
+        self._unlogged = Deferred.to_sinks(self._sinks, self._unlogged)
         keys, rows = tuple(self._cols), len(self._steps)
         values = np.array([self._cols[k] for k in keys], dtype=np.float64).reshape(len(keys), rows)
         block = Block(np.array(self._steps, dtype=np.int64), keys, values, {})
@@ -224,7 +247,6 @@ class History:
 
     def _write(self, steps: np.ndarray, values: dict[str, np.ndarray], stats: dict) -> None:
         if self._writer is None:
-
             target = self._target(None)
             if self.path is None:
                 target.parent.mkdir(parents=True, exist_ok=True)  # our default: ours to create
@@ -235,7 +257,6 @@ class History:
         self._writer.append(steps, values, stats, {})
 
     def _file_attrs(self) -> dict[str, Any]:
-
         topo = env_topology()
         group = process_group()
         backend = group.get_backend() if group else "none"
@@ -322,7 +343,6 @@ class History:
 
     def _plot(self, path: Path) -> None:
         try:
-
             plot_history(path)
         except ImportError:
             get_logger("parsl_torch.history").info("no plots: pip install 'parsl-torch[history]' for matplotlib")
@@ -338,7 +358,6 @@ class History:
         """
         if self._rank != 0:
             return
-
         target = self._target(None)
         source = next((p for p in (partial_path(target), target) if p.exists()), None)
         if source is None:
@@ -357,6 +376,9 @@ class History:
 
     def mark_failed(self) -> None:
         """Keep what this rank has as a partial file with status "failed" (no collectives)."""
+        if self._deferred and (lost := self._deferred.read_or_lose()):
+            get_logger("parsl_torch.history").warning("history %r: the values not read when it failed are left "
+                                                      "out (the device did not give them: %s)", self.name, lost)
         if self._rank != 0:
             return
         if self._steps:

@@ -84,11 +84,14 @@ class TrainConfig:
     parallel: Layout | None = None  # every parallel dimension (core.layout), instead of strategy/tp_size
     checkpoint_every: int = 50
     log_every: int = 20
+    read_every: int | None = None  # steps between reads of the loss from the device (None: log_every on a GPU, 1 on a CPU)
     seed: int = 0
 
     def __post_init__(self) -> None:
         strategy = check_strategy(self.strategy)
         at_least(self, 1, "steps", "checkpoint_every", "log_every")
+        if self.read_every is not None:
+            at_least(self, 1, "read_every")
         if not 0 < self.lr < math.inf:
             raise ConfigError(f"lr: must be a finite number > 0, got {self.lr!r}")
         precision, dtype = normalize_precision(self.precision), normalize_precision(self.dtype, "dtype")
@@ -197,8 +200,9 @@ class _Training:
             model = wrap_model(built, layout=cfg.parallel, precision=precision, loss_fn=_loss_fn(cfg.model),
                                activation_checkpointing=cfg.activation_checkpointing)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
+        read_every = cfg.read_every or (1 if device.type == "cpu" else cfg.log_every)
         history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
-                          units=UNITS, descriptions=DESCRIPTIONS)
+                          units=UNITS, descriptions=DESCRIPTIONS, read_every=read_every)
         forward = torch.compile(model) if cfg.compile else model  # (checkpoints hold the module's own names)
         return cls(cfg, stage, device, precision, model, forward, opt, grad_scaler(precision, device.type), history,
                    per_token, peak_flops(device))
@@ -235,28 +239,51 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
 
     from .data import batch
 
-    cfg, logger, world = run.cfg, get_logger(__name__), get_world_size()
+    cfg, world = run.cfg, get_world_size()
     layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
     coords = layout.coords(get_rank(), world)
     if layout.pp > 1 and cfg.data.batch_size % (coords.dp_size * layout.microbatches):  # (the CLI's; with fewer nodes)
         check_world(cfg, world, env_topology().local_world_size)
     loss, compile_s = torch.tensor(float("nan")), None
+    reads = _Reads(time.perf_counter(), start)
     for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
         tokens = batch(cfg.data, cfg.model, step, coords.dp, coords.dp_size).to(run.device)
         loss = _step(run, tokens[:, :-1], tokens[:, 1:])
-        value = loss.item()  # (the step's one device sync: dt is the step's time, not its queueing)
-        dt = time.perf_counter() - t0
+        # this rank's share of the step's tokens; a pipeline's bubble is time without useful FLOPs
+        dt = _record(run, step, loss, reads, tokens[:, :-1].numel() * coords.dp_size // world,
+                     step == start or step + 1 == cfg.steps)
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
-        # this rank's share of the step's tokens; a pipeline's bubble is time without useful FLOPs
-        share = tokens[:, :-1].numel() * coords.dp_size // world
-        line = run.history.update({"loss": value, "lr": cfg.lr, "dt": dt, **throughput(
-            share, dt, run.per_token, run.peak, world)}, step=step)
-        if step % cfg.log_every == 0:
-            logger.info("[%s] %s", run.stage, line)
+        saving = time.perf_counter()
         _checkpoint_if_due(run, step, loss, checkpoint_path)
+        reads.since += time.perf_counter() - saving  # (a checkpoint's time is not a step's)
     return loss, compile_s
+
+
+@dataclass
+class _Reads:
+    """The steps since the last read of the loss: when they started, and the first of them."""
+
+    since: float
+    first: int
+
+
+def _record(run: _Training, step: int, loss: Any, reads: _Reads, share: int, must_read: bool) -> float | None:
+    """The step into the history: between reads, its loss as a tensor (read later: no wait for the device)
+    and lr; at a read (``read_every``, and ``must_read``), everything, with dt, tokens/s and MFU as the
+    means over the steps since the last read (after ``.item()`` their work on the device is done). Its dt."""
+    cfg = run.cfg
+    if step % run.history.read_every and not must_read:
+        run.history.update({"loss": loss.detach(), "lr": cfg.lr}, step=step)
+        return None
+    value = loss.item()
+    dt = (time.perf_counter() - reads.since) / (step + 1 - reads.first)
+    reads.since, reads.first = time.perf_counter(), step + 1
+    line = run.history.update({"loss": value, "lr": cfg.lr, "dt": dt, **throughput(
+        share, dt, run.per_token, run.peak, get_world_size())}, step=step)
+    if step % cfg.log_every == 0:
+        get_logger(__name__).info("[%s] %s", run.stage, line)
+    return dt
 
 
 def _step(run: _Training, inputs: Any, targets: Any) -> Any:
