@@ -1,17 +1,20 @@
 """The built-in train stage on one GPU against a hand-written loop at the same precision, bf16
-against fp32, compile on and off, with MFU: printed as ratios measured in one process.
+against fp32, compile on and off, float8 + compile against bf16 + compile (where the GPU has float8),
+with MFU: printed as ratios measured in one process.
 
     python benchmarks/bench_gpu.py [--models big,small] [--steps 80] [--repeats 3]
     python benchmarks/bench_gpu.py --device cpu --models tiny --steps 5 --repeats 1   # the script itself, on a CPU
 
 Each variant runs ``--repeats`` times, interleaved (a small model varies by +-20 % between runs);
 its rate is the median over repeats of steps / seconds after warm-up steps, both loops doing the
-same per-step work: the same batches from ``stages.data.batch`` copied to the device, one
-``loss.item()`` per step (the stage's one sync, for its history). "fp32" uses TF32 matmuls, as
-the stage does; the plain fp32 loop (TF32 off, torch's default) is the baseline of the bf16
-ratio. The stage is ``stages.train.run_train`` in this process (one rank), its rate from its
-history's ``dt``. MFU: torchtitan's FLOPs per token (6N + 12 L d T) over the device's dense
-bf16 peak (``core.flops``). The baseline, a plain torch loop, is measured in the same run.
+same per-step work: the same batches from ``stages.data.batch`` copied to the device, and no
+device sync per step (the loop keeps its loss on the device; the stage reads its history's loss
+every ``READ_EVERY`` steps, ``History(read_every=)``). "fp32" uses TF32 matmuls, as the stage
+does; the plain fp32 loop (TF32 off, torch's default) is the baseline of the bf16 ratio. The stage
+is ``stages.train.run_train`` in this process (one rank), its rate from its history's ``dt`` (the
+means over the steps between two reads). MFU: torchtitan's FLOPs per token (6N + 12 L d T) over
+the device's dense bf16 peak (``core.flops``). The baseline, a plain torch loop, is measured in
+the same run.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from parsl_torch.core.float8 import check_float8, to_float8
 from parsl_torch.core.flops import flops_per_token, peak_flops
 from parsl_torch.core.models import Transformer
 from parsl_torch.core.precision import autocast, use_tf32
@@ -36,6 +40,8 @@ from parsl_torch.stages.train import TrainConfig, run_train
 #: name -> (vocab, dim, heads, layers, sequence, batch): "big" is the issue's ~160 M-parameter model
 MODELS = {"big": (8192, 1024, 16, 12, 1024, 8), "small": (8192, 256, 4, 4, 256, 8), "tiny": (64, 32, 2, 1, 16, 4)}
 WARMUP = 5
+#: the stage's steps between two reads of its loss (its reads land on WARMUP - 1: the rate starts after)
+READ_EVERY = 4
 
 
 def configs(name: str) -> tuple[ModelConfig, DataConfig]:
@@ -57,12 +63,14 @@ def hand_loop(name: str, precision: str, compiled: bool, steps: int, device: tor
     torch.manual_seed(0)
     model = Transformer(model_cfg.vocab_size, model_cfg.dim, model_cfg.n_heads, model_cfg.n_layers,
                         model_cfg.seq_len).to(device)
+    if precision == "float8":
+        to_float8(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda" or None)
     use_tf32(device.type, tf32 and precision == "fp32")
     forward = torch.compile(model) if compiled else model
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
-    def step(i: int) -> float:
+    def step(i: int) -> torch.Tensor:
         tokens = batch(data_cfg, model_cfg, i, 0, 1).to(device)
         with autocast(precision, device.type):
             logits = forward(tokens[:, :-1])
@@ -75,7 +83,7 @@ def hand_loop(name: str, precision: str, compiled: bool, steps: int, device: tor
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-        return loss.item()
+        return loss.detach()  # (no sync: the loop's loss stays on the device)
 
     for i in range(WARMUP):
         step(i)
@@ -88,14 +96,27 @@ def hand_loop(name: str, precision: str, compiled: bool, steps: int, device: tor
 
 
 def stage(name: str, precision: str, compiled: bool, steps: int, device: torch.device) -> float:
-    """Steps per second of the built-in train stage's loop, from its history's dt after warm-up."""
+    """Steps per second of the built-in train stage's loop after warm-up, from its history's dt: recorded
+    at its reads of the loss, each the mean over the steps since the read before."""
     model_cfg, data_cfg = configs(name)
     cfg = TrainConfig(model=model_cfg, data=data_cfg, steps=WARMUP + steps, lr=3e-4, strategy="none",
-                      precision=precision, compile=compiled, checkpoint_every=10**9, log_every=10**9)
+                      precision=precision, compile=compiled, checkpoint_every=10**9, log_every=10**9,
+                      read_every=READ_EVERY)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_train(cfg, Path(tmp, "train.h5"), Path(tmp, "model.pt"))
-        dts = read_history(result["history"]).metrics["dt"][WARMUP:]
-    return len(dts) / float(sum(dts))
+        dt = read_history(result["history"]).metrics["dt"]
+    reads = [i for i, value in enumerate(dt) if value == value]  # (between reads: NaN)
+    spans = [(a, b) for a, b in zip(reads, reads[1:]) if a + 1 >= WARMUP]
+    return sum(b - a for a, b in spans) / float(sum(dt[b] * (b - a) for a, b in spans))
+
+
+def has_float8(device: torch.device) -> bool:
+    try:
+        check_float8(device.type)
+        import torchao  # noqa: F401
+    except Exception:  # noqa: BLE001 - no float8 here: the variant is left out, saying why
+        return False
+    return True
 
 
 def main() -> None:
@@ -112,6 +133,10 @@ def main() -> None:
     peak = peak_flops(device)
     print(f"device {name}, dense bf16 peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s, torch {torch.__version__}")
     variants = [("fp32", False), ("bf16", False), ("bf16", True)]
+    if has_float8(device):
+        variants.append(("float8", True))
+    else:
+        print("float8: not measured (it needs an NVIDIA GPU of compute capability 8.9+ and torchao)")
     for model_name in args.models.split(","):
         model_cfg, data_cfg = configs(model_name)
         tokens = data_cfg.batch_size * model_cfg.seq_len
@@ -139,6 +164,9 @@ def main() -> None:
               f"{bf16 / plain:.2f}x, bf16 + compile: {median[('bf16', True, 'stage')] / plain:.2f}x")
         print(f"  bf16 / fp32 with TF32 (stage): {bf16 / median[('fp32', False, 'stage')]:.2f}x; "
               f"compile (stage, bf16): {median[('bf16', True, 'stage')] / median[('bf16', False, 'stage')]:.2f}x")
+        if ("float8", True) in variants:
+            print(f"  float8 + compile / bf16 + compile (stage, tokens/s): "
+                  f"{median[('float8', True, 'stage')] / median[('bf16', True, 'stage')]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Training precision: one word (``fp32``, ``bf16``, ``fp16``) for what runs, honoured at every
-world size and strategy, never dropped without a word.
+"""Training precision: one word (``fp32``, ``bf16``, ``fp16``, ``float8``) for what runs, honoured at
+every world size and strategy, never dropped without a word. ``float8``: bf16, with the linear layers'
+matmuls in float8 where the GPU has float8 tensor cores (``core.float8``).
 
 * ``none`` / ``ddp`` (and any strategy on one rank, where there is nothing to shard): the model's
   forward runs under ``torch.autocast`` (parameters and optimizer state stay fp32); fp16 also needs
@@ -23,8 +24,8 @@ from typing import Any
 
 from ..errors import ConfigError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+PRECISIONS = ("fp32", "bf16", "fp16", "float8")
+_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "float8"}
 
 
 def normalize_precision(value: Any, field: str = "precision") -> str | None:
@@ -59,12 +60,17 @@ def check_precision(precision: str, device_type: str) -> None:
                           f"gradient scaler) or 'fp32'")
     if precision != "fp32" and device_type == "mps":
         raise ConfigError(f"precision={precision!r}: parsl-torch does not run mixed precision on mps: use 'fp32'")
+    if precision == "float8":
+        from .float8 import check_float8
+
+        check_float8(device_type)
 
 
 def dtype_of(precision: str) -> Any:
     import torch
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    # float8: the linear layers' matmuls (core.float8); everything else, and their parameters' all-gathers, in bf16
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "float8": torch.bfloat16}[precision]
 
 
 def autocast_forward(model: Any, precision: str, device_type: str) -> Any:

@@ -5,7 +5,7 @@ Each strategy is a small function. Everything that can be wrong (strategy
 name, dtype, TP size, plan) is checked first, identically on every rank, so a
 mistake fails all ranks before any collective starts.
 
-``precision`` (fp32 | bf16 | fp16; ``dtype`` is its older name) is honoured at every world size
+``precision`` (fp32 | bf16 | fp16 | float8; ``dtype`` is its older name) is honoured at every world size
 and strategy (``core.precision``): autocast around the forward for none/ddp and on one rank,
 FSDP2's MixedPrecisionPolicy (fp32 reduction) for fsdp and fsdp+tp; never dropped.
 
@@ -28,6 +28,7 @@ from torch import nn
 from ..errors import ConfigError
 from .blocks import find_blocks
 from .device import get_torch_device, get_torch_device_type
+from .float8 import to_float8
 from .layout import Layout, from_strategy
 from .parallelize import fsdp_shard, parallelize
 from .precision import autocast_forward, check_precision, dtype_of, normalize_precision
@@ -48,8 +49,8 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     """Wrap ``model`` (already on this rank's device) for data/tensor parallelism.
 
     ``strategy``: none | ddp | fsdp | fsdp+tp (default ddp). ``use_fsdp``: the
-    ezpz spelling (True: fsdp, False: ddp). ``precision``: fp32 | bf16 | fp16
-    (``dtype``: its older name; None: the model as it is), at every world size and
+    ezpz spelling (True: fsdp, False: ddp). ``precision``: fp32 | bf16 | fp16 | float8
+    (``dtype``: its older name; None: the model as it is; float8: ``core.float8``), at every world size and
     strategy: autocast for none/ddp (fp16 also needs ``core.precision.grad_scaler``),
     FSDP2 mixed precision with fp32 gradient reduction for fsdp/fsdp+tp.
     ``tp_size``/``tp_plan``: for fsdp+tp; the plan maps module names inside a
@@ -77,8 +78,7 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     elif tp_size not in (None, 1) or tp_plan is not None:
         raise ConfigError(f"tp_size/tp_plan apply to strategy 'fsdp+tp', not {strategy!r}")
     device_type = get_torch_device_type()
-    if precision is not None:
-        check_precision(precision, device_type)
+    _in_precision(model, precision, device_type)
     checkpoint_blocks(find_blocks(model), activation_checkpointing)  # (checks its value first, on every rank)
     if world == 1 or strategy == "none":
         return autocast_forward(model, precision, device_type) if precision else model
@@ -100,6 +100,7 @@ def _wrap_layout(model: nn.Module, layout: Layout, strategy: str | None, use_fsd
     world = get_world_size()
     sizes = layout.check(world, env_topology().local_world_size, None)
     if world == 1 and layout.pp == 1:
+        _in_precision(model, precision, get_torch_device_type())
         checkpoint_blocks(find_blocks(model), activation_checkpointing)
         return autocast_forward(model, precision, get_torch_device_type()) if precision else model
     for name in ("ddp", "fsdp", "fsdp+tp"):
@@ -108,11 +109,20 @@ def _wrap_layout(model: nn.Module, layout: Layout, strategy: str | None, use_fsd
             return wrap_model(model, name, precision=precision, tp_size=layout.tp if layout.tp > 1 else None,
                               tp_plan=tp_plan, activation_checkpointing=activation_checkpointing)
     plan = _check_tp(model, world, layout.tp, tp_plan) if layout.tp > 1 else None
-    if precision is not None:
-        check_precision(precision, get_torch_device_type())
+    _in_precision(model, precision, get_torch_device_type())
     param_dtype = dtype_of(precision) if precision not in (None, "fp32") else None
     return parallelize(model, layout, tp_plan=plan, param_dtype=param_dtype,
                        activation_checkpointing=activation_checkpointing, loss_fn=loss_fn, split=split)
+
+
+def _in_precision(model: nn.Module, precision: str | None, device_type: str) -> None:
+    """Refused where the device cannot run ``precision``; for float8, its linear layers swapped first (before
+    FSDP2, TP and compile, as torchtitan does)."""
+    if precision is None:
+        return
+    check_precision(precision, device_type)
+    if precision == "float8":
+        to_float8(model)
 
 
 def _resolve_strategy(strategy: str | None, use_fsdp: bool | None) -> str:

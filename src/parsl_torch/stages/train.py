@@ -76,7 +76,7 @@ class TrainConfig:
     lr: float = 3e-3
     strategy: str = "ddp"  # none | ddp | fsdp | fsdp+tp
     tp_size: int | None = None
-    precision: str | None = None  # fp32 | bf16 | fp16; None: bf16 on GPUs that run it, fp32 elsewhere
+    precision: str | None = None  # fp32 | bf16 | fp16 | float8; None: bf16 on GPUs that run it, fp32 elsewhere
     dtype: str | None = None  # precision's older name (FSDP's compute dtype)
     tf32: bool = True  # fp32 on CUDA: TF32 matmuls
     compile: bool = False  # torch.compile the wrapped model (its compile time is the result's compile_s)
