@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
+from .float8 import check_float8
 
 PRECISIONS = ("fp32", "bf16", "fp16", "float8")
 _ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "float8"}
@@ -61,8 +62,6 @@ def check_precision(precision: str, device_type: str) -> None:
     if precision != "fp32" and device_type == "mps":
         raise ConfigError(f"precision={precision!r}: parsl-torch does not run mixed precision on mps: use 'fp32'")
     if precision == "float8":
-        from .float8 import check_float8
-
         check_float8(device_type)
 
 
