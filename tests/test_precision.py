@@ -64,6 +64,10 @@ def test_float8_is_refused_where_it_cannot_help_and_its_checkpoint_loads_without
         check_float8("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     check_float8("cuda")  # an H100
+    from parsl_torch.core.wrap import _in_precision
+
+    with pytest.raises(ConfigError, match=r"precision='float8' with tensor parallelism is not supported: use fsdp"):
+        _in_precision(torch.nn.Linear(32, 32), "float8", "cuda", tp=2)
     torch.manual_seed(0)
     model, plain = Transformer(64, 32, 2, 2, 16), Transformer(64, 32, 2, 2, 16)
     assert "head" not in float8_layers(model) and {"blocks.0.attn.q", "blocks.1.mlp.fc2"} <= set(float8_layers(model))

@@ -78,7 +78,7 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     elif tp_size not in (None, 1) or tp_plan is not None:
         raise ConfigError(f"tp_size/tp_plan apply to strategy 'fsdp+tp', not {strategy!r}")
     device_type = get_torch_device_type()
-    _in_precision(model, precision, device_type)
+    _in_precision(model, precision, device_type, tp_size or 1 if strategy == "fsdp+tp" else 1)
     checkpoint_blocks(find_blocks(model), activation_checkpointing)  # (checks its value first, on every rank)
     if world == 1 or strategy == "none":
         return autocast_forward(model, precision, device_type) if precision else model
@@ -109,17 +109,20 @@ def _wrap_layout(model: nn.Module, layout: Layout, strategy: str | None, use_fsd
             return wrap_model(model, name, precision=precision, tp_size=layout.tp if layout.tp > 1 else None,
                               tp_plan=tp_plan, activation_checkpointing=activation_checkpointing)
     plan = _check_tp(model, world, layout.tp, tp_plan) if layout.tp > 1 else None
-    _in_precision(model, precision, get_torch_device_type())
+    _in_precision(model, precision, get_torch_device_type(), layout.tp)
     param_dtype = dtype_of(precision) if precision not in (None, "fp32") else None
     return parallelize(model, layout, tp_plan=plan, param_dtype=param_dtype,
                        activation_checkpointing=activation_checkpointing, loss_fn=loss_fn, split=split)
 
 
-def _in_precision(model: nn.Module, precision: str | None, device_type: str) -> None:
+def _in_precision(model: nn.Module, precision: str | None, device_type: str, tp: int = 1) -> None:
     """Refused where the device cannot run ``precision``; for float8, its linear layers swapped first (before
-    FSDP2, TP and compile, as torchtitan does)."""
+    FSDP2 and compile, as torchtitan does)."""
     if precision is None:
         return
+    if precision == "float8" and tp > 1:  # (torchtitan shards float8 layers with float8 styles of its own)
+        raise ConfigError("precision='float8' with tensor parallelism is not supported: use fsdp (or a layout "
+                          "without tp), or precision 'bf16'")
     check_precision(precision, device_type)
     if precision == "float8":
         to_float8(model)
