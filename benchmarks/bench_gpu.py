@@ -42,6 +42,8 @@ MODELS = {"big": (8192, 1024, 16, 12, 1024, 8), "small": (8192, 256, 4, 4, 256, 
 WARMUP = 5
 #: the stage's steps between two reads of its loss (its reads land on WARMUP - 1: the rate starts after)
 READ_EVERY = 4
+#: (precision, compiled) -> the stage's final loss of each repeat (the same steps and batches in each)
+FINAL_LOSS: dict[tuple[str, bool], list[float]] = {}
 
 
 def configs(name: str) -> tuple[ModelConfig, DataConfig]:
@@ -105,6 +107,7 @@ def stage(name: str, precision: str, compiled: bool, steps: int, device: torch.d
     with tempfile.TemporaryDirectory() as tmp:
         result = run_train(cfg, Path(tmp, "train.h5"), Path(tmp, "model.pt"))
         dt = read_history(result["history"]).metrics["dt"]
+    FINAL_LOSS.setdefault((precision, compiled), []).append(result["final_loss"])
     reads = [i for i, value in enumerate(dt) if value == value]  # (between reads: NaN)
     spans = [(a, b) for a, b in zip(reads, reads[1:]) if a + 1 >= WARMUP]
     return sum(b - a for a, b in spans) / float(sum(dt[b] * (b - a) for a, b in spans))
@@ -166,7 +169,10 @@ def main() -> None:
               f"compile (stage, bf16): {median[('bf16', True, 'stage')] / median[('bf16', False, 'stage')]:.2f}x")
         if ("float8", True) in variants:
             print(f"  float8 + compile / bf16 + compile (stage, tokens/s): "
-                  f"{median[('float8', True, 'stage')] / median[('bf16', True, 'stage')]:.2f}x")
+                  f"{median[('float8', True, 'stage')] / median[('bf16', True, 'stage')]:.2f}x; loss after "
+                  f"{WARMUP + args.steps} steps: float8 {statistics.median(FINAL_LOSS[('float8', True)]):.4f}, "
+                  f"bf16 {statistics.median(FINAL_LOSS[('bf16', True)]):.4f}")
+        FINAL_LOSS.clear()
 
 
 if __name__ == "__main__":
