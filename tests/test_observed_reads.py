@@ -220,8 +220,13 @@ def child():  # a Python child that drops the observer: what it reads is unseen
     return subprocess.run([sys.executable, "-I", tool], capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pt.distributed_app(ranks_per_node=1)
+def looks():  # a file looked for and not there: its appearing is a change
+    return os.path.exists(os.path.join(HERE, "override.yaml"))
+
+
 with pt.workflow(site="local", run_dir="runs"):
-    futures = {"db": db(), "envb": envb(), "child": child()}
+    futures = {"db": db(), "envb": envb(), "child": child(), "looks": looks()}
     print("RESULT", json.dumps({k: f.result() for k, f in futures.items()}), flush=True)
 '''
 
@@ -235,26 +240,29 @@ def _set_db(path: Path, value: str) -> None:
 
 @pytest.mark.slow
 def test_sqlite_environb_and_a_python_child_without_the_observer_through_a_workflow(tmp_path):
-    """A database SQLite opens in C and a variable read through os.environb rerun their stage when they
-    change, and only then; a stage whose Python child drops the observer makes no skip promise: it runs
-    every time, and the log names the child."""
+    """A database SQLite opens in C, a variable read through os.environb and a file looked for that was not
+    there rerun their stage when they change (the file appears), and only then; a stage whose Python child
+    drops the observer makes no skip promise: it runs every time, and the log names the child."""
     (tmp_path / "wf.py").write_text(BELOW_OPEN)
     (tmp_path / "tool.py").write_text("print(open(__file__.replace('tool.py', 'tool.txt')).read().strip())\n")
     (tmp_path / "tool.txt").write_text("t1")
     _set_db(tmp_path / "data.db", "a")
     _short_tmpdir(tmp_path)
     first, log = _run(tmp_path, "1")
-    assert first == {"db": "a", "envb": "unset", "child": "t1"}, first
+    assert first == {"db": "a", "envb": "unset", "child": "t1", "looks": False}, first
     assert "[child] not all it read was seen (a Python child started with -I, which does not load the observer" in log
     _set_db(tmp_path / "data.db", "b")
     (tmp_path / "tool.txt").write_text("t2")
+    (tmp_path / "override.yaml").write_text("lr: 0.1\n")
     result, log = _run(tmp_path, "2", MYAPP_BYTES="x")
-    assert result == {"db": "b", "envb": "x", "child": "t2"}, log
+    assert result == {"db": "b", "envb": "x", "child": "t2", "looks": True}, log
+    assert f"[looks] runs again: {tmp_path / 'override.yaml'}, which it looked for and did not find, exists now" \
+        in log, log
     assert f"[db] runs again: input {tmp_path / 'data.db'} changed" in log, log
     assert "[envb] runs again: environment variable MYAPP_BYTES changed" in log, log
     assert "[child] runs again: what its finished run read was not observed" in log, log
     again, log = _run(tmp_path, "3", MYAPP_BYTES="x")
-    assert again == result and "[db] skipped" in log and "[envb] skipped" in log, log
+    assert again == result and "[db] skipped" in log and "[envb] skipped" in log and "[looks] skipped" in log, log
     assert "[child] runs again" in log, log
 
 
@@ -273,6 +281,20 @@ def test_warm_ranks_observe_each_call_on_its_own(tmp_path):
     (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # imported by a computed name, maybe by an earlier call
     result, log = _run(tmp_path, "4", WARM="1")
     assert result["arch"] == result["arch2"] == 128 and {"arch", "arch2"} <= _ran(log), log
+
+
+def test_the_recorder_sees_files_looked_for_and_not_found_by_the_users_code_only(tmp_path):
+    """``os.path.exists``/``Path.is_file`` of a missing file by the user's code is a read of it (its appearing
+    is a change); the import system's misses, and a file that is there but only looked at, are not; shutil
+    still takes the wrapped ``os.stat`` for its fd-based (symlink-safe) rmtree."""
+    code = (f"import os, pathlib\n"
+            f"os.path.exists({str(tmp_path / 'nope.yaml')!r}); pathlib.Path({str(tmp_path / 'nope.txt')!r}).is_file()\n"
+            f"os.path.exists({str(tmp_path)!r})\n"
+            f"import shutil, json; assert shutil._use_fd_functions\n"
+            f"try:\n    import no_such_module_here\nexcept ImportError:\n    pass\n")
+    reads = _observed(tmp_path, code)
+    assert {f"f {tmp_path / 'nope.yaml'}", f"f {tmp_path / 'nope.txt'}"} <= reads, reads
+    assert f"f {tmp_path}" not in reads and not any("no_such_module_here" in line for line in reads), reads
 
 
 def test_a_folder_of_many_files_read_is_kept_as_the_folder_and_a_module_cache_as_its_source():

@@ -7,7 +7,8 @@ reads to its own file in that folder, at once, so a worker ended by ``os._exit``
 nothing:
 
 * ``f PATH``: a file opened for reading (``open``, ``os.open``, ``io.open_code``: code too;
-  ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python);
+  ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python),
+  or looked for by the user's code and not found (``os.path.exists``: its appearing is a change);
 * ``d PATH``: a directory listed (``os.listdir``, ``os.scandir``, ``glob``);
 * ``e NAME``: an environment variable read by name by the user's code, or by a package it called
   (OmegaConf's ``${oc.env:X}``; not a package's own settings, read while it is imported, nor the
@@ -326,6 +327,7 @@ def install(folder: str, since: float) -> Recorder:
     os.register_at_fork(after_in_child=recorder.after_fork)
     _watch_environ(recorder)
     _more.watch_h5py(recorder)
+    _more.watch_lookups(recorder, lambda depth: _reader(recorder, depth + 1) == "user")
     recorder.line(STARTED)  # (a rank whose Python could not observe writes nothing: its shim tells)
     return recorder
 

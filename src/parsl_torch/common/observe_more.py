@@ -1,12 +1,15 @@
 """What ``observe`` watches beyond audit events, in a file of its own that it loads the way it is loaded
-itself (the standard library only): ``h5py.File`` (the HDF5 library opens files in C), and whether a
-Python child that a process starts will load the observer at all.
+itself (the standard library only): ``h5py.File`` (the HDF5 library opens files in C), paths the user's
+code looks for and does not find, and whether a Python child that a process starts will load the
+observer at all.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 def access(mode: object, flags: object) -> tuple[bool, bool]:
@@ -111,3 +114,28 @@ def watch_h5py(recorder: Any) -> None:
             return spec
 
     sys.meta_path.insert(0, Finder())
+
+
+def watch_lookups(recorder: Any, by_user: Callable[[int], bool]) -> None:
+    """A path the user's code looks for and does not find (``os.path.exists(override)`` is False,
+    ``Path.is_file()``, ``os.stat`` raising) is recorded as a read of it: its digest is "missing", so the file
+    appearing later is a change. ``os.stat`` and ``os.lstat`` are wrapped where the user's code and the
+    standard library call them (the import system calls its own: its misses are not recorded); ``by_user(n)``:
+    whether the code ``n`` frames above the caller is the user's (a package's lookups are its own business)."""
+
+    def wrapped(real: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(real)
+        def looked_up(path: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return real(path, *args, **kwargs)
+            except FileNotFoundError:
+                if not isinstance(path, int) and not getattr(recorder.local, "busy", False) and by_user(1):
+                    recorder.note("f", path)
+                raise
+
+        for supports in (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks):  # (shutil asks them)
+            if real in supports:
+                supports.add(looked_up)
+        return looked_up
+
+    os.stat, os.lstat = wrapped(os.stat), wrapped(os.lstat)

@@ -171,6 +171,8 @@ def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str
                 said.append("the environment's variables changed (it read all of them)")
             elif kind == "env":
                 said.append(f"environment variable {what} changed")
+            elif before.get(key) == "missing":
+                said.append(f"{path}, which it looked for and did not find, exists now")
             elif key in before and now.get(key, "missing") == "missing":
                 said.append(f"{path}, which it read, is gone")
             elif kind == "listed":
