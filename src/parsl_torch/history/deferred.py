@@ -35,7 +35,7 @@ class Deferred:
                               f"scalar tensor (e.g. loss.detach()) or leave it out of update()")
 
     def add(self, key: str, tensor: Any, column: list[float], index: int, step: int) -> None:
-        """``tensor``'s value will be ``column[index]`` (a NaN until it is read)."""
+        """``tensor``'s value will be ``column[index]`` (not recorded until it is read)."""
         value = tensor.detach()
         if value.device.type == "cpu":
             host = value.clone()  # (the caller may change its tensor in place before it is read)
@@ -69,7 +69,7 @@ class Deferred:
 
     def read_or_lose(self) -> str | None:
         """``read``, for a failure's last record: a device that failed cannot give the values (they stay
-        NaN); what went wrong, or None."""
+        not recorded); what went wrong, or None."""
         try:
             self.read()
         except Exception as exc:  # noqa: BLE001 - the device's own error, whatever its kind

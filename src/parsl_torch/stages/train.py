@@ -251,7 +251,7 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
         loss = _step(run, tokens[:, :-1], tokens[:, 1:])
         # this rank's share of the step's tokens; a pipeline's bubble is time without useful FLOPs
         dt = _record(run, step, loss, reads, tokens[:, :-1].numel() * coords.dp_size // world,
-                     step == start or step + 1 == cfg.steps)
+                     step in (start, cfg.steps - 1) or step % cfg.log_every == 0)  # (a line logged shows the loss)
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
         saving = time.perf_counter()
