@@ -770,13 +770,15 @@ with pt.workflow(site="local", run_dir="runs/x"):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code, said", [
     (signal.SIGTERM, 143, "terminated (SIGTERM)"),
-    # alone: beside three other tests its SIGINT was lost twice (a 120 s wait in one run; in another the pool's
-    # manager was lost and the workflow exited 0): not understood yet, see the stop-73 note
+    # alone: beside three other tests its SIGINT was lost (see the stop-73 note; one cause found since: below)
     pytest.param(signal.SIGINT, 130, "interrupted (SIGINT)", marks=pytest.mark.alone)])
 def test_a_workflow_stopped_by_a_signal_says_how_and_leaves_nothing_running(tmp_path, sig, code, said):
     (tmp_path / "long.py").write_text(LONG_STAGE)
-    proc = subprocess.Popen([str(BIN / "parsl-torch"), "run", "long.py"], cwd=tmp_path, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: a suite started in the background of a script (`cmd &`, as CI runners and nohup jobs
+    # are) ignores SIGINT, and so does every process it starts: their Python never raises KeyboardInterrupt
+    as_from_a_terminal = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, str(BIN / "parsl-torch"), "run", "long.py"],
+                            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = tmp_path / "runs" / "x" / "slow" / ".started"
     deadline = time.monotonic() + 360
     while not started.exists() and time.monotonic() < deadline:
