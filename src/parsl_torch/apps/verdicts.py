@@ -11,7 +11,6 @@ same failure, exit code and retry as Parsl's answer would have given."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -19,20 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ..common import stagedir
+from ..common.observe import file_state
 from ..common.outcome import Cause, read_outcome
 
 #: seconds a final verdict waits for Parsl's own answer (which comes within a second when the worker lives)
 SETTLE_S = 3.0
 #: seconds between two looks at the running stages' records
 POLL_S = 1.0
-
-
-def _state(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_ino, st.st_size
 
 
 @dataclass
@@ -43,8 +35,8 @@ class _Watched:
     app_future: Any
     stage_dir: Path
     try_future: Any = None
-    before: tuple[int, int, int] | None = None
-    seen: tuple[int, int, int] | None = None
+    before: str | None = None
+    seen: str | None = None
     seen_at: float = 0.0
 
 
@@ -91,7 +83,7 @@ class Verdicts:
         if try_future is None or try_future.done():
             return
         path = w.stage_dir / stagedir.OUTCOME
-        state = _state(path)
+        state = file_state(str(path))
         if try_future is not w.try_future:  # a new try: a record there now is an earlier try's
             w.try_future, w.before, w.seen = try_future, state, None
             return
