@@ -2,8 +2,11 @@
 measured in the same run:
 
 1. what observing adds to each file a process opens: 20,000 opens and reads of small shards in a
-   fresh interpreter, observed and not, interleaved; and that cost against a training-like step
-   that reads one shard beside a matmul (goal: observing adds <= 1 % of the step);
+   fresh interpreter, not observed, observed by the audit hooks alone, and by the hooks and the
+   preloaded observer of compiled code (``common.preload``), interleaved; through Python's ``open`` and
+   through the C library's (``open``/``read``/``close`` called by compiled code, here through ctypes:
+   the preloaded observer alone sees those; goal: <= 2 us each); and that cost against a training-like
+   step that reads one shard beside a matmul (goal: observing adds <= 1 % of the step);
 2. the skip check over 10,000 observed files (100 folders of 100), when nothing changed: the
    digests are stat-cached, as in a rerun (goal: <= 0.5 s), and the same check the first time
    (every file hashed).
@@ -26,27 +29,41 @@ from pathlib import Path
 from common import bench_env
 
 LOOP = """
-import sys, time
+import ctypes, os, sys, time
 import torch
-shards, steps, compute = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+shards, steps, compute, compiled = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "c"
+libc = ctypes.CDLL(None, use_errno=True)
+buffer = ctypes.create_string_buffer(8192)
+names = [os.fsencode(f"{shards}/s{i}.bin") for i in range(1000)]
 a = torch.randn(384, 384)
 for i in range(10):
     a @ a
 t0 = time.perf_counter()
 for i in range(steps):
-    with open(f"{shards}/s{i % 1000}.bin", "rb") as f:
-        f.read()
+    if compiled:  # (as a compiled loader opens its file: the C library's open, not Python's)
+        fd = libc.open(names[i % 1000], os.O_RDONLY)
+        libc.read(fd, buffer, 8192)
+        libc.close(fd)
+    else:
+        with open(names[i % 1000], "rb") as f:
+            f.read()
     if compute:
         a @ a @ a
 print((time.perf_counter() - t0) / steps)
 """
+#: how a process is observed: not at all, by the audit hooks alone, by them and the preloaded library
+MODES = ("plain", "hooks", "hooks+preload")
 
 
-def step_time(shards: Path, steps: int, reads: Path | None, compute: bool = True) -> float:
+def step_time(shards: Path, steps: int, reads: Path | None, mode: str, compute: bool = True,
+              compiled: bool = False) -> float:
     from parsl_torch.launch.shim import observing_env
 
-    extra = observing_env(str(reads), os.environ) if reads else {}
-    out = subprocess.run([sys.executable, "-c", LOOP, str(shards), str(steps), "1" if compute else "0"],
+    extra = observing_env(str(reads), os.environ, [sys.executable]) if mode != "plain" else {}
+    if mode == "hooks":
+        extra.pop("LD_PRELOAD", None)
+    out = subprocess.run([sys.executable, "-c", LOOP, str(shards), str(steps), "1" if compute else "0",
+                          "c" if compiled else "p"],
                          capture_output=True, text=True,
                          env=bench_env(TMPDIR=str(shards.parent / "tmp"), **extra), check=True)
     return float(out.stdout.split()[-1])
@@ -54,7 +71,8 @@ def step_time(shards: Path, steps: int, reads: Path | None, compute: bool = True
 
 def skip_check(root: Path, files: int) -> tuple[float, float]:
     from parsl_torch.apps.identity.digests import DigestCache
-    from parsl_torch.apps.identity.observed import current, read_digests, stale_reads
+    from parsl_torch.apps.identity.reads import current, read_digests
+    from parsl_torch.apps.identity.verdict import stale_reads
     from parsl_torch.common import stagedir
 
     lines = []
@@ -93,25 +111,31 @@ def main() -> None:
         shards.mkdir()
         for i in range(1000):
             (shards / f"s{i}.bin").write_bytes(os.urandom(4096))
-        plain, observed, steps = [], [], []
-        for rep in range(args.reps):  # interleaved: drift hits both alike
-            reads = root / f"reads{rep}"
-            reads.mkdir()
-            plain.append(step_time(shards, 20_000, None, compute=False))
-            observed.append(step_time(shards, 20_000, reads, compute=False))
-            steps.append(step_time(shards, args.steps, None))
-        p_med, o_med, step = statistics.median(plain), statistics.median(observed), statistics.median(steps)
-        added = o_med - p_med
-        print(f"a file opened and read: plain {p_med * 1e6:.1f} us, observed {o_med * 1e6:.1f} us "
-              f"({added * 1e6:+.1f} us; {args.reps} interleaved runs of 20,000)")
+        times: dict[tuple[str, bool], list[float]] = {(m, c): [] for m in MODES for c in (False, True)}
+        steps = []
+        for rep in range(args.reps):  # interleaved: drift hits all alike
+            for (mode, compiled), found in times.items():
+                reads = root / f"reads-{rep}-{mode}-{compiled}"
+                reads.mkdir()
+                found.append(step_time(shards, 20_000, reads, mode, compute=False, compiled=compiled))
+            steps.append(step_time(shards, args.steps, None, "plain"))
+        med = {key: statistics.median(found) for key, found in times.items()}
+        step = statistics.median(steps)
+        for compiled, how in ((False, "Python's open"), (True, "the C library's open (compiled code)")):
+            plain = med["plain", compiled]
+            print(f"a file opened and read through {how}: plain {plain * 1e6:.1f} us; "
+                  + "; ".join(f"{m} {med[m, compiled] * 1e6:.1f} us ({(med[m, compiled] - plain) * 1e6:+.1f} us)"
+                              for m in MODES[1:]) + f" ({args.reps} interleaved runs of 20,000)")
+        added = med["hooks+preload", False] - med["plain", False]
+        below = med["hooks+preload", True] - med["plain", True]
         print(f"a step reading one shard beside a 384x384 matmul chain takes {step * 1e3:.2f} ms: observing adds "
-              f"{added / step:.2%} of it")
+              f"{added / step:.2%} of it (through Python's open), {below / step:.2%} (through compiled code)")
         (root / "check").mkdir()
         first, check = skip_check(root / "check", args.files)
         print(f"skip check over {args.files} observed files, nothing changed: {check:.3f} s "
               f"(first digest of them, every file hashed: {first:.3f} s)")
-        print(json.dumps({"added_per_read_us": round(added * 1e6, 2), "step_share": round(added / step, 5),
-                          "check_s": round(check, 4)}))
+        print(json.dumps({"added_per_read_us": round(added * 1e6, 2), "added_per_compiled_read_us":
+                          round(below * 1e6, 2), "step_share": round(added / step, 5), "check_s": round(check, 4)}))
 
 
 if __name__ == "__main__":

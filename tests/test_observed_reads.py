@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -311,7 +312,8 @@ def _observed(tmp_path: Path, code: str) -> set[str]:
 
     folder = tmp_path / "reads"
     folder.mkdir()
-    env = clean_env(TMPDIR=str(tmp_path / "tmp"), **observing_env(str(folder), os.environ))
+    scratch = {"TMPDIR": str(tmp_path / "tmp")}
+    env = clean_env(**scratch, **observing_env(str(folder), {**os.environ, **scratch}, [sys.executable]))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     return reads_of(str(folder))
 
@@ -356,6 +358,203 @@ def test_the_recorder_sees_sqlite_environb_and_python_children_that_drop_it(tmp_
     assert changed_while_running(sorted(reads)) == []
     data.write_text("changed after the stage read it")
     assert changed_while_running(sorted(reads)) == [str(data)]
+
+
+def write_loader_file(data: Path, name: str, version: int) -> None:
+    """One of the files the ML loaders read in compiled code (its content marks ``version``): safetensors
+    weights, a tokenizers tokenizer, a sentencepiece model, a Parquet table, a part of a folder of them."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (data / "parts").mkdir(parents=True, exist_ok=True)
+    if name == "w.safetensors":
+        from safetensors.numpy import save_file
+
+        save_file({"w": np.full(3, float(version))}, str(data / name))
+    elif name == "tok.json":
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+        from tokenizers.pre_tokenizers import Whitespace
+
+        tokenizer = Tokenizer(WordLevel({"a": 0, "b": version, "[UNK]": 9}, unk_token="[UNK]"))
+        tokenizer.pre_tokenizer = Whitespace()
+        tokenizer.save(str(data / name))
+    elif name == "sp.model":
+        import sentencepiece as spm
+
+        corpus = data / "corpus.txt"
+        corpus.write_text("\n".join(f"hello world sentence {i} of version {version}" for i in range(200)))
+        spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(data / "sp"), vocab_size=28 + version,
+                                       minloglevel=2)
+    else:  # t.parquet, parts/*.parquet
+        pq.write_table(pa.table({"x": list(range(version + 1))}), data / name)
+
+
+def _loaders() -> None:
+    """The compiled loaders (the ``loaders`` extra: make test installs it, make test-lowest does not)."""
+    for name in ("safetensors", "tokenizers", "pyarrow", "sentencepiece"):
+        pytest.importorskip(name, reason="the loaders extra (pip install -e '.[loaders]')")
+
+
+LOADER_FILES = ("w.safetensors", "tok.json", "sp.model", "t.parquet", "parts/a.parquet")
+
+
+def static_program(path: Path, reads: str) -> None:
+    """A static binary (``gcc -static``) that counts the lines of ``reads`` into n.txt."""
+    source = path.with_suffix(".c")
+    source.write_text(f'#include <stdio.h>\nint main(void) {{ FILE *f = fopen("{reads}", "r"); int c, n = 0;\n'
+                      f'while ((c = fgetc(f)) != EOF) n += c == 10;\nfprintf(fopen("n.txt", "w"), "%d\\n", n); '
+                      f'return 0; }}\n')
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(path), str(source)], check=True, timeout=120)
+
+
+def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_path):
+    """Below Python's ``open``: Rust's loaders (safetensors, tokenizers) and C++'s (pyarrow's table and its
+    listing of a folder of parts, sentencepiece) in a Python process; a tool (``sort``), a shell script and
+    what it looked for and did not find, each program started; a static program and a program given an
+    environment without the observer are told (``x``), not taken as observed. Python's own listings and
+    lookups stay the Python observer's (the import system's are no input)."""
+    from parsl_torch.common import preload
+
+    _loaders()
+    assert preload.library() is not None, preload.why_not()
+    data = tmp_path / "data"
+    for name in LOADER_FILES:
+        write_loader_file(data, name, 1)
+    (data / "words.txt").write_text("b\na\n")
+    script = tmp_path / "count.sh"
+    script.write_text(f"#!/bin/bash\ntest -e {tmp_path / 'override.yaml'} || wc -l < {data / 'words.txt'}\n")
+    script.chmod(0o755)
+    static_program(tmp_path / "static_count", str(data / "words.txt"))
+    code = (f"import os, subprocess, sys\n"
+            f"from safetensors.numpy import load_file; load_file({str(data / 'w.safetensors')!r})\n"
+            f"from tokenizers import Tokenizer; Tokenizer.from_file({str(data / 'tok.json')!r})\n"
+            f"import sentencepiece; sentencepiece.SentencePieceProcessor(model_file={str(data / 'sp.model')!r})\n"
+            f"import pyarrow.parquet as pq; pq.read_table({str(data / 't.parquet')!r})\n"
+            f"pq.read_table({str(data / 'parts')!r})\n"
+            f"subprocess.run(['sort', {str(data / 'words.txt')!r}], check=True, capture_output=True)\n"
+            f"subprocess.run([{str(script)!r}], check=True, capture_output=True)\n"
+            f"subprocess.run([{str(tmp_path / 'static_count')!r}], check=True, cwd={str(tmp_path)!r})\n"
+            f"subprocess.run(['cat', {str(data / 'corpus.txt')!r}], env={{'PATH': os.environ['PATH']}}, "
+            f"check=True, capture_output=True)\n")
+    reads = _observed(tmp_path, code)
+    files = {f"f {data / name}" for name in ("w.safetensors", "tok.json", "sp.model", "t.parquet", "parts/a.parquet",
+                                              "words.txt")}
+    assert files | {f"d {data / 'parts'}", f"f {script}", f"f {tmp_path / 'override.yaml'}"} <= reads, reads
+    assert any(line.startswith("f ") and line.endswith("/sort") for line in reads), reads  # (the program, read)
+    assert all(any(line.startswith("t ") and line.endswith(f[2:]) for line in reads) for f in files), reads
+    unseen = sorted(line for line in reads if line.startswith("x "))
+    assert unseen == [f"x a program started with an environment without the observer: {shutil.which('cat')}",
+                      f"x a static program, which does not load the observer: {tmp_path / 'static_count'}"], unseen
+    assert not any(line.startswith("d ") and "site-packages" in line or "python3" in line for line in reads), reads
+    assert f"d {tmp_path}" not in reads  # (the import system lists sys.path's folders: Python's own listing)
+
+
+BELOW_PYTHON = '''
+import json, os, subprocess
+from pathlib import Path
+
+import parsl_torch as pt
+from paths import DATA_DIR
+
+
+def data(name):
+    return os.path.join(DATA_DIR, name)  # a path built at run time from a module's folder
+
+
+@pt.distributed_app(ranks_per_node=1)
+def weights():  # safetensors: Rust
+    from safetensors.numpy import load_file
+    return float(load_file(data("w.safetensors"))["w"].sum())
+
+
+@pt.distributed_app(ranks_per_node=1)
+def tok():  # tokenizers: Rust
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(data("tok.json")).encode("a b").ids
+
+
+@pt.distributed_app(ranks_per_node=1)
+def spm():  # sentencepiece: C++
+    import sentencepiece
+    return sentencepiece.SentencePieceProcessor(model_file=data("sp.model")).get_piece_size()
+
+
+@pt.distributed_app(ranks_per_node=1)
+def table():  # pyarrow: C++, a file and a folder of parts it lists
+    import pyarrow.parquet as pq
+    return [pq.read_table(data("t.parquet")).num_rows, pq.read_table(data("parts")).num_rows]
+
+
+@pt.distributed_app(ranks_per_node=1)
+def tool():  # a compiled tool the stage runs
+    return subprocess.run(["sort", data("words.txt")], capture_output=True, text=True, check=True).stdout
+
+
+def output(future):
+    future.result()
+    return Path(future.outputs[0].result().filepath).read_text().strip()
+
+
+with pt.workflow(site="local", run_dir="runs"):
+    futures = {"weights": weights(), "tok": tok(), "spm": spm(), "table": table(), "tool": tool()}
+    shell = pt.script_app("count.sh", ranks_per_node=1)(outputs=["n.txt"])  # a shell script, observed
+    static = pt.script_app("static_count", ranks_per_node=1)(outputs=["n.txt"])  # not observable: reruns
+    results = {**{k: f.result() for k, f in futures.items()}, "count": output(shell), "static_count": output(static)}
+    print("RESULT", json.dumps(results), flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_compiled_loaders_tools_and_shell_stages_rerun_when_what_they_read_changes(tmp_path):
+    """Separate ``python wf.py`` runs, one set of edits between them, the paths built at run time: a file read
+    by safetensors, tokenizers, sentencepiece or pyarrow (or added to the folder pyarrow reads), or by a tool
+    or a shell script stage, reruns exactly the stages that read it, with the new value; nothing unchanged
+    reruns; a static program's stage reruns every time, and the log says why."""
+    _loaders()
+    (tmp_path / "wf.py").write_text(BELOW_PYTHON)
+    (tmp_path / "paths.py").write_text("import os\nDATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
+                                       "'data')\n")
+    data = tmp_path / "data"
+    for name in LOADER_FILES:
+        write_loader_file(data, name, 1)
+    (data / "words.txt").write_text("b\na\n")
+    (tmp_path / "count.sh").write_text(f"#!/bin/bash\nwc -l < {data / 'words.txt'} > n.txt\n")
+    (tmp_path / "count.sh").chmod(0o755)
+    static_program(tmp_path / "static_count", str(data / "words.txt"))
+    _short_tmpdir(tmp_path)
+    stages = ("weights", "tok", "spm", "table", "tool", "count", "static_count")
+
+    def ran(log):
+        return {s for s in stages if f"[{s}] runs" in log}
+
+    first, log = _run(tmp_path, "1")
+    assert first == {"weights": 3.0, "tok": [0, 1], "spm": 29, "table": [2, 2], "tool": "a\nb\n", "count": "2",
+                     "static_count": "2"}, first
+    unseen = f"[static_count] not all it read was seen (a static program, which does not load the observer: " \
+             f"{tmp_path / 'static_count'})"
+    assert unseen in log, log
+    again, log = _run(tmp_path, "2")
+    assert again == first and ran(log) == {"static_count"}, log
+    assert "[static_count] runs again: what its finished run read was not observed" in log, log
+    write_loader_file(data, "w.safetensors", 2)
+    write_loader_file(data, "t.parquet", 3)
+    write_loader_file(data, "parts/b.parquet", 2)  # a part added: the folder pyarrow listed
+    result, log = _run(tmp_path, "3")
+    assert ran(log) == {"weights", "table", "static_count"}, log
+    assert result == {**first, "weights": 6.0, "table": [4, 5]}, result
+    assert f"[weights] runs again: input {data / 'w.safetensors'} changed" in log, log
+    assert f"[table] runs again: input {data / 't.parquet'} changed" in log or \
+        f"[table] runs again: the folder {data / 'parts'} changed" in log, log
+    write_loader_file(data, "tok.json", 5)
+    write_loader_file(data, "sp.model", 4)
+    (data / "words.txt").write_text("c\nb\na\n")
+    final, log = _run(tmp_path, "4")
+    assert ran(log) == {"tok", "spm", "tool", "count", "static_count"}, log
+    assert final == {**result, "tok": [0, 5], "spm": 32, "tool": "a\nb\nc\n", "count": "3", "static_count": "3"}
+    assert f"[count] runs again: input {data / 'words.txt'} changed" in log, log
+    assert f"[tok] runs again: input {data / 'tok.json'} changed" in log, log
 
 
 CONFIG_WORKFLOW = '''

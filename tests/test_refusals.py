@@ -309,3 +309,25 @@ def test_a_file_that_is_not_a_checkpoint_and_an_empty_run_dir_are_one_line_each(
     (tmp_path / "wf.py").write_text("print('ran')\n")
     assert cli(["run", "--run-dir", "", str(tmp_path / "wf.py")]) == 2
     assert "parsl-torch run: --run-dir needs a value, got an empty string" in capsys.readouterr().err
+
+
+def test_script_app_runs_a_program_as_it_is_and_refuses_python_for_it(tmp_path):
+    """Any executable is a script stage (a shell script, a binary), run as it is; a Python script (``.py``,
+    a ``python`` "#!" line, or not executable) is run by the stage's Python, whose name says it is one."""
+    from parsl_torch.apps.scriptargs import script_command_length
+
+    program = tmp_path / "prep.sh"
+    program.write_text("#!/bin/sh\necho hi\n")
+    program.chmod(0o755)
+    assert pt.script_app(program, args=["--n", 2]).script == (str(program), "--n", 2)
+    assert script_command_length((str(program), "--n", 2)) == 1
+    tool = tmp_path / "tool"
+    tool.write_text("#!/usr/bin/env python3\nprint(1)\n")
+    tool.chmod(0o755)
+    assert pt.script_app(tool).script == (sys.executable, str(tool))
+    assert pt.script_app(tmp_path / "train.py").script == (sys.executable, str(tmp_path / "train.py"))
+    with pytest.raises(ConfigError, match=r"prep.sh is a program, not a Python script \(it is executable and its "
+                                          r"first line is not a python #! line\): leave out python="):
+        pt.script_app(program, python=sys.executable)
+    with pytest.raises(ConfigError, match=r"python='/opt/bin/py3'\): python= names a Python interpreter"):
+        pt.script_app(tmp_path / "train.py", python="/opt/bin/py3")

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..common import settings
 from ..common.metadata import argument_secrets, remember_secrets
+from ..common.preload import python_program
 from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
 from ..errors import ConfigError
@@ -36,7 +37,8 @@ from .payload import ShippedFunction, StageOptions
 from .placement import Placement
 from .remote.client import RemoteAnswer, remote_job, submit_remote
 from .request import BuiltinCall
-from .scriptargs import check_script_argument, script_command_length, script_stage_name, script_word
+from .scriptargs import (check_script_argument, runs_python, script_command_length, script_stage_name,
+                         script_word)
 from .stagecmd import bash_app_for
 from .identity.usercode import rank_import_path
 from .workflow import current_workflow
@@ -237,10 +239,30 @@ def _identifiable(stage: str, fp: Fingerprinter, value: Any, where: str) -> None
         raise ConfigError(f"stage {stage!r}: {exc}") from None
 
 
+def _script_head(script: str | os.PathLike, module: bool, python: str | None) -> list[str]:
+    """How a script stage runs its file: ``python FILE``, ``python -m MODULE``, or a program (a shell script,
+    a binary) as it is."""
+    py = python or sys.executable
+    if python is not None and not python_program(python):
+        raise ConfigError(f"script_app({str(script)!r}, python={python!r}): python= names a Python interpreter, "
+                          f"whose file name starts with 'python' (python3.11, a venv's bin/python)")
+    if module:
+        return [py, "-m", str(script)]
+    if runs_python(script):
+        return [py, os.path.abspath(script)]
+    if python is not None:
+        raise ConfigError(f"script_app({str(script)!r}, python={python!r}): {script} is a program, not a Python "
+                          f"script (it is executable and its first line is not a python #! line): leave out python=")
+    return [os.path.abspath(script)]
+
+
 def _script_target(script: Sequence[str] | None) -> tuple[str | None, str | None]:
-    """(script file, module) a script stage runs: ``[python, FILE, ...]`` or ``[python, -m, MODULE, ...]``."""
+    """(script file, module) a script stage runs: ``[python, FILE, ...]``, ``[python, -m, MODULE, ...]`` or
+    ``[PROGRAM, ...]``."""
     if not script:
         return None, None
+    if script_command_length(script) == 1:
+        return os.path.abspath(script[0]), None
     if len(script) > 2 and script[1] == "-m":
         return None, str(script[2])
     return os.path.abspath(script[1]), None
@@ -306,8 +328,7 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
     line after ``args``, as paths where they name files; an argument that names one of the call's
     ``outputs`` is that output's path in the stage's directory.
     """
-    py = python or sys.executable
-    command = [py, "-m", str(script)] if module else [py, os.path.abspath(script)]
+    command = _script_head(script, module, python)
     for arg in args:
         check_script_argument(arg, f"script_app({str(script)!r}, args=...)")
     # (made absolute at each call, where the call's outputs are known: one of them lands in the stage's directory)

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ..common.preload import python_program
 from ..errors import ConfigError
 
 #: a glob pattern's characters
@@ -72,9 +73,24 @@ def caller_path(arg: Any) -> Any:
 
 
 def script_command_length(script: Sequence[Any]) -> int:
-    """How many words of a script stage's command line run it (``python FILE``, ``python -m MODULE``):
-    code, not arguments."""
+    """How many words of a script stage's command line run it (``python FILE``, ``python -m MODULE``, a
+    program's ``FILE``): code, not arguments."""
+    if not script or not python_program(str(script[0])):
+        return min(len(script), 1)
     return 3 if len(script) > 2 and script[1] == "-m" else min(len(script), 2)
+
+
+def runs_python(path: str | os.PathLike) -> bool:
+    """Whether a script stage's file is Python (run by the stage's Python) rather than a program run as it is
+    (a shell script, a binary): a ``.py`` file, a ``python`` "#!" line, or a file that is not executable."""
+    if str(path).endswith((".py", ".pyw")) or not os.access(path, os.X_OK):
+        return True
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return True
+    return first.startswith(b"#!") and b"python" in first
 
 
 def check_script_argument(arg: Any, where: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
-from ..common import settings, stagedir
+from ..common import preload, settings, stagedir
 from ..common.runlock import RunLock
 from ..core.log import get_logger
 from ..errors import ConfigError
@@ -253,6 +253,10 @@ def _made(request: WorkflowRequest, loaded: Any, others: list, users_dfk: bool, 
     for key, asked in request.given.items():
         wf.log.info("%s %s from parsl-torch run --%s (the script asked for %s)", key.replace("_", " "),
                     getattr(request, key), key.replace("_", "-"), asked)
+    if not users_dfk and preload.library() is None:  # (built here once: the ranks find it in the cache)
+        wf.log.warning("%s: what stages read through compiled code is not observed (safetensors, pyarrow, a tool "
+                       "they run: a file read only that way can change unseen, and its stage is skipped); a shell "
+                       "script or binary stage reruns every time (parsl-torch doctor)", preload.why_not())
     return wf
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import sites
-from ..common import settings
+from ..common import preload, settings
 from ..common.entrypoints import CLI
 from ..common.environ import find_local_tool, path_with_python_bin
 from ..core.device import get_backend, get_torch_device_type
@@ -134,6 +134,16 @@ def check_wandb() -> Check:
                  "wandb login, or WANDB_MODE=offline on nodes without network (wandb sync later)")
 
 
+def check_observer() -> Check:
+    """Reruns see what compiled code reads only through the preloaded observer, which needs a C compiler."""
+    library = preload.library()
+    if library is None:
+        return Check("reads below Python", "warn", f"{preload.why_not()}: what compiled loaders (safetensors, "
+                     f"pyarrow, ...), tools and shell stages read is not observed, so a stage that reads through "
+                     f"them reruns every time", "install a C compiler (gcc), or set CC")
+    return Check("reads below Python", "ok", f"observed (the preloaded observer: {library})")
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
@@ -215,7 +225,7 @@ def _cause(output: str) -> str:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
-    check_python, check_torch, check_device, check_timeout, check_mpi, check_scheduler, check_wandb,
+    check_python, check_torch, check_device, check_timeout, check_mpi, check_scheduler, check_wandb, check_observer,
     _optional("parsl", "parsl", "needed for sites and workflows", "parsl"),
     _optional("globus-compute", "globus-compute-sdk", "optional: remote submission", "'parsl-torch[globus]'"),
 )

@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 try:
     from . import observe_more as _more
@@ -112,7 +112,7 @@ _EVENTS = frozenset({"open", "os.listdir", "os.scandir", "sqlite3.connect", "sub
                      "os.posix_spawn", BEGIN})
 
 
-def _skipped_prefixes() -> tuple[str, ...]:
+def skipped_places() -> tuple[str, ...]:
     import site
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # parsl_torch itself
@@ -123,13 +123,14 @@ def _skipped_prefixes() -> tuple[str, ...]:
     caches = [os.environ.get(v) for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR")]
     caches += [os.path.join(home, p) for p in (".triton", ".nv", ".cache/matplotlib", ".config/matplotlib")]
     places = [here, stdlib, *packages, *(c for c in caches if c), "/proc", "/sys", "/dev"]
-    inductor = [os.path.join(t, "torchinductor_") for t in _temp_folders()]  # (torch.compile's, by user name)
+    inductor = [os.path.join(t, "torchinductor_") for t in temp_folders()]  # (torch.compile's, by user name)
     return (*_both(places), *inductor)
 
 
-def _temp_folders() -> tuple[str, ...]:
-    """Where a stage's scratch goes: only what is older than its call there is an input."""
-    return _both([os.environ.get("TMPDIR") or "/tmp", "/var/tmp"])
+def temp_folders(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Where a stage's scratch goes (in ``environ``, default this process's): only what is older than its call
+    there is an input."""
+    return _both([(os.environ if environ is None else environ).get("TMPDIR") or "/tmp", "/var/tmp"])
 
 
 def _both(places: list[str]) -> tuple[str, ...]:
@@ -140,7 +141,7 @@ class Recorder:
     """One process's reads: each new one appended at once to ``<folder>/<pid>.txt``."""
 
     def __init__(self, folder: str, since: float) -> None:
-        self.folder, self.skipped, self.temp = folder, (*_skipped_prefixes(), "<frozen"), _temp_folders()
+        self.folder, self.skipped, self.temp = folder, (*skipped_places(), "<frozen"), temp_folders()
         self.ours = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")  # parsl_torch/
         self.stdlib = (os.path.join(os.path.dirname(os.__file__), ""), "<frozen")
         self.since = since  # when the call began (the shim's start; a warm rank's next call)
@@ -150,9 +151,14 @@ class Recorder:
         self.local = threading.local()  # (set while the recorder itself opens its file)
         self.lock = threading.Lock()
         self.out: int | None = None
+        self.below = _more.Below()
 
     def hook(self, event: str, args: tuple) -> None:
-        if event not in _EVENTS or getattr(self.local, "busy", False):
+        if event not in _EVENTS:
+            return
+        if event in ("os.listdir", "os.scandir"):
+            self.below.lists(args[0])  # (the preloaded observer leaves Python's listings to this one)
+        if getattr(self.local, "busy", False):
             return
         if event == BEGIN:
             self.begin()
@@ -224,7 +230,8 @@ class Recorder:
         """Forget what was seen: the next call's reads are recorded anew (into a fresh file), against the
         places of its environment (a warm call's fork sets the call's ``TMPDIR``, caches, ...)."""
         self.since = time.time()
-        self.skipped, self.temp = (*_skipped_prefixes(), "<frozen"), _temp_folders()
+        self.skipped, self.temp = (*skipped_places(), "<frozen"), temp_folders()
+        self.below.begin(self.skipped, self.temp, self.since)
         with self.lock:
             if self.out is not None:
                 os.close(self.out)
@@ -281,51 +288,12 @@ def _reader(recorder: Recorder, depth: int) -> str | None:
     return None
 
 
-def _watch_environ(recorder: Recorder) -> None:
-    base = type(os.environ)
-
-    def note(key: object) -> None:
-        line = f"e {key}"
-        if line not in recorder.seen and (who := _reader(recorder, 2)) is not None and \
-                (who == "user" or not package_setting(str(key))):
-            recorder.line(line)
-
-    class Environ(base):  # type: ignore[misc,valid-type]
-        def __getitem__(self, key):
-            note(key)
-            return base.__getitem__(self, key)
-
-        def __contains__(self, key):
-            note(key)
-            return base.__contains__(self, key)
-
-        def __iter__(self):
-            if "e *" not in recorder.seen and _reader(recorder, 1) == "user":  # (a package copying it: a subprocess's)
-                recorder.line("e *")
-            return base.__iter__(self)
-
-    os.environ.__class__ = Environ
-    if hasattr(os, "environb"):  # (its keys are bytes: recorded as the names they are)
-        base_b = type(os.environb)
-
-        class EnvironB(base_b):  # type: ignore[misc,valid-type]
-            def __getitem__(self, key):
-                note(os.fsdecode(key))
-                return base_b.__getitem__(self, key)
-
-            def __contains__(self, key):
-                note(os.fsdecode(key))
-                return base_b.__contains__(self, key)
-
-        os.environb.__class__ = EnvironB
-
-
 def install(folder: str, since: float) -> Recorder:
     """Observe this process (and its forked children) into ``folder``; ``since``: when the call began."""
     recorder = Recorder(os.path.join(os.path.abspath(folder), ""), since)
     sys.addaudithook(recorder.hook)
     os.register_at_fork(after_in_child=recorder.after_fork)
-    _watch_environ(recorder)
+    _more.watch_environ(recorder, lambda depth: _reader(recorder, depth + 1), package_setting)
     _more.watch_h5py(recorder)
     _more.watch_lookups(recorder, lambda depth: _reader(recorder, depth + 1) == "user")
     recorder.line(STARTED)  # (a rank whose Python could not observe writes nothing: its shim tells)

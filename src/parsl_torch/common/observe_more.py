@@ -1,7 +1,8 @@
 """What ``observe`` watches beyond audit events, in a file of its own that it loads the way it is loaded
-itself (the standard library only): ``h5py.File`` (the HDF5 library opens files in C), paths the user's
-code looks for and does not find, and whether a Python child that a process starts will load the
-observer at all.
+itself (the standard library only): the environment's reads, ``h5py.File`` (the HDF5 library opens files
+in C), paths the user's code looks for and does not find, whether a Python child that a process starts
+will load the observer at all, and what the preloaded observer of compiled code must be told
+(``common.preload``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,45 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+class Below:
+    """The preloaded observer of compiled code in this process (``common.preload``; inert where it is not
+    loaded), told what only Python knows: that this process observes itself (Python's lookups and listings
+    are judged here: the import system's are no input), which listing is about to be Python's, and a warm
+    rank's next call."""
+
+    def __init__(self) -> None:
+        self.library: Any = None
+        if "parsl-torch-observe" not in os.environ.get("LD_PRELOAD", ""):
+            return
+        try:
+            import ctypes  # (5 ms, only where the library is loaded)
+
+            library = ctypes.CDLL(None)
+            library.parsl_torch_observe_lists.argtypes = [ctypes.c_char_p]
+            library.parsl_torch_observe_begin.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double]
+            library.parsl_torch_observe_python()
+            self.library = library
+        except (OSError, AttributeError):
+            pass
+
+    def lists(self, path: object) -> None:
+        """Python is about to list ``path`` (an ``os.listdir``/``os.scandir`` audit event's argument)."""
+        if self.library is None:
+            return
+        try:
+            self.library.parsl_torch_observe_lists(
+                None if isinstance(path, int) else os.fsencode(os.fspath(path if path is not None else ".")))
+        except TypeError:
+            pass
+
+    def begin(self, skipped: tuple[str, ...], temp: tuple[str, ...], since: float) -> None:
+        """A warm rank's next call: the library forgets what it saw and takes the call's places."""
+        if self.library is None:
+            return
+        self.library.parsl_torch_observe_begin(os.fsencode("\n".join(p for p in skipped if p.startswith(os.sep))),
+                                               os.fsencode("\n".join(temp)), since)
+
 
 def access(mode: object, flags: object) -> tuple[bool, bool]:
     """Whether an ``open`` audit event's mode (or ``os.open``'s flags) reads, and whether it writes: one
@@ -139,3 +179,45 @@ def watch_lookups(recorder: Any, by_user: Callable[[int], bool]) -> None:
         return looked_up
 
     os.stat, os.lstat = wrapped(os.stat), wrapped(os.lstat)
+
+
+def watch_environ(recorder: Any, reader: Callable[[int], str | None], package_setting: Callable[[str], bool]) -> None:
+    """Environment reads by name (``e NAME``) and of the whole (``e *``), by the user's code or a package it
+    called: ``os.environ`` (and ``os.environb``) become a subclass that records them. ``reader(n)``: who
+    reads, ``n`` frames above the caller ("user", "package", None)."""
+    base = type(os.environ)
+
+    def note(key: object) -> None:
+        line = f"e {key}"
+        if line not in recorder.seen and (who := reader(2)) is not None and \
+                (who == "user" or not package_setting(str(key))):
+            recorder.line(line)
+
+    class Environ(base):  # type: ignore[misc,valid-type]
+        def __getitem__(self, key):
+            note(key)
+            return base.__getitem__(self, key)
+
+        def __contains__(self, key):
+            note(key)
+            return base.__contains__(self, key)
+
+        def __iter__(self):
+            if "e *" not in recorder.seen and reader(1) == "user":  # (a package copying it: a subprocess's)
+                recorder.line("e *")
+            return base.__iter__(self)
+
+    os.environ.__class__ = Environ
+    if hasattr(os, "environb"):  # (its keys are bytes: recorded as the names they are)
+        base_b = type(os.environb)
+
+        class EnvironB(base_b):  # type: ignore[misc,valid-type]
+            def __getitem__(self, key):
+                note(os.fsdecode(key))
+                return base_b.__getitem__(self, key)
+
+            def __contains__(self, key):
+                note(os.fsdecode(key))
+                return base_b.__contains__(self, key)
+
+        os.environb.__class__ = EnvironB

@@ -186,7 +186,8 @@ PROGRESS = _add(Setting("PARSL_TORCH_PROGRESS", "`1`: a workflow shows its stage
 PROGRESS_EVERY = _add(Setting("PARSL_TORCH_PROGRESS_EVERY", "seconds between progress blocks off a terminal "
                               "(default 30)", 30.0, seconds))
 CACHE_DIR = _add(Setting("PARSL_TORCH_CACHE_DIR", "where packed Python environments are kept for "
-                        "`node_local_python` (on a shared file system; default `~/.cache/parsl-torch`)",
+                        "`node_local_python` and the built observer of compiled code (on a shared file system; "
+                        "default `~/.cache/parsl-torch`)",
                         "~/.cache/parsl-torch"))
 RUN_DIR = _add(Setting("PARSL_TORCH_RUN_DIR", "where `History` puts `outputs/<name>/history.h5` without a path "
                        "(set for a workflow's ranks; default: the current directory)", "."))
@@ -225,6 +226,13 @@ OBSERVE = _add(Setting("PARSL_TORCH_OBSERVE", "set in a stage's environment: the
                        "Python processes read (`common.observe`), and tell the supervisor", False, flag, INTERNAL))
 READS_DIR = _add(Setting("PARSL_TORCH_READS_DIR", "the node-local folder where a rank's Python processes write "
                          "what they read (set by the shim)", None, text, INTERNAL))
+OBSERVE_SKIP = _add(Setting("PARSL_TORCH_OBSERVE_SKIP", "the places whose reads are no input (installed packages, "
+                            "the standard library, ...), one per line, for the preloaded observer (set by the shim)",
+                            None, text, INTERNAL))
+OBSERVE_TEMP = _add(Setting("PARSL_TORCH_OBSERVE_TEMP", "the temporary folders, one per line: what a call made there "
+                            "is its scratch (set by the shim)", None, text, INTERNAL))
+OBSERVE_SINCE = _add(Setting("PARSL_TORCH_OBSERVE_SINCE", "when the call began, seconds since the epoch (set by the "
+                             "shim)", None, text, INTERNAL))
 RAISED = _add(Setting("PARSL_TORCH_RAISED", "the node-local file where a rank writes the exception that ended it, "
                       "for its shim's report (set by the shim)", None, text, INTERNAL))
 KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "

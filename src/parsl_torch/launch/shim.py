@@ -35,7 +35,8 @@ from ..common import settings
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SHIM
 from ..common.pmi import finish_pmi
-from ..common.observe import boot_folder, observed_any, reads_of
+from ..common import preload
+from ..common.observe import boot_folder, observed_any, reads_of, skipped_places, temp_folders
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
@@ -94,11 +95,24 @@ def _observing(address: str | None) -> str | None:
         return None
 
 
-def observing_env(folder: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """What a rank's environment gets so that every Python process in it is observed into ``folder``."""
+def observing_env(folder: str, environ: Mapping[str, str], cmd: list[str]) -> dict[str, str]:
+    """What a rank's environment gets so that every process in it is observed into ``folder``: Python's
+    through its ``sitecustomize``, every process's through the preloaded library (``common.preload``). What
+    ``cmd`` reads unseen (a static program; a program where the library could not be built) is said in
+    the folder, so that the stage makes no skip promise."""
     path = environ.get("PYTHONPATH")
     boot = boot_folder(folder)
-    return {settings.READS_DIR.name: folder, "PYTHONPATH": boot + (os.pathsep + path if path else "")}
+    extra = {settings.READS_DIR.name: folder, "PYTHONPATH": boot + (os.pathsep + path if path else "")}
+    library = preload.library()
+    if library is not None:
+        extra.update(preload.preload_env(library, environ, skipped_places(), temp_folders(environ), time.time()))
+    program = shutil.which(cmd[0], path=environ.get("PATH")) or cmd[0]
+    why = preload.unobservable(program) if library is not None else \
+        None if preload.python_program(program) else f"{preload.why_not()}: {program}"
+    if why:
+        with open(os.path.join(folder, "shim.txt"), "w") as f:
+            f.write(f"x {why}\n")
+    return extra
 
 
 def _report_reads(address: str, rank: int, folder: str) -> None:
@@ -243,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if raised:  # node-local: no shared file system's delay between the rank's write and this read
         extra[settings.RAISED.name] = raised
     if reads := _observing(address):  # (node-local too: no file per rank on the shared file system)
-        extra.update(observing_env(reads, {**os.environ, **extra}))
+        extra.update(observing_env(reads, {**os.environ, **extra}, cmd))
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **extra})
     except OSError as exc:

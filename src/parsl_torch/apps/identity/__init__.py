@@ -45,7 +45,7 @@ from ...common import stagedir
 from ...core.log import get_logger
 from ...errors import ConfigError
 from ..call import StageCall
-from ..scriptargs import script_command_length
+from ..scriptargs import runs_python, script_command_length
 from . import usercode
 from .environment import env_components
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)
@@ -97,11 +97,14 @@ def code_components(opts: Any, cache: DigestCache, arguments: Arguments | None =
     roots = [*opts.code_roots, *(arguments.roots if arguments else ())]
     if opts.module:
         roots += usercode.module_origin(opts.module, search_path(opts))
-    if opts.script:
+    program = bool(opts.script) and not runs_python(opts.script)  # (a shell script, a binary: its bytes)
+    if opts.script and not program:
         roots.append((opts.script, "__main__"))
     reached = usercode.user_modules(roots, search_path(opts), cache)
     modules = reached.digests
-    if opts.script:  # a script stage's own code is its script
+    if program:
+        parts["code"] = cache.file_digest(opts.script) if os.path.isfile(opts.script) else "missing"
+    elif opts.script:  # a script stage's own code is its script
         parts["code"] = modules.pop(os.path.realpath(opts.script), "missing")
     parts.update((f"module {path}", digest) for path, digest in modules.items())
     more = arguments.packages if arguments else ()

@@ -1,0 +1,104 @@
+"""The observer below Python: ``observe_preload.c``, built with the system's C compiler on first use and
+preloaded (``LD_PRELOAD``) into every process of an observed rank, Python or not.
+
+It sees what compiled code reads (safetensors, tokenizers, pyarrow, sentencepiece, HDF5, a tool such as
+``sort``), what a shell script or a binary stage reads, the paths such programs look for and do not find,
+and the programs a stage starts; it writes into the rank's folder, in the Python observer's lines
+(``common.observe``). Built once per source digest, machine and C library into the cache folder
+(``PARSL_TORCH_CACHE_DIR``, shared by the nodes); where no compiler is found, Python's observation
+alone applies and ``why_not`` says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+from . import settings
+
+SOURCE = Path(__file__).with_name("observe_preload.c")
+#: in the library's file name: how a process's ``LD_PRELOAD`` is known to carry it
+MARK = "parsl-torch-observe"
+
+
+@lru_cache(maxsize=1)
+def _built() -> tuple[str | None, str]:
+    """(the library's path, "") or (None, why not)."""
+    if platform.system() != "Linux":
+        return None, f"the observer of compiled code preloads a library, which needs Linux ({platform.system()} here)"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not compiler:
+        return None, "no C compiler (cc, gcc, clang or $CC) to build the observer of compiled code"
+    libc = " ".join(platform.libc_ver())
+    key = hashlib.sha256(SOURCE.read_bytes() + f"|{platform.machine()}|{libc}".encode()).hexdigest()[:16]
+    cache = Path(settings.CACHE_DIR.get()).expanduser()
+    library = cache / f"{MARK}-{key}.so"
+    if library.is_file():
+        return str(library), ""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = cache / f".{library.name}.{os.getpid()}"
+        out = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(partial), str(SOURCE), "-ldl",
+                              "-lpthread"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"the observer of compiled code could not be built in {cache}: {exc}"
+    if out.returncode != 0:
+        partial.unlink(missing_ok=True)
+        first = (out.stderr.strip().splitlines() or ["no message"])[0]
+        return None, f"the observer of compiled code did not build with {compiler}: {first}"
+    os.replace(partial, library)  # (several nodes building at once: each file whole, the last one stays)
+    return str(library), ""
+
+
+def library() -> str | None:
+    """The built library's path (None: none here; ``why_not`` says why)."""
+    return _built()[0]
+
+
+def why_not() -> str:
+    return _built()[1]
+
+
+def preload_env(library_path: str, environ: Mapping[str, str], skipped: tuple[str, ...],
+                temp: tuple[str, ...], since: float) -> dict[str, str]:
+    """What a rank's environment gets so that every process in it, Python or not, loads the library: the
+    places whose reads are no input and when the call began (the Python observer's own)."""
+    before = environ.get("LD_PRELOAD", "")
+    return {"LD_PRELOAD": library_path + (" " + before if before else ""),
+            settings.OBSERVE_SKIP.name: "\n".join(skipped), settings.OBSERVE_TEMP.name: "\n".join(temp),
+            settings.OBSERVE_SINCE.name: repr(since)}
+
+
+def python_program(word: str) -> bool:
+    """Whether a command's first word is a Python interpreter (``python``, ``python3.11``, a venv's), which
+    the Python observer observes without this library."""
+    return os.path.basename(word).startswith("python")
+
+
+def unobservable(program: str) -> str | None:
+    """Why what ``program`` reads cannot be seen by the library (a static binary; set-user-ID), or None."""
+    try:
+        st = os.stat(program)
+        with open(program, "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2:  # (a script: its interpreter is what runs)
+                return None
+            phoff, phentsize, phnum = (int.from_bytes(head[32:40], "little"), int.from_bytes(head[54:56], "little"),
+                                       int.from_bytes(head[56:58], "little"))
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                if int.from_bytes(f.read(4), "little") == 3:  # PT_INTERP: the dynamic loader loads the library
+                    break
+            else:
+                return f"a static program, which does not load the observer: {program}"
+    except OSError:
+        return None
+    if st.st_mode & 0o6000:
+        return f"a set-user-ID program, which does not load the observer: {program}"
+    return None
