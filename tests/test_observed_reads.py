@@ -411,10 +411,11 @@ def static_program(path: Path, reads: str) -> None:
 
 def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_path):
     """Below Python's ``open``: Rust's loaders (safetensors, tokenizers) and C++'s (pyarrow's table and its
-    listing of a folder of parts, sentencepiece) in a Python process; a tool (``sort``), a shell script and
-    what it looked for and did not find, each program started; a static program and a program given an
-    environment without the observer are told (``x``), not taken as observed. Python's own listings and
-    lookups stay the Python observer's (the import system's are no input)."""
+    listing of a folder of parts, sentencepiece) in a Python process, in a thread too; a tool (``sort``; one
+    started by ``posix_spawn``), a shell script and what it looked for and did not find, each program
+    started; a static program and a program given an environment without the observer are told (``x``),
+    not taken as observed. Python's own listings and lookups stay the Python observer's (the import
+    system's are no input)."""
     from parsl_torch.common import preload
 
     _loaders()
@@ -423,6 +424,8 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
     for name in LOADER_FILES:
         write_loader_file(data, name, 1)
     (data / "words.txt").write_text("b\na\n")
+    (data / "spawned.txt").write_text("s\n")
+    shutil.copy(data / "w.safetensors", data / "thread.safetensors")
     script = tmp_path / "count.sh"
     script.write_text(f"#!/bin/bash\ntest -e {tmp_path / 'override.yaml'} || wc -l < {data / 'words.txt'}\n")
     script.chmod(0o755)
@@ -437,10 +440,13 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
             f"subprocess.run([{str(script)!r}], check=True, capture_output=True)\n"
             f"subprocess.run([{str(tmp_path / 'static_count')!r}], check=True, cwd={str(tmp_path)!r})\n"
             f"subprocess.run(['cat', {str(data / 'corpus.txt')!r}], env={{'PATH': os.environ['PATH']}}, "
-            f"check=True, capture_output=True)\n")
+            f"check=True, capture_output=True)\n"
+            f"import threading; t = threading.Thread(target=lambda: open({str(data / 'tok.json')!r}).read() and "
+            f"load_file({str(data / 'thread.safetensors')!r})); t.start(); t.join()\n"
+            f"os.waitpid(os.posix_spawn('/bin/cat', ['cat', {str(data / 'spawned.txt')!r}], os.environ), 0)\n")
     reads = _observed(tmp_path, code)
     files = {f"f {data / name}" for name in ("w.safetensors", "tok.json", "sp.model", "t.parquet", "parts/a.parquet",
-                                              "words.txt")}
+                                              "words.txt", "thread.safetensors", "spawned.txt")}
     assert files | {f"d {data / 'parts'}", f"f {script}", f"f {tmp_path / 'override.yaml'}"} <= reads, reads
     assert any(line.startswith("f ") and line.endswith("/sort") for line in reads), reads  # (the program, read)
     assert all(any(line.startswith("t ") and line.endswith(f[2:]) for line in reads) for f in files), reads
@@ -555,6 +561,43 @@ def test_compiled_loaders_tools_and_shell_stages_rerun_when_what_they_read_chang
     assert final == {**result, "tok": [0, 5], "spm": 32, "tool": "a\nb\nc\n", "count": "3", "static_count": "3"}
     assert f"[count] runs again: input {data / 'words.txt'} changed" in log, log
     assert f"[tok] runs again: input {data / 'tok.json'} changed" in log, log
+    # no compiler where the observer is not built yet: said once; the shell stage that runs cannot promise
+    (data / "words.txt").write_text("d\nc\nb\na\n")
+    last, log = _run(tmp_path, "5", CC="no-such-cc", PARSL_TORCH_CACHE_DIR=str(tmp_path / "empty-cache"))
+    why = "CC=no-such-cc is not a program found on PATH, to build the observer of compiled code"
+    assert log.count(f"{why}: what stages read through compiled code is not observed") == 1, log
+    assert f"[count] not all it read was seen ({why}: {tmp_path / 'count.sh'})" in log, log
+    assert ran(log) == {"tool", "count", "static_count"} and last["count"] == "4", log
+
+
+def test_without_a_compiler_python_observation_alone_applies_and_says_so(tmp_path, monkeypatch):
+    """No compiler (here: ``CC`` naming none): no library, and ``doctor`` says what is then not observed; a
+    Python process asked to load a library that does not load says its reads are not all seen."""
+    from parsl_torch.cli.doctor import check_observer
+    from parsl_torch.common import preload
+
+    monkeypatch.setenv("CC", "no-such-cc")
+    monkeypatch.setenv("PARSL_TORCH_CACHE_DIR", str(tmp_path / "cache"))
+    preload._built.cache_clear()
+    try:
+        why = "CC=no-such-cc is not a program found on PATH, to build the observer of compiled code"
+        assert (preload.library(), preload.why_not()) == (None, why)
+        check = check_observer()
+        assert check.status == "warn" and check.detail.startswith(f"{why}: what compiled loaders"), check
+    finally:
+        preload._built.cache_clear()
+    folder = tmp_path / "reads"
+    folder.mkdir()
+    from parsl_torch.launch.shim import observing_env
+
+    monkeypatch.undo()
+    broken = {**observing_env(str(folder), os.environ, [sys.executable]), "LD_PRELOAD": "/gone/parsl-torch-observe.so"}
+    subprocess.run([sys.executable, "-c", "pass"], env=clean_env(**broken), check=True, timeout=60,
+                   capture_output=True)
+    from parsl_torch.common.observe import reads_of
+
+    assert [line for line in reads_of(str(folder)) if line.startswith("x ")] == [
+        f"x the observer of compiled code did not load in {sys.executable} (LD_PRELOAD=/gone/parsl-torch-observe.so)"]
 
 
 CONFIG_WORKFLOW = '''

@@ -151,7 +151,7 @@ class Recorder:
         self.local = threading.local()  # (set while the recorder itself opens its file)
         self.lock = threading.Lock()
         self.out: int | None = None
-        self.below = _more.Below()
+        self.below = _more.Below(self.line)
 
     def hook(self, event: str, args: tuple) -> None:
         if event not in _EVENTS:

@@ -19,7 +19,7 @@ class Below:
     are judged here: the import system's are no input), which listing is about to be Python's, and a warm
     rank's next call."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None]) -> None:
         self.library: Any = None
         if "parsl-torch-observe" not in os.environ.get("LD_PRELOAD", ""):
             return
@@ -31,8 +31,9 @@ class Below:
             library.parsl_torch_observe_begin.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double]
             library.parsl_torch_observe_python()
             self.library = library
-        except (OSError, AttributeError):
-            pass
+        except (OSError, AttributeError):  # (asked for and not loaded: what compiled code reads here is unseen)
+            say(f"x the observer of compiled code did not load in {sys.executable} (LD_PRELOAD="
+                f"{os.environ.get('LD_PRELOAD')})")
 
     def lists(self, path: object) -> None:
         """Python is about to list ``path`` (an ``os.listdir``/``os.scandir`` audit event's argument)."""

@@ -32,9 +32,11 @@ def _built() -> tuple[str | None, str]:
     """(the library's path, "") or (None, why not)."""
     if platform.system() != "Linux":
         return None, f"the observer of compiled code preloads a library, which needs Linux ({platform.system()} here)"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    asked = os.environ.get("CC")
+    compiler = shutil.which(asked) if asked else shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not compiler:
-        return None, "no C compiler (cc, gcc, clang or $CC) to build the observer of compiled code"
+        return None, (f"CC={asked} is not a program found on PATH" if asked else "no C compiler (cc, gcc or clang)") + \
+            ", to build the observer of compiled code"
     libc = " ".join(platform.libc_ver())
     key = hashlib.sha256(SOURCE.read_bytes() + f"|{platform.machine()}|{libc}".encode()).hexdigest()[:16]
     cache = Path(settings.CACHE_DIR.get()).expanduser()
