@@ -413,8 +413,9 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
     """Below Python's ``open``: Rust's loaders (safetensors, tokenizers) and C++'s (pyarrow's table and its
     listing of a folder of parts, sentencepiece) in a Python process, in a thread too; a tool (``sort``; one
     started by ``posix_spawn``), a shell script and what it looked for and did not find, each program
-    started; a static program and a program given an environment without the observer are told (``x``),
-    not taken as observed. Python's own listings and lookups stay the Python observer's (the import
+    started; a static program, a Go program (its own system calls) and a program given an environment
+    without the observer are told (``x``), not taken as observed (the system's static ``ldconfig``, which
+    ``ctypes.util.find_library`` runs, is not). Python's own listings and lookups stay the Python observer's (the import
     system's are no input)."""
     from parsl_torch.common import preload
 
@@ -430,6 +431,9 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
     script.write_text(f"#!/bin/bash\ntest -e {tmp_path / 'override.yaml'} || wc -l < {data / 'words.txt'}\n")
     script.chmod(0o755)
     static_program(tmp_path / "static_count", str(data / "words.txt"))
+    import wandb  # (its wandb-core is a Go program: copied out of the installed package, it is a tool of yours)
+
+    shutil.copy(Path(wandb.__file__).parent / "bin" / "wandb-core", tmp_path / "gotool")
     code = (f"import os, subprocess, sys\n"
             f"from safetensors.numpy import load_file; load_file({str(data / 'w.safetensors')!r})\n"
             f"from tokenizers import Tokenizer; Tokenizer.from_file({str(data / 'tok.json')!r})\n"
@@ -443,7 +447,9 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
             f"check=True, capture_output=True)\n"
             f"import threading; t = threading.Thread(target=lambda: open({str(data / 'tok.json')!r}).read() and "
             f"load_file({str(data / 'thread.safetensors')!r})); t.start(); t.join()\n"
-            f"os.waitpid(os.posix_spawn('/bin/cat', ['cat', {str(data / 'spawned.txt')!r}], os.environ), 0)\n")
+            f"os.waitpid(os.posix_spawn('/bin/cat', ['cat', {str(data / 'spawned.txt')!r}], os.environ), 0)\n"
+            f"import ctypes.util; ctypes.util.find_library('c')\n"  # (runs the static ldconfig: the system's)
+            f"subprocess.run([{str(tmp_path / 'gotool')!r}, '--help'], capture_output=True)\n")
     reads = _observed(tmp_path, code)
     files = {f"f {data / name}" for name in ("w.safetensors", "tok.json", "sp.model", "t.parquet", "parts/a.parquet",
                                               "words.txt", "thread.safetensors", "spawned.txt")}
@@ -451,7 +457,8 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
     assert any(line.startswith("f ") and line.endswith("/sort") for line in reads), reads  # (the program, read)
     assert all(any(line.startswith("t ") and line.endswith(f[2:]) for line in reads) for f in files), reads
     unseen = sorted(line for line in reads if line.startswith("x "))
-    assert unseen == [f"x a program started with an environment without the observer: {shutil.which('cat')}",
+    assert unseen == [f"x a Go program, which reads through its own system calls, unseen: {tmp_path / 'gotool'}",
+                      f"x a program started with an environment without the observer: {shutil.which('cat')}",
                       f"x a static program, which does not load the observer: {tmp_path / 'static_count'}"], unseen
     assert not any(line.startswith("d ") and "site-packages" in line or "python3" in line for line in reads), reads
     assert f"d {tmp_path}" not in reads  # (the import system lists sys.path's folders: Python's own listing)

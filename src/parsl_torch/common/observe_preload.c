@@ -595,6 +595,32 @@ static void python_why(const char *program, char *const argv[], char *const envp
     snprintf(why, size, "a Python child started with a PYTHONPATH without the observer's folder: %s", program);
 }
 
+/* a Go program (a ".go.buildinfo" section): Go reads files through its own system calls, not the C library */
+static int go_program(int fd, const Elf64_Ehdr *eh) {
+    Elf64_Shdr names, sh;
+    char name[14];
+    if (eh->e_shoff == 0 || eh->e_shstrndx == SHN_UNDEF || eh->e_shstrndx >= eh->e_shnum ||
+        pread(fd, &names, sizeof names, (off_t)(eh->e_shoff + (Elf64_Off)eh->e_shstrndx * eh->e_shentsize)) !=
+            (ssize_t)sizeof names)
+        return 0;
+    for (int i = 0; i < eh->e_shnum && i < 256; i++)
+        if (pread(fd, &sh, sizeof sh, (off_t)(eh->e_shoff + (Elf64_Off)i * eh->e_shentsize)) == (ssize_t)sizeof sh &&
+            sh.sh_name + sizeof name <= names.sh_size &&
+            pread(fd, name, sizeof name, (off_t)(names.sh_offset + sh.sh_name)) == (ssize_t)sizeof name &&
+            memcmp(name, ".go.buildinfo", sizeof name) == 0)
+            return 1;
+    return 0;
+}
+
+/* a static program of the system's that reads only the system's state: ldconfig (ctypes.util.find_library
+ * and Triton run "ldconfig -p", which reads /etc/ld.so.cache), no stage's input */
+static int system_tool(const char *program) {
+    static const char *const tools[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/ldconfig", "/usr/bin/ldconfig"};
+    for (size_t i = 0; i < sizeof tools / sizeof *tools; i++)
+        if (strcmp(program, tools[i]) == 0) return 1;
+    return 0;
+}
+
 /* why what a program will read is unseen ("": it loads this library, and a Python its observer too): an
  * environment without the library, an ELF without an interpreter (static), set-user-ID (which ignores
  * LD_PRELOAD); a "#!" script's interpreter is what runs. In a Python, its observer judges its Python
@@ -611,6 +637,8 @@ static void unseen_why(const char *program, char *const argv[], char *const envp
         if (why[0])
             return;
     }
+    if (system_tool(program))
+        return;
     int preloads = 0;
     for (char *const *e = envp; e && *e; e++)
         if (strncmp(*e, "LD_PRELOAD=", 11) == 0 && strstr(*e, "parsl-torch-observe")) preloads = 1;
@@ -629,7 +657,7 @@ static void unseen_why(const char *program, char *const argv[], char *const envp
     if (fd < 0)
         return;
     Elf64_Ehdr eh;
-    int is_static = 0;
+    int is_static = 0, is_go = 0;
     if (pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
         eh.e_ident[EI_CLASS] == ELFCLASS64) {
         is_static = 1;
@@ -639,10 +667,13 @@ static void unseen_why(const char *program, char *const argv[], char *const envp
                 break;
             if (ph.p_type == PT_INTERP) { is_static = 0; break; }
         }
+        is_go = !ignored(program) && go_program(fd, &eh);  /* (an installed package's Go helper: the package's) */
     }
     close(fd);
     if (is_static)
         snprintf(why, size, "a static program, which does not load the observer: %s", program);
+    else if (is_go)
+        snprintf(why, size, "a Go program, which reads through its own system calls, unseen: %s", program);
 }
 
 /* before a program replaces this process (or starts as its child): the program is read (an edited
