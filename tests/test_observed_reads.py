@@ -462,6 +462,15 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
                       f"x a static program, which does not load the observer: {tmp_path / 'static_count'}"], unseen
     assert not any(line.startswith("d ") and "site-packages" in line or "python3" in line for line in reads), reads
     assert f"d {tmp_path}" not in reads  # (the import system lists sys.path's folders: Python's own listing)
+    from parsl_torch.common.observe import reads_of
+    from parsl_torch.launch.shim import observing_env
+
+    for program, unseen in ((tmp_path / "gotool", "a Go program, which reads through its own system calls, unseen"),
+                            (tmp_path / "static_count", "a static program, which does not load the observer")):
+        folder = tmp_path / f"stage-{program.name}"  # (a stage whose command is the program: its shim says it)
+        folder.mkdir()
+        observing_env(str(folder), os.environ, [str(program)])
+        assert reads_of(str(folder)) == {f"x {unseen}: {program}"}
 
 
 BELOW_PYTHON = '''

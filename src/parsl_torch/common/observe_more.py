@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+
 class Below:
     """The preloaded observer of compiled code in this process (``common.preload``; inert where it is not
     loaded), told what only Python knows: that this process observes itself (Python's lookups and listings

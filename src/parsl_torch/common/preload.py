@@ -17,10 +17,12 @@ import platform
 import shutil
 import subprocess
 from collections.abc import Mapping
+from typing import Any
 from functools import lru_cache
 from pathlib import Path
 
 from . import settings
+from .observe import skipped_places
 
 SOURCE = Path(__file__).with_name("observe_preload.c")
 #: in the library's file name: how a process's ``LD_PRELOAD`` is known to carry it
@@ -84,23 +86,48 @@ def python_program(word: str) -> bool:
 
 
 def unobservable(program: str) -> str | None:
-    """Why what ``program`` reads cannot be seen by the library (a static binary; set-user-ID), or None."""
+    """Why what ``program`` reads cannot be seen by the library, as the library says it of the programs a
+    rank starts (a static binary, a Go program outside the installed packages, set-user-ID), or None."""
     try:
         st = os.stat(program)
         with open(program, "rb") as f:
             head = f.read(64)
             if head[:4] != b"\x7fELF" or head[4] != 2:  # (a script: its interpreter is what runs)
                 return None
-            phoff, phentsize, phnum = (int.from_bytes(head[32:40], "little"), int.from_bytes(head[54:56], "little"),
-                                       int.from_bytes(head[56:58], "little"))
-            for i in range(phnum):
-                f.seek(phoff + i * phentsize)
-                if int.from_bytes(f.read(4), "little") == 3:  # PT_INTERP: the dynamic loader loads the library
-                    break
-            else:
+            if not any(kind == 3 for kind, _ in _headers(f, head, 32, 54)):  # PT_INTERP: it loads the library
                 return f"a static program, which does not load the observer: {program}"
+            if _go(f, head) and not program.startswith(skipped_places()):  # (an installed package's: its own)
+                return f"a Go program, which reads through its own system calls, unseen: {program}"
     except OSError:
         return None
     if st.st_mode & 0o6000:
         return f"a set-user-ID program, which does not load the observer: {program}"
     return None
+
+
+def _headers(f: Any, head: bytes, at: int, sizes: int) -> list[tuple[int, bytes]]:
+    """An ELF file's program (``at`` 32) or section (40) headers: (the first 4 bytes' number, the header)."""
+    offset = int.from_bytes(head[at:at + 8], "little")
+    size, count = int.from_bytes(head[sizes:sizes + 2], "little"), int.from_bytes(head[sizes + 2:sizes + 4], "little")
+    found = []
+    for i in range(min(count, 256)):
+        f.seek(offset + i * size)
+        header = f.read(size)
+        found.append((int.from_bytes(header[:4], "little"), header))
+    return found
+
+
+def _go(f: Any, head: bytes) -> bool:
+    """Whether an ELF file is a Go program: a ``.go.buildinfo`` section."""
+    sections = _headers(f, head, 40, 58)
+    index = int.from_bytes(head[62:64], "little")
+    if not sections or index >= len(sections):
+        return False
+    names_at = int.from_bytes(sections[index][1][24:32], "little")  # (the names' section: its sh_offset)
+    for name_at, _ in sections:
+        f.seek(names_at + name_at)
+        if f.read(14) == b".go.buildinfo\0":
+            return True
+    return False
+
+

@@ -31,11 +31,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
-from ..common import settings
+from ..common import preload, settings
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SHIM
 from ..common.pmi import finish_pmi
-from ..common import preload
 from ..common.observe import boot_folder, observed_any, reads_of, skipped_places, temp_folders
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
