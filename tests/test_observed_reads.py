@@ -600,6 +600,10 @@ def test_without_a_compiler_python_observation_alone_applies_and_says_so(tmp_pat
         assert (preload.library(), preload.why_not()) == (None, why)
         check = check_observer()
         assert check.status == "warn" and check.detail.startswith(f"{why}: what compiled loaders"), check
+        monkeypatch.delenv("CC")
+        monkeypatch.setenv("PARSL_TORCH_CACHE_DIR", str(tmp_path / "my cache"))  # (LD_PRELOAD splits at spaces)
+        preload._built.cache_clear()
+        assert preload.library() is None and "whose path holds a space or a ':'" in preload.why_not()
     finally:
         preload._built.cache_clear()
     folder = tmp_path / "reads"

@@ -17,9 +17,9 @@ import platform
 import shutil
 import subprocess
 from collections.abc import Mapping
-from typing import Any
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from . import settings
 from .observe import skipped_places
@@ -43,6 +43,9 @@ def _built() -> tuple[str | None, str]:
     key = hashlib.sha256(SOURCE.read_bytes() + f"|{platform.machine()}|{libc}".encode()).hexdigest()[:16]
     cache = Path(settings.CACHE_DIR.get()).expanduser()
     library = cache / f"{MARK}-{key}.so"
+    if any(c in str(library) for c in " :\t\n"):  # (LD_PRELOAD's separators)
+        return None, (f"the observer of compiled code would be kept in {cache}, whose path holds a space or a ':', "
+                      f"which LD_PRELOAD cannot carry: set {settings.CACHE_DIR.name} to a folder without them")
     if library.is_file():
         return str(library), ""
     try:
