@@ -572,18 +572,16 @@ def test_compiled_loaders_tools_and_shell_stages_rerun_when_what_they_read_chang
     write_loader_file(data, "tok.json", 5)
     write_loader_file(data, "sp.model", 4)
     (data / "words.txt").write_text("c\nb\na\n")
-    final, log = _run(tmp_path, "4")
+    # and no compiler where the observer is not built yet (the edits are seen from the last runs' records): said
+    # once; the shell stage that runs cannot promise
+    final, log = _run(tmp_path, "4", CC="no-such-cc", PARSL_TORCH_CACHE_DIR=str(tmp_path / "empty-cache"))
     assert ran(log) == {"tok", "spm", "tool", "count", "static_count"}, log
     assert final == {**result, "tok": [0, 5], "spm": 32, "tool": "a\nb\nc\n", "count": "3", "static_count": "3"}
     assert f"[count] runs again: input {data / 'words.txt'} changed" in log, log
     assert f"[tok] runs again: input {data / 'tok.json'} changed" in log, log
-    # no compiler where the observer is not built yet: said once; the shell stage that runs cannot promise
-    (data / "words.txt").write_text("d\nc\nb\na\n")
-    last, log = _run(tmp_path, "5", CC="no-such-cc", PARSL_TORCH_CACHE_DIR=str(tmp_path / "empty-cache"))
     why = "CC=no-such-cc is not a program found on PATH, to build the observer of compiled code"
     assert log.count(f"{why}: what stages read through compiled code is not observed") == 1, log
     assert f"[count] not all it read was seen ({why}: {tmp_path / 'count.sh'})" in log, log
-    assert ran(log) == {"tool", "count", "static_count"} and last["count"] == "4", log
 
 
 def test_without_a_compiler_python_observation_alone_applies_and_says_so(tmp_path, monkeypatch):
