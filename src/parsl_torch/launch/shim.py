@@ -98,7 +98,8 @@ def observing_env(folder: str, environ: Mapping[str, str], cmd: list[str]) -> di
     """What a rank's environment gets so that every process in it is observed into ``folder``: Python's
     through its ``sitecustomize``, every process's through the preloaded library (``common.preload``). What
     ``cmd`` reads unseen (a static program; a program where the library could not be built) is said in
-    the folder, so that the stage makes no skip promise."""
+    the folder, so that the stage makes no skip promise (a Python is its own observer's to judge: not read
+    here at every rank's start)."""
     path = environ.get("PYTHONPATH")
     boot = boot_folder(folder)
     extra = {settings.READS_DIR.name: folder, "PYTHONPATH": boot + (os.pathsep + path if path else "")}
@@ -106,8 +107,8 @@ def observing_env(folder: str, environ: Mapping[str, str], cmd: list[str]) -> di
     if library is not None:
         extra.update(preload.preload_env(library, environ, skipped_places(), temp_folders(environ), time.time()))
     program = shutil.which(cmd[0], path=environ.get("PATH")) or cmd[0]
-    why = preload.unobservable(program) if library is not None else \
-        None if preload.python_program(program) else f"{preload.why_not()}: {program}"
+    why = None if preload.python_program(program) else \
+        preload.unobservable(program) if library is not None else f"{preload.why_not()}: {program}"
     if why:
         with open(os.path.join(folder, "shim.txt"), "w") as f:
             f.write(f"x {why}\n")
