@@ -44,6 +44,7 @@ EXAMPLES = {
     # same flow across a local site and an endpoint's engine)
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),
     "def trial(lr: float) -> float": ("python", "[20.0, 10.0, 4.0]", ()),
+    '"model.dim": [16, 32]}, base="configs/train.yaml"': ("python", "best: ", ()),
     'evaluate(t.outputs[0], "--scale", 2': ("python", '"sum": 6.0', ()),
     "meter = pt.Throughput(net": ("launch", "tflops=", ()),
     'run_dir="runs/packed"': ("python", "'lr=0.1 on GPU ", ()),

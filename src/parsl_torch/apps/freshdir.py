@@ -16,11 +16,11 @@ import shutil
 from pathlib import Path
 
 from ..common import settings
-from ..common.stagedir import ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, SOURCES
+from ..common.stagedir import ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, RUNGS, SOURCES
 
-#: kept where they are: this attempt's own (its identity and a remote stage's shipped modules are left
-#: before it starts)
-_STAYS = frozenset({PREVIOUS, PREVIOUS_PARTIAL, SOURCES, IDENTITY})
+#: kept where they are: this attempt's own (its identity, a remote stage's shipped modules and a sweep's
+#: rungs are left before it starts)
+_STAYS = frozenset({PREVIOUS, PREVIOUS_PARTIAL, SOURCES, IDENTITY, RUNGS})
 
 
 def owner(stage_dir: str | os.PathLike) -> str | None:

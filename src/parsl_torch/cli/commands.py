@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import sites
 from ..apps import status as run_status
+from ..apps import sweepview
 from ..apps.request import RunFlags, run_flags
 from ..common import settings
 from ..common.blocks import duration_seconds
@@ -211,8 +212,9 @@ def _status(args: argparse.Namespace) -> int:
         return _compare(run_status.ranked(rows, args.sort, args.lowest_first), args.sort, args.json)
     if args.lowest_first is not None:
         raise ConfigError("--lowest / --highest order the stages of --sort METRIC: give --sort too")
+    sweeps = sweepview.records(Path(args.run_dir))
     if args.json:
-        print(json.dumps({**data, "stages": [dataclasses.asdict(r) for r in rows]}, indent=2))
+        print(json.dumps({**data, "stages": [dataclasses.asdict(r) for r in rows], "sweeps": sweeps}, indent=2))
     elif sys.stdout.isatty():
         from rich.console import Console
 
@@ -220,6 +222,8 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(f"{args.run_dir}: site {data.get('site')}, started {data.get('started')}, {run_status.ending(data)}")
         print(run_status.plain(data, rows))
+    for name, record in sweeps.items() if not args.json else ():
+        print(f"\n{sweepview.table(Path(args.run_dir), name, record)}")
     return 1 if any(r.state == "failed" for r in rows) else 0
 
 

@@ -26,6 +26,10 @@ CALL = ".call.json"
 IDENTITY = ".identity.json"
 #: rank 0's record of where the stage stands (step, checkpoint time), for its continuation
 CONTINUATION = ".continuation.json"
+#: a sweep's request that the call stop at its next step and end as it is (``stages.sweep``; read by rank 0)
+STOP = ".stop.json"
+#: a sweep's rungs: the steps at which the call's history reaches its file at once (left before it starts)
+RUNGS = ".rungs.json"
 #: the supervisor's record of the block an attempt runs in
 BLOCK = ".block.json"
 #: the supervisor's record of how the last launch ended (``common.outcome``)
@@ -89,6 +93,23 @@ class ContinuationRecord:
     step: int | None = None
     save_seconds: float | None = None
     grace: float | None = None
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """Written by a sweep that cut the call: its ranks stop at the next step they agree on, keep what they
+    wrote, and end well (a stop for another call of the stage is ignored)."""
+
+    call: str | None
+    time: float
+    why: str
+
+
+@dataclass(frozen=True)
+class RungsRecord:
+    """Written by a sweep before it submits a trial: the steps at which it judges it."""
+
+    steps: list[int]
 
 
 @dataclass(frozen=True)

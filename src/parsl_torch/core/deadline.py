@@ -18,6 +18,11 @@ the save time its last block recorded).
 
 ``to_be_continued(step)`` then ends the stage with CONTINUE_EXIT: under a workflow it
 is submitted again and resumes from its checkpoint in the next block.
+
+A sweep that cuts a trial asks it to stop through the same agreement: rank 0 looks for
+the stop request in its stage directory (``stagedir.STOP``, at most every STOP_POLL_S),
+the ranks agree on it as on a block's end, and ``stop_requested()`` then tells the stage
+to save and end well rather than to be continued.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ from .ranks import get_rank, process_group, rank_state
 STOP_MARGIN = 1.25
 #: calls whose spacing estimates a step (the median ignores the steps that also saved)
 _CALLS_KEPT = 10
+#: seconds between rank 0's looks for a sweep's stop request (one stat of a file in its stage directory)
+STOP_POLL_S = 1.0
+#: what the ranks agree on (the largest view wins: a stop ends the stage whatever the block does)
+_GO, _BLOCK_ENDS, _STOP = 0, 1, 2
 
 
 def _stage_record() -> stagedir.ContinuationRecord | None:
@@ -66,6 +75,10 @@ class _Agreement:
         self._told = False
         self.signalled = False
         self.agreed = False
+        self.reason = _GO  # what the ranks agreed on, once they did
+        self.stopping = False  # rank 0 found a stop request for this call
+        self._stop_file = _stop_file()
+        self._looked = 0.0
         self._group: Any = None
         self._pending: Any = None
         self._flag: Any = None
@@ -109,11 +122,18 @@ class _Agreement:
                     self.save_seconds, step, needed)
         return stop
 
-    def local_view(self) -> bool:
+    def local_view(self) -> int:
+        if self._stop_file and time.monotonic() - self._looked >= STOP_POLL_S:
+            self._looked = time.monotonic()
+            if _stop_is_for_this_call(self._stop_file):
+                self._stop_file = None
+                self.stopping = True
+        if self.stopping:
+            return _STOP
         if self.signalled:
-            return True
+            return _BLOCK_ENDS
         stop = self.stop_time()
-        return stop is not None and time.time() >= stop
+        return _BLOCK_ENDS if stop is not None and time.time() >= stop else _GO
 
     def ask(self) -> bool:
         if not self._handler_installed:
@@ -123,7 +143,8 @@ class _Agreement:
             return True  # every rank got True at the same call and stopped asking the others
         d = process_group()
         if d is None or d.get_world_size() == 1:
-            self.agreed = self.local_view()
+            self.reason = self.local_view()
+            self.agreed = self.reason != _GO
             return self.agreed
         import torch
 
@@ -132,10 +153,11 @@ class _Agreement:
             rank_state().before_cleanup.append(self.release)
         if self._pending is not None:
             self._pending.wait()
-            self.agreed = bool(self._flag.item())
+            self.reason = int(self._flag.item())
+            self.agreed = self.reason != _GO
             self._pending = None
         if not self.agreed:
-            self._flag = torch.tensor([int(self.local_view())], dtype=torch.int32)
+            self._flag = torch.tensor([self.local_view()], dtype=torch.int32)
             self._pending = d.all_reduce(self._flag, op=d.ReduceOp.MAX, group=self._group, async_op=True)
         return self.agreed
 
@@ -164,6 +186,36 @@ def should_checkpoint() -> bool:
     integer, not a wait. Without a known block end (no workflow block, no ``launch
     --deadline``) it is always False."""
     return _state().ask()
+
+
+def stop_requested() -> bool:
+    """After ``should_checkpoint()`` said True: whether the ranks agreed to stop for a sweep's cut (save,
+    then end as a finished stage whose result says where it stopped) rather than for the block's end
+    (save, then ``to_be_continued``). The same answer on every rank."""
+    return _state().reason == _STOP
+
+
+def sweep_rungs() -> frozenset[int]:
+    """The steps at which a sweep judges this call (``stages.sweep`` leaves them in its stage directory):
+    a stage syncs its history there, so that the sweep reads the rung at once. Every rank reads the same
+    file, so all sync at the same steps."""
+    stage_dir = settings.STAGE_DIR.raw()
+    record = stagedir.read_or_none(os.path.join(stage_dir, stagedir.RUNGS), stagedir.RungsRecord) \
+        if stage_dir else None
+    return frozenset(record.steps) if record else frozenset()
+
+
+def _stop_file() -> str | None:
+    """Rank 0's stop request to look for (under a workflow only; the other ranks learn it by agreeing)."""
+    stage_dir = settings.STAGE_DIR.raw()
+    return os.path.join(stage_dir, stagedir.STOP) if stage_dir and get_rank() == 0 else None
+
+
+def _stop_is_for_this_call(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    record = stagedir.read_or_none(path, stagedir.StopRecord, get_logger("parsl_torch"))
+    return record is not None and record.call == settings.CALL_ID.raw()
 
 
 def deadline() -> float | None:

@@ -34,12 +34,13 @@ META = "meta.json"
 
 
 def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dict[str, Any],
-         call: str | None = None, strategy: str = "ddp", loss: float | None = None) -> None:
+         call: str | None = None, strategy: str = "ddp", loss: float | None = None, stopped: bool = False) -> None:
     """Collective: every rank calls it. ``call``: the identity of the stage call that trains (only
     it may resume from here); ``strategy``: sharded (DCP) for fsdp and fsdp+tp, else one file;
-    ``loss``: the mean loss of the last step saved (a stage resumed at its end reports it)."""
+    ``loss``: the mean loss of the last step saved (a stage resumed at its end reports it);
+    ``stopped``: saved where a sweep cut the call (it ends there again when resumed)."""
     meta = {"format": FORMAT, "step": step, "model_config": model_config, "call": call, "strategy": strategy,
-            "world_size": get_world_size(), "loss": loss}
+            "world_size": get_world_size(), "loss": loss, "stopped": stopped}
     if strategy in SHARDED_STRATEGIES or _sharded(model):
         _save_sharded(Path(path), model, optimizer, {**meta, "format": SHARDED_FORMAT})
         return

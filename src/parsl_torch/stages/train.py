@@ -25,7 +25,7 @@ from typing import Any
 from ..apps.distributed import distributed_app, submit_builtin
 from ..apps.request import BuiltinCall
 from ..common import settings
-from ..core.deadline import note_checkpoint, should_checkpoint, to_be_continued
+from ..core.deadline import note_checkpoint, should_checkpoint, stop_requested, sweep_rungs, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.flops import flops_per_token, peak_flops, throughput
@@ -150,11 +150,15 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     run = _Training.build(cfg, history_path, stage)
     state, start = _resume(run, checkpoint_path)
     faults.install(run.model, get_rank(), start)  # (the resilience tests' PARSL_TORCH_FAULT)
-    loss, compile_s = _steps(run, start, checkpoint_path)
-    # resumed at its last step (killed after the final save): the loss that checkpoint recorded
-    final = _mean(loss.detach(), run.device) if start < cfg.steps else float(state.get("loss") or math.nan)
+    # a checkpoint saved where a sweep cut this call: it ends there again
+    loss, compile_s, stopped = (None, None, start) if state.get("stopped") else _steps(run, start, checkpoint_path)
+    # resumed at its last step (killed after the final save, or stopped): the loss that checkpoint recorded
+    final = _mean(loss.detach(), run.device) if loss is not None and start < cfg.steps \
+        else float(state.get("loss") or math.nan)
     path = run.history.finalize(history_path)
-    return {"stage": stage, "final_loss": final, "steps": cfg.steps, "resumed_from": start,
+    if stopped is not None:
+        get_logger(__name__).info("[%s] stopped at step %d: a sweep cut it", stage, stopped)
+    return {"stage": stage, "final_loss": final, "steps": cfg.steps, "stopped_at": stopped, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
             "world_size": get_world_size(), "segments": run.history.segments, "precision": run.precision,
             "compile_s": compile_s}
@@ -232,9 +236,9 @@ def _resume(run: _Training, checkpoint_path: Any) -> tuple[dict[str, Any], int]:
     return state, state["step"]
 
 
-def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float | None]:
+def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float | None, int | None]:
     """Steps ``start`` to the end, with their checkpoints; (the last step's loss, the first step's
-    time where it compiled)."""
+    time where it compiled, the step where a sweep's cut stopped it or None)."""
     import torch
 
     from .data import batch
@@ -246,18 +250,23 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
         check_world(cfg, world, env_topology().local_world_size)
     loss, compile_s = torch.tensor(float("nan")), None
     reads = _Reads(time.perf_counter(), start)
+    rungs = sweep_rungs()
     for step in range(start, cfg.steps):
         tokens = batch(cfg.data, cfg.model, step, coords.dp, coords.dp_size).to(run.device)
         loss = _step(run, tokens[:, :-1], tokens[:, 1:])
         # this rank's share of the step's tokens; a pipeline's bubble is time without useful FLOPs
         dt = _record(run, step, loss, reads, tokens[:, :-1].numel() * coords.dp_size // world,
                      step in (start, cfg.steps - 1) or step % cfg.log_every == 0)  # (a line logged shows the loss)
+        if step + 1 in rungs:  # a sweep judges the call here: its history is on disk at once
+            run.history.sync()
+            run.history.flush()
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
         saving = time.perf_counter()
-        _checkpoint_if_due(run, step, loss, checkpoint_path)
+        if _checkpoint_if_due(run, step, loss, checkpoint_path):
+            return loss, compile_s, step + 1
         reads.since += time.perf_counter() - saving  # (a checkpoint's time is not a step's)
-    return loss, compile_s
+    return loss, compile_s, None
 
 
 @dataclass
@@ -322,26 +331,30 @@ def _update(run: _Training, loss: Any) -> None:
         run.scaler.update()
 
 
-def _checkpoint_if_due(run: _Training, step: int, loss: Any, checkpoint_path: Any) -> None:
+def _checkpoint_if_due(run: _Training, step: int, loss: Any, checkpoint_path: Any) -> bool:
     """Collective: the checkpoint after ``step`` when one is due, or when the block ends (then the
-    stage stops, to be continued)."""
+    stage stops, to be continued), or when a sweep cut it (then it ends: True)."""
     from . import checkpoint as ckpt
 
     cfg = run.cfg
     # collective, on every rank at every step but the last: its answer is the same on all ranks
     block_ending = step + 1 < cfg.steps and should_checkpoint()
+    stopping = block_ending and stop_requested()
     if block_ending or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
         run.history.sync()  # the history on disk covers every step the checkpoint does
         run.history.flush()
         t0 = time.perf_counter()
         strategy = cfg.strategy if cfg.parallel is None else f"parallel: {cfg.parallel.describe(get_world_size())}"
         ckpt.save(checkpoint_path, run.model, run.opt, step + 1, as_dict(cfg.model), settings.CALL_ID.raw(),
-                  strategy, loss=_mean(loss.detach(), run.device))
+                  strategy, loss=_mean(loss.detach(), run.device), stopped=stopping)
         note_checkpoint(step + 1, time.perf_counter() - t0)
+    if stopping:
+        return True
     if block_ending:
         get_logger(__name__).info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in "
                                   "the next block", run.stage, step + 1)
         to_be_continued(step + 1)
+    return False
 
 
 def _mean(loss: Any, device: Any) -> float:

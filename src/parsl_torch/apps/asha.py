@@ -1,0 +1,73 @@
+"""Asynchronous successive halving (ASHA, Li et al. 2020), the stopping form: a trial is judged at a rung
+when it gets there, against the trials that got there before it, and goes on only if it is in the best
+``1/eta`` of them. Rungs are at ``min_steps * eta**k`` steps, below the budget. The first trial at a rung
+always goes on (it is the best there so far); a trial whose metric is not a number is cut.
+
+Pure bookkeeping: no files, no Parsl (``stages.sweep`` runs the trials and keeps the record).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+MODES = ("min", "max")
+
+
+def rung_steps(min_steps: int, eta: int, steps: int) -> list[int]:
+    """The steps at which trials are judged: ``min_steps * eta**k`` below ``steps``."""
+    for name, value, low in (("min_steps", min_steps, 1), ("eta", eta, 2), ("steps", steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"pt.sweep({name}={value!r}): use an int >= {low}")
+    if min_steps >= steps:
+        raise ConfigError(f"pt.sweep(min_steps={min_steps}): the first rung must come before the budget "
+                          f"(steps={steps}): use a smaller min_steps, or scheduler='none'")
+    rungs, r = [], min_steps
+    while r < steps:
+        rungs.append(r)
+        r *= eta
+    return rungs
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A trial's judgement at one rung: its value, the cut it was held to (the rung's 1/eta quantile of
+    the values there so far, its own included), and whether it goes on."""
+
+    trial: str
+    rung: int  # the index of the rung
+    value: float
+    cut: float
+    keep: bool
+
+    def says(self, metric: str, mode: str, step: int) -> str:
+        """``rung 1 at step 15: loss 2.31 > cut 1.97``."""
+        sign = ">" if mode == "min" else "<"
+        return f"rung {self.rung} at step {step}: {metric} {self.value:.4g} {sign} cut {self.cut:.4g}"
+
+
+@dataclass
+class Asha:
+    """The values seen at each rung, in the order they came, and the rule that judges the next one."""
+
+    eta: int
+    mode: str
+    seen: dict[int, list[float]] = field(default_factory=dict)
+
+    def judge(self, trial: str, rung: int, value: float) -> Decision:
+        """Records ``value`` at ``rung`` and judges it against the values there before it."""
+        values = self.seen.setdefault(rung, [])
+        values.append(value)
+        numbers = sorted(v for v in values if math.isfinite(v))
+        if not math.isfinite(value) or not numbers:
+            return Decision(trial, rung, value, math.nan, False)
+        best_first = numbers if self.mode == "min" else numbers[::-1]
+        # the 1/eta quantile, linear between neighbours (numpy's default), on the best-first order
+        position = (len(best_first) - 1) / self.eta
+        low = math.floor(position)
+        high = min(low + 1, len(best_first) - 1)
+        cut = best_first[low] + (best_first[high] - best_first[low]) * (position - low)
+        keep = value <= cut if self.mode == "min" else value >= cut
+        return Decision(trial, rung, value, cut, keep)

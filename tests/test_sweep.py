@@ -1,0 +1,192 @@
+"""Sweeps (``pt.sweep``): the ASHA rule, the space and its refusals before any trial starts, the record
+that survives the workflow, the stop request the ranks agree on, and a real sweep cut, killed at a
+random instant and run again, in separate processes as users run it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import parsl_torch as pt
+from parsl_torch.apps.asha import Asha, rung_steps
+from parsl_torch.apps.sweepspace import SweepRecord, TrialRecord, expand, trial_name
+from parsl_torch.common import settings, stagedir
+from parsl_torch.errors import ConfigError
+
+from .conftest import BIN, clean_env
+
+
+def test_asha_keeps_the_best_of_each_rung_against_those_that_came_before():
+    asha = Asha(eta=3, mode="min")
+    first = asha.judge("a", 0, 2.0)
+    assert first.keep and first.cut == 2.0  # the first at a rung is the best there so far
+    second = asha.judge("b", 0, 3.0)  # worse than the rung's best third: 2 + (3 - 2) / 3
+    assert not second.keep and math.isclose(second.cut, 2.0 + 1 / 3)
+    assert asha.judge("c", 0, 1.0).keep  # a new best
+    assert asha.judge("d", 0, 1.5).keep  # [1, 1.5, 2, 3]: the cut is the second best
+    assert not asha.judge("e", 0, math.nan).keep  # a diverged loss is cut
+    assert asha.judge("a", 1, 9.0).keep  # rungs are judged apart
+    high = Asha(eta=2, mode="max")
+    assert high.judge("a", 0, 0.5).keep and not high.judge("b", 0, 0.4).keep and high.judge("c", 0, 0.9).keep
+    assert second.says("loss", "min", 5) == "rung 0 at step 5: loss 3 > cut 2.333"
+    assert rung_steps(5, 3, 60) == [5, 15, 45] and rung_steps(1, 2, 9) == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("call, says", [
+    ({"space": []}, r"space=\[\]\): give a list of configurations"),
+    ({"space": {"lr": 0.1}}, r"space\['lr'\]=0.1\): give a non-empty list"),
+    ({"space": [{"lr": 0.1}, 3]}, r"space\[1\] is int"),
+    ({"space": {"lrr": [0.1]}}, r"lrr"),
+    ({"space": {"model.dimm": [8]}}, r"dimm"),
+    ({"space": {"lr": [-1.0]}}, r"lr: must be a finite number > 0"),
+    ({"metric": "accuracy"}, r"metric='accuracy'.*records loss"),
+    ({"scheduler": "hyperband"}, r"scheduler='hyperband'\): use one of asha, none"),
+    ({"mode": "lowest"}, r"mode='lowest'"),
+    ({"min_steps": 60}, r"min_steps=60.*before the budget"),
+    ({"eta": 1}, r"eta=1"),
+    ({"window": 9, "min_steps": 5}, r"window=9.*1 to min_steps \(5\)"),
+    ({"base": "no/such/file.yaml"}, r"base='no/such/file.yaml'"),
+    ({"trial": "train"}, r"trial='train'\): give a function"),
+])
+def test_a_bad_space_metric_or_rule_is_refused_before_any_trial_starts(call, says):
+    # outside a workflow: the refusal comes first, so nothing was submitted when it came
+    with pytest.raises(ConfigError, match=says):
+        pt.sweep(**{"space": {"lr": [1e-3]}, "steps": 60, **call})
+    with pytest.raises(ConfigError, match="outside a workflow"):
+        pt.sweep({"lr": [1e-3]}, steps=60)
+
+
+def test_the_same_configuration_is_one_trial_and_keeps_its_name_when_the_space_grows():
+    base = {"model": {"kind": "mlp", "dim": 8}, "lr": 1.0}
+    grid = expand({"lr": [0.1, 0.2], "model.dim": [8, 16]}, base)
+    assert [(c["lr"], c["model"]["dim"]) for c in grid] == [(0.1, 8), (0.1, 16), (0.2, 8), (0.2, 16)]
+    assert grid[0]["model"]["kind"] == "mlp" and base["lr"] == 1.0  # the base is not changed
+    listed = expand([{"lr": 0.1}, {"lr": 0.1, "model.dim": 8}, {"lr": 0.2}], base)
+    assert len(listed) == 2  # the second is the first: the base has dim 8
+    names = {trial_name("s", c) for c in grid}
+    grown = expand({"lr": [0.1, 0.2, 0.3], "model.dim": [8, 16]}, base)
+    assert names < {trial_name("s", c) for c in grown}
+    assert trial_name("s", {"a": 1, "b": 2}) == trial_name("s", {"b": 2, "a": 1})
+
+
+def test_the_record_keeps_decisions_of_the_same_call_and_forgets_them_for_another(tmp_path, caplog):
+    rules = {"scheduler": "asha", "metric": "loss", "mode": "min", "steps": 60, "eta": 3, "rungs": [5, 15],
+             "window": 2}
+    record = SweepRecord(rules, {"t": TrialRecord({"lr": 0.1}, call="c1")}, [["t", 0]])
+    record.trials["t"].decisions.append({"trial": "t", "rung": 0, "value": 2.0, "cut": 2.0, "keep": True})
+    record.save(tmp_path, "s")
+    again = SweepRecord.load(tmp_path, "s", rules, logging.getLogger("test-sweep"))
+    assert not again.forget_other_call("t", "c1") and len(again.trials["t"].decisions) == 1
+    assert again.forget_other_call("t", "c2") and again.trials["t"].decisions == [] and again.order == []
+    other_rules = SweepRecord.load(tmp_path, "s", {**rules, "eta": 2}, logging.getLogger("test-sweep"))
+    assert other_rules.trials["t"].decisions == [] and "rules changed" in caplog.text and "eta" in caplog.text
+    (tmp_path / ".sweep.s.json").write_text("{not json")
+    assert SweepRecord.load(tmp_path, "s", rules, logging.getLogger("test-sweep")).trials == {}
+
+
+def test_ranks_agree_on_a_stop_request_for_their_own_call_only(tmp_path, monkeypatch):
+    from parsl_torch.core import deadline
+
+    monkeypatch.setenv(settings.STAGE_DIR.name, str(tmp_path))
+    monkeypatch.setenv(settings.CALL_ID.name, "this-call")
+    monkeypatch.setattr(deadline, "STOP_POLL_S", 0.0)
+    agreement = deadline._Agreement()
+    assert not agreement.ask()
+    stagedir.write(tmp_path / stagedir.STOP, stagedir.StopRecord("another-call", time.time(), "cut"))
+    assert not agreement.ask()  # a stop left for another call of the stage is not this one's
+    stagedir.write(tmp_path / stagedir.STOP, stagedir.StopRecord("this-call", time.time(), "cut"))
+    assert agreement.ask() and agreement.reason == deadline._STOP
+
+
+SWEEP_JOB = """
+import sys
+import parsl_torch as pt
+
+base = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16},
+        "checkpoint_every": 5, "log_every": 50}
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    trials = pt.sweep({"lr": [1e-2, 1e-5, 2e-5, 3e-3]}, base=base, steps=80, min_steps=5, eta=3, window=2,
+                      ranks_per_node=1)
+for t in trials:
+    print("TRIAL", t.name, t.state, t.step, t.why)
+"""
+
+
+def _decisions(run_dir: Path) -> list[tuple]:
+    record = json.loads((run_dir / ".sweep.sweep.json").read_text())
+    by = {(d["trial"], d["rung"]): d for t in record["trials"].values() for d in t["decisions"]}
+    return [(s, r, by[s, r]["value"], by[s, r]["keep"]) for s, r in record["order"]]
+
+
+def _run(job: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, str(job), str(run_dir)], capture_output=True, text=True, timeout=600,
+                         env=clean_env(MPLBACKEND="Agg"), cwd=job.parent)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_sweep_stops_cut_trials_keeps_their_files_and_a_killed_sweep_reruns_to_the_same_decisions(tmp_path):
+    from parsl_torch.history.h5file import read_history
+    from parsl_torch.stages import checkpoint
+
+    job, run_dir = tmp_path / "sweep_job.py", tmp_path / "run"
+    job.write_text(SWEEP_JOB)
+    seed = random.randrange(1 << 30)
+    delay = random.Random(seed).uniform(0.0, 3.0)
+    first = subprocess.Popen([sys.executable, str(job), str(run_dir)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=clean_env(MPLBACKEND="Agg"), cwd=tmp_path,
+                             start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and first.poll() is None:
+        if (run_dir / ".sweep.sweep.json").exists() and _decisions(run_dir):
+            break
+        time.sleep(0.2)
+    time.sleep(delay)
+    os.killpg(first.pid, signal.SIGKILL)  # the workflow and everything it started, at once
+    first.wait()
+    before = _decisions(run_dir)
+    assert before, f"no decision before the kill (seed {seed})"
+    finished_before = {d.name for d in run_dir.glob("sweep-*") if (d / stagedir.CALL).exists()}
+
+    started = time.time()
+    second = _run(job, run_dir)
+    after = _decisions(run_dir)
+    assert after[:len(before)] == before, f"seed {seed}: the decisions made before the kill changed"
+    for stage in finished_before:  # a trial that ended before the kill did not run again
+        assert f"[{stage}] skipped" in second.stderr, f"seed {seed}: {stage} ran again"
+    states = dict(line.split()[1:3] for line in second.stdout.splitlines() if line.startswith("TRIAL"))
+    assert len(states) == 4 and set(states.values()) <= {"finished", "stopped"}, second.stdout
+    stopped = [s for s, state in states.items() if state == "stopped"]
+    assert stopped, f"nothing was cut: {second.stdout}"
+    for stage in stopped:  # it stopped soon after the request, and kept what it had written
+        stage_dir = run_dir / stage
+        request = stagedir.read(stage_dir / stagedir.STOP, stagedir.StopRecord)
+        ended = (stage_dir / stagedir.RESULT).stat().st_mtime
+        if request.time > started:  # (asked before the kill: it stopped when its rerun started)
+            assert ended - request.time < 30, f"{stage} ended {ended - request.time:.0f} s after its stop request"
+        result = next(line for line in second.stdout.splitlines() if line.startswith(f"TRIAL {stage} "))
+        at = int(result.split()[3])
+        assert f"stopped at step {at} (rung " in result and " > cut " in result, result
+        assert len(read_history(stage_dir / "train.h5").steps) == at
+        assert checkpoint.read(stage_dir / "model.pt")["step"] == at
+
+    third = _run(job, run_dir)
+    assert _decisions(run_dir) == after
+    assert all(f"[{stage}] skipped" in third.stderr for stage in states), third.stderr[-3000:]
+    assert third.stdout == second.stdout
+    status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True,
+                            env=clean_env(), timeout=600)
+    assert "sweep 'sweep': loss (min), 80 steps, rungs at 5, 15, 45" in status.stdout, status.stdout
+    assert f"{stopped[0]}  stopped at step " in status.stdout
+    assert (run_dir / "sweep-sweep.png").stat().st_size > 0
