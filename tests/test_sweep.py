@@ -4,7 +4,6 @@ random instant and run again, in separate processes as users run it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -19,7 +18,8 @@ import pytest
 
 import parsl_torch as pt
 from parsl_torch.apps.asha import Asha, rung_steps
-from parsl_torch.apps.sweepspace import SweepRecord, TrialRecord, expand, trial_name
+from parsl_torch.apps.sweeprecord import SweepRecord
+from parsl_torch.apps.sweepspace import expand, trial_name
 from parsl_torch.common import settings, stagedir
 from parsl_torch.errors import ConfigError
 
@@ -79,33 +79,54 @@ def test_the_same_configuration_is_one_trial_and_keeps_its_name_when_the_space_g
     assert trial_name("s", {"a": 1, "b": 2}) == trial_name("s", {"b": 2, "a": 1})
 
 
-def test_the_record_keeps_decisions_of_the_same_call_and_forgets_them_for_another(tmp_path, caplog):
+def test_the_journal_keeps_decisions_of_the_same_call_forgets_them_for_another_and_survives_a_torn_line(
+        tmp_path, caplog):
     rules = {"scheduler": "asha", "metric": "loss", "mode": "min", "steps": 60, "eta": 3, "rungs": [5, 15],
              "window": 2}
-    record = SweepRecord(rules, {"t": TrialRecord({"lr": 0.1}, call="c1")}, [["t", 0]])
-    record.trials["t"].decisions.append({"trial": "t", "rung": 0, "value": 2.0, "cut": 2.0, "keep": True})
-    record.save(tmp_path, "s")
-    again = SweepRecord.load(tmp_path, "s", rules, logging.getLogger("test-sweep"))
+    log = logging.getLogger("test-sweep")
+    record = SweepRecord.open(tmp_path, "s", rules, log)
+    record.add("t", {"lr": 0.1})
+    record.add("u", {"lr": 0.2})
+    record.decide({"trial": "t", "rung": 0, "value": 2.0, "cut": 2.0, "keep": True}, "c1")
+    record.update("t", state="running")
+    journal = SweepRecord.path_of(tmp_path, "s")
+    with open(journal, "a") as f:
+        f.write('{"decision": {"trial": "u", "ru')  # killed in the middle of a write
+    again = SweepRecord.open(tmp_path, "s", rules, log)
+    assert again.trials["t"].state == "running" and again.order == [["t", 0]] and again.trials["u"].decisions == []
     assert not again.forget_other_call("t", "c1") and len(again.trials["t"].decisions) == 1
     assert again.forget_other_call("t", "c2") and again.trials["t"].decisions == [] and again.order == []
-    other_rules = SweepRecord.load(tmp_path, "s", {**rules, "eta": 2}, logging.getLogger("test-sweep"))
-    assert other_rules.trials["t"].decisions == [] and "rules changed" in caplog.text and "eta" in caplog.text
-    (tmp_path / ".sweep.s.json").write_text("{not json")
-    assert SweepRecord.load(tmp_path, "s", rules, logging.getLogger("test-sweep")).trials == {}
+    assert SweepRecord.replay(journal).trials["t"].call == "c2"
+    other_rules = SweepRecord.open(tmp_path, "s", {**rules, "eta": 2}, log)
+    assert set(other_rules.trials) == {"t", "u"} and other_rules.order == []
+    assert "rules changed" in caplog.text and "eta" in caplog.text
+    journal.write_text("{not json")
+    assert SweepRecord.open(tmp_path, "s", rules, log).trials == {} and "not a sweep's journal" in caplog.text
 
 
-def test_ranks_agree_on_a_stop_request_for_their_own_call_only(tmp_path, monkeypatch):
+def test_rank_zero_waits_at_a_rung_for_the_verdict_and_ranks_agree_on_a_cut_of_their_own_call_only(
+        tmp_path, monkeypatch):
     from parsl_torch.core import deadline
+    from parsl_torch.core.ranks import rank_state
 
     monkeypatch.setenv(settings.STAGE_DIR.name, str(tmp_path))
     monkeypatch.setenv(settings.CALL_ID.name, "this-call")
     monkeypatch.setattr(deadline, "STOP_POLL_S", 0.0)
-    agreement = deadline._Agreement()
-    assert not agreement.ask()
-    stagedir.write(tmp_path / stagedir.STOP, stagedir.StopRecord("another-call", time.time(), "cut"))
-    assert not agreement.ask()  # a stop left for another call of the stage is not this one's
-    stagedir.write(tmp_path / stagedir.STOP, stagedir.StopRecord("this-call", time.time(), "cut"))
-    assert agreement.ask() and agreement.reason == deadline._STOP
+    monkeypatch.setattr(deadline, "VERDICT_WAIT_S", 0.5)
+    monkeypatch.setattr(rank_state(), "deadline", None)
+    verdict = lambda call, keep: stagedir.write(tmp_path / stagedir.VERDICT,  # noqa: E731
+                                                stagedir.VerdictRecord(call, time.time(), 5, keep, "why"))
+    assert not pt.should_checkpoint()
+    verdict("this-call", True)
+    waited = time.monotonic()
+    deadline.await_verdict(5)  # there already: no wait
+    assert time.monotonic() - waited < 0.4 and not pt.should_checkpoint()
+    deadline.await_verdict(15)  # none comes (the sweep is gone): it goes on after VERDICT_WAIT_S
+    assert time.monotonic() - waited >= 0.5 and not pt.should_checkpoint()
+    verdict("another-call", False)
+    assert not pt.should_checkpoint()  # a cut of another call of the stage is not this one's
+    verdict("this-call", False)
+    assert pt.should_checkpoint() and pt.stop_requested()
 
 
 SWEEP_JOB = """
@@ -123,9 +144,11 @@ for t in trials:
 
 
 def _decisions(run_dir: Path) -> list[tuple]:
-    record = json.loads((run_dir / ".sweep.sweep.json").read_text())
-    by = {(d["trial"], d["rung"]): d for t in record["trials"].values() for d in t["decisions"]}
-    return [(s, r, by[s, r]["value"], by[s, r]["keep"]) for s, r in record["order"]]
+    record = SweepRecord.replay(SweepRecord.path_of(run_dir, "sweep"))
+    if record is None:
+        return []
+    by = {(d["trial"], d["rung"]): d for t in record.trials.values() for d in t.decisions}
+    return [(s, r, by[s, r]["value"], by[s, r]["keep"]) for s, r in record.order]
 
 
 def _run(job: Path, run_dir: Path) -> subprocess.CompletedProcess:
@@ -149,7 +172,7 @@ def test_a_sweep_stops_cut_trials_keeps_their_files_and_a_killed_sweep_reruns_to
                              start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and first.poll() is None:
-        if (run_dir / ".sweep.sweep.json").exists() and _decisions(run_dir):
+        if _decisions(run_dir):
             break
         time.sleep(0.2)
     time.sleep(delay)
@@ -171,12 +194,14 @@ def test_a_sweep_stops_cut_trials_keeps_their_files_and_a_killed_sweep_reruns_to
     assert stopped, f"nothing was cut: {second.stdout}"
     for stage in stopped:  # it stopped soon after the request, and kept what it had written
         stage_dir = run_dir / stage
-        request = stagedir.read(stage_dir / stagedir.STOP, stagedir.StopRecord)
+        cut = stagedir.read(stage_dir / stagedir.VERDICT, stagedir.VerdictRecord)
         ended = (stage_dir / stagedir.RESULT).stat().st_mtime
-        if request.time > started:  # (asked before the kill: it stopped when its rerun started)
-            assert ended - request.time < 30, f"{stage} ended {ended - request.time:.0f} s after its stop request"
         result = next(line for line in second.stdout.splitlines() if line.startswith(f"TRIAL {stage} "))
         at = int(result.split()[3])
+        assert not cut.keep and cut.step in (5, 15, 45)
+        if cut.time > started:  # (cut before the kill: it stopped when its rerun started)
+            assert ended - cut.time < 30, f"{stage} ended {ended - cut.time:.0f} s after it was cut"
+            assert at == cut.step, f"{stage}: cut at step {cut.step}, stopped at {at}: it waits at its rungs"
         assert f"stopped at step {at} (rung " in result and " > cut " in result, result
         assert len(read_history(stage_dir / "train.h5").steps) == at
         assert checkpoint.read(stage_dir / "model.pt")["step"] == at

@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from ..common import stagedir
+from .sweeprecord import SweepRecord
 
 COLUMNS = ("trial", "state", "value", "settings")
 
 
 def records(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Each sweep of the run: name -> its record (``.sweep.<name>.json``), unreadable ones left out."""
+    """Each sweep of the run: name -> its record (``.sweep.<name>.jsonl``), unreadable ones left out."""
     found = {}
-    for path in sorted(Path(run_dir).glob(".sweep.*.json")):
-        try:
-            found[path.name[len(".sweep."):-len(".json")]] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for path in sorted(Path(run_dir).glob(".sweep.*.jsonl")):
+        record = SweepRecord.replay(path)
+        if record is not None:
+            found[path.name[len(".sweep."):-len(".jsonl")]] = record.as_dict()
     return found
 
 

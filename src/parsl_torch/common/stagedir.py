@@ -26,8 +26,8 @@ CALL = ".call.json"
 IDENTITY = ".identity.json"
 #: rank 0's record of where the stage stands (step, checkpoint time), for its continuation
 CONTINUATION = ".continuation.json"
-#: a sweep's request that the call stop at its next step and end as it is (``stages.sweep``; read by rank 0)
-STOP = ".stop.json"
+#: a sweep's verdict on the call at its last rung: go on, or stop and end as it is (``stages.sweep``; rank 0)
+VERDICT = ".verdict.json"
 #: a sweep's rungs: the steps at which the call's history reaches its file at once (left before it starts)
 RUNGS = ".rungs.json"
 #: the supervisor's record of the block an attempt runs in
@@ -96,13 +96,16 @@ class ContinuationRecord:
 
 
 @dataclass(frozen=True)
-class StopRecord:
-    """Written by a sweep that cut the call: its ranks stop at the next step they agree on, keep what they
-    wrote, and end well (a stop for another call of the stage is ignored)."""
+class VerdictRecord:
+    """Written by a sweep when it judged the call at the rung of ``step``: it goes on (``keep``), or its
+    ranks stop at the next step they agree on, keep what they wrote and end well. A verdict on another
+    call of the stage is ignored."""
 
     call: str | None
     time: float
-    why: str
+    step: int
+    keep: bool
+    why: str = ""
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ the save time its last block recorded).
 ``to_be_continued(step)`` then ends the stage with CONTINUE_EXIT: under a workflow it
 is submitted again and resumes from its checkpoint in the next block.
 
-A sweep that cuts a trial asks it to stop through the same agreement: rank 0 looks for
-the stop request in its stage directory (``stagedir.STOP``, at most every STOP_POLL_S),
-the ranks agree on it as on a block's end, and ``stop_requested()`` then tells the stage
-to save and end well rather than to be continued.
+A sweep that cuts a trial asks it to stop through the same agreement: at each rung the
+stage's rank 0 waits for the sweep's verdict (``await_verdict``: ``stagedir.VERDICT`` in its
+stage directory), and looks for a cut at most every STOP_POLL_S between rungs; the ranks
+agree on a cut as on a block's end, and ``stop_requested()`` then tells the stage to save
+and end well rather than to be continued.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ from .ranks import get_rank, process_group, rank_state
 STOP_MARGIN = 1.25
 #: calls whose spacing estimates a step (the median ignores the steps that also saved)
 _CALLS_KEPT = 10
-#: seconds between rank 0's looks for a sweep's stop request (one stat of a file in its stage directory)
+#: seconds between rank 0's looks for a sweep's cut between rungs (one stat of a file in its stage directory)
 STOP_POLL_S = 1.0
+#: the longest rank 0 waits at a rung for the sweep's verdict (a sweep that is gone: the stage goes on)
+VERDICT_WAIT_S = 60.0
 #: what the ranks agree on (the largest view wins: a stop ends the stage whatever the block does)
 _GO, _BLOCK_ENDS, _STOP = 0, 1, 2
 
@@ -76,8 +79,8 @@ class _Agreement:
         self.signalled = False
         self.agreed = False
         self.reason = _GO  # what the ranks agreed on, once they did
-        self.stopping = False  # rank 0 found a stop request for this call
-        self._stop_file = _stop_file()
+        self.stopping = False  # rank 0 found a sweep's cut of this call
+        self._verdict_file = _verdict_file()
         self._looked = 0.0
         self._group: Any = None
         self._pending: Any = None
@@ -123,11 +126,10 @@ class _Agreement:
         return stop
 
     def local_view(self) -> int:
-        if self._stop_file and time.monotonic() - self._looked >= STOP_POLL_S:
+        if self._verdict_file and not self.stopping and time.monotonic() - self._looked >= STOP_POLL_S:
             self._looked = time.monotonic()
-            if _stop_is_for_this_call(self._stop_file):
-                self._stop_file = None
-                self.stopping = True
+            verdict = _verdict(self._verdict_file)
+            self.stopping = verdict is not None and not verdict.keep
         if self.stopping:
             return _STOP
         if self.signalled:
@@ -205,17 +207,35 @@ def sweep_rungs() -> frozenset[int]:
     return frozenset(record.steps) if record else frozenset()
 
 
-def _stop_file() -> str | None:
-    """Rank 0's stop request to look for (under a workflow only; the other ranks learn it by agreeing)."""
+def await_verdict(step: int) -> None:
+    """At a rung (``sweep_rungs``), after the history is on disk: rank 0 waits for the sweep's verdict on
+    ``step`` (at most VERDICT_WAIT_S); a cut is agreed on at the next ``should_checkpoint()``. The other
+    ranks go on: they wait in the next collective."""
+    state = _state()
+    if state._verdict_file is None:
+        return
+    waited = time.monotonic()
+    while (verdict := _verdict(state._verdict_file)) is None or verdict.step < step:
+        if time.monotonic() - waited > VERDICT_WAIT_S:
+            get_logger("parsl_torch").warning("no verdict of the sweep at step %d within %.0f s: going on "
+                                              "(is the workflow that runs the sweep gone?)", step, VERDICT_WAIT_S)
+            return
+        time.sleep(0.02)
+    state.stopping = not verdict.keep
+
+
+def _verdict_file() -> str | None:
+    """Rank 0's verdicts to look for (under a workflow only; the other ranks learn them by agreeing)."""
     stage_dir = settings.STAGE_DIR.raw()
-    return os.path.join(stage_dir, stagedir.STOP) if stage_dir and get_rank() == 0 else None
+    return os.path.join(stage_dir, stagedir.VERDICT) if stage_dir and get_rank() == 0 else None
 
 
-def _stop_is_for_this_call(path: str) -> bool:
+def _verdict(path: str) -> stagedir.VerdictRecord | None:
+    """The sweep's last verdict on this call (None: none yet, or one on another call of the stage)."""
     if not os.path.exists(path):
-        return False
-    record = stagedir.read_or_none(path, stagedir.StopRecord, get_logger("parsl_torch"))
-    return record is not None and record.call == settings.CALL_ID.raw()
+        return None
+    record = stagedir.read_or_none(path, stagedir.VerdictRecord, get_logger("parsl_torch"))
+    return record if record is not None and record.call == settings.CALL_ID.raw() else None
 
 
 def deadline() -> float | None:

@@ -4,18 +4,18 @@ Every trial is submitted at once (Parsl runs them as slots free up, packed as an
 process watches each running trial's history: the trial's stage syncs its history to its file at each
 rung (the steps are left in its directory, ``stagedir.RUNGS``), the sweep reads the rung's metric (the
 mean of its last ``window`` steps, over the ranks) and judges it (``asha``); a trial that is cut gets a
-stop request in its directory (``stagedir.STOP``), its ranks agree on it at the next step they check
-(``core.deadline``), save their checkpoint and end as a finished stage whose result says where.
+verdict in its directory (``stagedir.VERDICT``), for which its rank 0 waits at the rung; its ranks
+agree on a cut at the next step (``core.deadline``), save their checkpoint and end as a finished stage
+whose result says where.
 
-The decisions are kept in ``<run_dir>/.sweep.<name>.json``, with the call each was made on: a rerun
-submits every trial again, and the memoizer (the one place where a stage skips) skips the finished
-and stopped ones; a trial killed while running resumes from its checkpoint and its decisions made so
-far stand; a trial whose call changed (its code, config or inputs) is judged again.
+The decisions are kept in ``<run_dir>/.sweep.<name>.jsonl`` (``apps.sweeprecord``), with the call each
+was made on: a rerun submits every trial again, and the memoizer (the one place where a stage skips)
+skips the finished and stopped ones; a trial killed while running resumes from its checkpoint and its
+decisions made so far stand; a trial whose call changed (its code, config or inputs) is judged again.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -30,13 +30,14 @@ from ..errors import ConfigError
 from .config import load_config
 from ..apps.asha import MODES, Asha, Decision, rung_steps
 from ..apps.freshdir import owner
-from ..apps.sweepspace import SweepRecord, TrialRecord, expand, trial_name
+from ..apps.sweeprecord import SweepRecord
+from ..apps.sweepspace import expand, trial_name
 from ..apps.sweepview import best_first, figure, table
 from ..apps.workflow import current_workflow
 
 SCHEDULERS = ("asha", "none")
 #: seconds between two looks at the running trials' histories
-POLL_S = 0.5
+POLL_S = 0.2
 #: what the built-in train stage records (a metric it does not is refused before any trial starts)
 TRAIN_METRICS = ("loss", "lr", "dt", "tokens_per_s", "tflops", "mfu")
 
@@ -79,11 +80,11 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     placed = {trial_name(name, c): (c, _stage_dir(wf, trial_name(name, c), call.get("site"), bool(rules["rungs"])))
               for c in configs}
     log = get_logger("parsl_torch.workflow")
-    record = SweepRecord.load(wf.run_dir, name, rules, log)
+    record = SweepRecord.open(wf.run_dir, name, rules, log)
     record.keep_only(set(placed))
     runs = []
     for stage, (config, stage_dir) in placed.items():  # (everything checked: now the trials start)
-        record.trials.setdefault(stage, TrialRecord(config))
+        record.add(stage, config)
         if rules["rungs"]:
             stage_dir.mkdir(parents=True, exist_ok=True)
             stagedir.write(stage_dir / stagedir.RUNGS, stagedir.RungsRecord(rules["rungs"]))
@@ -91,7 +92,7 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     log.info("sweep %r: %d trial(s), %s", name, len(runs), _describe(rules))
     watch = _Watch(wf.run_dir, name, rules, record, log)
     watch.until_done(runs)
-    saved = json.loads(SweepRecord.path(wf.run_dir, name).read_text())
+    saved = record.as_dict()
     log.info("%s\nfigure: %s", table(wf.run_dir, name, saved), figure(wf.run_dir, name, saved))
     return [watch.trial(stage) for stage in best_first(saved)]
 
@@ -196,13 +197,14 @@ class _Watch:
                     waiting.remove(run)
                 elif self.rules["rungs"]:
                     self._judge(run, final=False)
-            self.record.save(self.run_dir, self.name)
             if waiting:
                 time.sleep(POLL_S)
 
     def _judge(self, run: _Run, final: bool) -> None:
         """Judge ``run`` at each rung its history reached and it was not judged at yet."""
         t = self.record.trials[run.stage]
+        if not final and not (run.stage_dir / stagedir.STARTED).exists():
+            return  # not started (one stat per look at a trial that waits for a slot)
         call = _call(run.stage_dir)
         if not final and (call is None or owner(run.stage_dir) != call):
             return  # its attempt has not started (an earlier call's files may still be there)
@@ -213,26 +215,28 @@ class _Watch:
         steps_done, values = _history(run.stage_dir, self.rules["metric"], final)
         if steps_done is None:
             return
-        t.state = "running" if not final else t.state
+        if not final:
+            self.record.update(run.stage, state="running")
         done = len(t.decisions)
         for rung, at in enumerate(self.rules["rungs"][done:], start=done):
             if steps_done < at:
                 return
             value = _rung_value(values, at, self.rules["window"])
             d = self.asha.judge(run.stage, rung, value)
-            t.decisions.append(vars(d))
-            self.record.order.append([run.stage, rung])
+            self.record.decide(vars(d), call)
             self.log.info("sweep %r: %s at rung %d (step %d): %s=%.4g, cut %.4g: %s", self.name, run.stage, rung,
                           at, self.rules["metric"], value, d.cut, "goes on" if d.keep else "stopped")
+            if not final:
+                self._verdict(run, d, at)
             if not d.keep:
-                if not final:
-                    self._stop(run, d)
                 return
 
-    def _stop(self, run: _Run, d: Decision) -> None:
-        t = self.record.trials[run.stage]
-        t.why = f"cut at {self._says(d)}"
-        stagedir.write(run.stage_dir / stagedir.STOP, stagedir.StopRecord(t.call, time.time(), t.why))
+    def _verdict(self, run: _Run, d: Decision, at: int) -> None:
+        """The decision (in the journal already), for the trial's rank 0: it waits for it at the rung."""
+        why = "" if d.keep else f"cut at {self._says(d)}"
+        self.record.update(run.stage, why=why)
+        verdict = stagedir.VerdictRecord(self.record.trials[run.stage].call, time.time(), at, d.keep, why)
+        stagedir.write(run.stage_dir / stagedir.VERDICT, verdict)
 
     def _says(self, d: Decision) -> str:
         return d.says(self.rules["metric"], self.rules["mode"], self.rules["rungs"][d.rung])
@@ -240,22 +244,23 @@ class _Watch:
     def _finished(self, run: _Run) -> None:
         t = self.record.trials[run.stage]
         try:
-            t.result = run.future.result()
+            result = run.future.result()
         except Exception as exc:  # noqa: BLE001 (a failed trial is one result of the sweep; it says why)
-            t.state, t.why, t.result = "failed", str(exc).splitlines()[0] if str(exc) else repr(exc), None
-            self.log.warning("sweep %r: %s failed: %s", self.name, run.stage, t.why)
+            why = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            self.record.update(run.stage, state="failed", why=why, result=None)
+            self.log.warning("sweep %r: %s failed: %s", self.name, run.stage, why)
             return
         if self.rules["rungs"]:
             self._judge(run, final=True)  # rungs passed before they were looked at (a fast or skipped trial)
-        stopped = t.result.get("stopped_at") if isinstance(t.result, Mapping) else None
-        t.state, t.step = ("stopped", stopped) if stopped is not None else ("finished", self.rules["steps"])
-        if stopped is not None and t.decisions:
-            t.why = f"stopped at step {stopped} ({self._says(Decision(**t.decisions[-1]))})"
-        if stopped is None:
-            t.why = "finished before its stop request reached it" if any(not d["keep"] for d in t.decisions) \
-                else ""
-            steps_done, values = _history(run.stage_dir, self.rules["metric"], final=True)
-            t.value = _rung_value(values, steps_done or 0, self.rules["window"])
+        stopped = result.get("stopped_at") if isinstance(result, Mapping) else None
+        if stopped is not None:
+            why = f"stopped at step {stopped} ({self._says(Decision(**t.decisions[-1]))})" if t.decisions else ""
+            self.record.update(run.stage, state="stopped", step=stopped, result=result, why=why)
+            return
+        steps_done, values = _history(run.stage_dir, self.rules["metric"], final=True)
+        why = "finished before its cut reached it" if any(not d["keep"] for d in t.decisions) else ""
+        self.record.update(run.stage, state="finished", step=self.rules["steps"], result=result, why=why,
+                           value=_rung_value(values, steps_done or 0, self.rules["window"]))
 
     def trial(self, stage: str) -> Trial:
         t = self.record.trials[stage]

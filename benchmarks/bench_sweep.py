@@ -1,0 +1,122 @@
+"""A sweep as a grid and with ASHA, side by side in one run (``pt.sweep``, docs/sweeps.md):
+
+1. the same space (16 trials of the built-in Transformer: 8 learning rates, poor at both ends, times 2
+   widths) trained to the same budget as a grid (``scheduler="none"``) and with ``asha``, one rank
+   each, two at a time (the local site's slots), in one workflow; every trial that finishes is
+   evaluated. Printed: the rank-steps each used (asha's against the grid's; goal <= 1/3), the best
+   evaluation loss each found (asha's within 2 % of the grid's), and the wall times and their ratio;
+2. what the decisions cost the workflow process at 1,000 simulated trials: each judged at 4 rungs, the
+   record written after each look, and one look at 1,000 trials that wait for a slot.
+
+usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--decisions-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import bench_env
+
+WORKFLOW = """
+import json, sys, time
+import parsl_torch as pt
+from parsl_torch.stages.evaluate import evaluate
+
+steps, min_steps = int(sys.argv[2]), int(sys.argv[3])
+model = {"kind": "transformer", "vocab_size": 64, "dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32}
+base = {"model": model, "data": {"batch_size": 16}, "checkpoint_every": 1000, "log_every": 1000}
+space = {"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 1e-1], "model.dim": [16, 32]}
+out = {}
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    for scheduler in ("none", "asha"):
+        t0 = time.perf_counter()
+        trials = pt.sweep(space, base=base, steps=steps, min_steps=min_steps, eta=3, scheduler=scheduler,
+                          name=scheduler, ranks_per_node=1)
+        evals = {t.name: evaluate({"model": t.config["model"], "batches": 8}, inputs=[t.result["checkpoint"]],
+                                  stage=f"eval-{t.name}", ranks_per_node=1)
+                 for t in trials if t.state == "finished"}
+        losses = {name: e.result()["eval_loss"] for name, e in evals.items()}
+        out[scheduler] = {"wall": time.perf_counter() - t0, "rank_steps": sum(t.step for t in trials),
+                          "best": min(losses.values()), "finished": len(losses), "trials": len(trials),
+                          "best_lr": min(trials, key=lambda t: losses.get(t.name, 1e9)).config["lr"]}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
+    """The workflow's side of a sweep of ``trials`` simulated trials: each judged and written to the
+    journal at each rung it reaches, and a look at every trial that waits for a slot."""
+    import logging
+
+    from parsl_torch.apps.asha import Asha
+    from parsl_torch.apps.sweeprecord import SweepRecord
+
+    rng = random.Random(0)
+    asha = Asha(eta=3, mode="min")
+    names = [f"sweep-{i:08x}" for i in range(trials)]
+    with tempfile.TemporaryDirectory() as d:
+        run_dir = Path(d)
+        record = SweepRecord.open(run_dir, "bench", {"rungs": list(range(rungs))}, logging.getLogger("bench"))
+        for name in names:
+            record.add(name, {"lr": rng.random(), "model": {"dim": 64}})
+            (run_dir / name).mkdir()
+        t0 = time.perf_counter()
+        judged, alive = 0, list(names)
+        for rung in range(rungs):
+            for name in alive:
+                record.decide(vars(asha.judge(name, rung, rng.random() / (rung + 1))), "call")
+                judged += 1
+            alive = [n for n in alive if record.trials[n].decisions[-1]["keep"]]
+        decide_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        started = sum((run_dir / name / ".started").exists() for name in names)  # a look at waiting trials
+        look_s = time.perf_counter() - t0
+        assert started == 0
+        t0 = time.perf_counter()
+        replayed = SweepRecord.replay(SweepRecord.path_of(run_dir, "bench"))
+        replay_s = time.perf_counter() - t0
+        assert replayed.order == record.order
+        size = SweepRecord.path_of(run_dir, "bench").stat().st_size
+    return {"decisions": judged, "decide_us": decide_s / judged * 1e6, "look_ms": look_s * 1e3,
+            "replay_ms": replay_s * 1e3, "journal_kb": size / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=81)
+    p.add_argument("--min-steps", type=int, default=3)
+    p.add_argument("--decisions-only", action="store_true")
+    args = p.parse_args()
+    cost = decisions_cost()
+    print(f"decisions at 1,000 simulated trials: {cost['decisions']} judged and journaled, {cost['decide_us']:.0f} us "
+          f"each; a look at 1,000 trials waiting for a slot {cost['look_ms']:.1f} ms (5 looks a second); the "
+          f"journal ({cost['journal_kb']:.0f} KB) replayed by a rerun in {cost['replay_ms']:.0f} ms")
+    if args.decisions_only:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "wf.py").write_text(WORKFLOW)
+        out = subprocess.run([sys.executable, str(Path(d) / "wf.py"), str(Path(d) / "run"), str(args.steps),
+                              str(args.min_steps)], capture_output=True, text=True, env=bench_env(MPLBACKEND="Agg"),
+                             cwd=d, timeout=7200)
+    if out.returncode:
+        raise SystemExit(out.stderr[-4000:])
+    r = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    grid, asha = r["none"], r["asha"]
+    print(f"16 trials, {args.steps} steps each, rungs from {args.min_steps} (eta 3), one rank each, 2 at a time:\n"
+          f"| | grid | asha | asha / grid |\n|---|---|---|---|\n"
+          f"| rank-steps | {grid['rank_steps']} | {asha['rank_steps']} | {asha['rank_steps'] / grid['rank_steps']:.2f} |\n"
+          f"| trials trained to the end | {grid['finished']} | {asha['finished']} | |\n"
+          f"| best eval loss (its lr) | {grid['best']:.4f} ({grid['best_lr']:g}) | {asha['best']:.4f} "
+          f"({asha['best_lr']:g}) | {asha['best'] / grid['best']:.3f} |\n"
+          f"| wall s (with evaluations) | {grid['wall']:.1f} | {asha['wall']:.1f} | {asha['wall'] / grid['wall']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
