@@ -8,6 +8,7 @@ Pure bookkeeping: no files, no Parsl (``stages.sweep`` runs the trials and keeps
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -50,24 +51,29 @@ class Decision:
 
 @dataclass
 class Asha:
-    """The values seen at each rung, in the order they came, and the rule that judges the next one."""
+    """The values seen at each rung (finite ones, sorted best first, signed: -value when higher is
+    better), and the rule that judges the next one."""
 
     eta: int
     mode: str
     seen: dict[int, list[float]] = field(default_factory=dict)
 
+    def see(self, rung: int, value: float) -> None:
+        """``value`` seen at ``rung`` (kept sorted, best first: a judgement is a lookup, not a sort)."""
+        self.seen.setdefault(rung, [])
+        if math.isfinite(value):
+            bisect.insort(self.seen[rung], value if self.mode == "min" else -value)
+
     def judge(self, trial: str, rung: int, value: float) -> Decision:
         """Records ``value`` at ``rung`` and judges it against the values there before it."""
-        values = self.seen.setdefault(rung, [])
-        values.append(value)
-        numbers = sorted(v for v in values if math.isfinite(v))
-        if not math.isfinite(value) or not numbers:
+        self.see(rung, value)
+        signed = self.seen[rung]
+        if not math.isfinite(value) or not signed:
             return Decision(trial, rung, value, math.nan, False)
-        best_first = numbers if self.mode == "min" else numbers[::-1]
         # the 1/eta quantile, linear between neighbours (numpy's default), on the best-first order
-        position = (len(best_first) - 1) / self.eta
+        position = (len(signed) - 1) / self.eta
         low = math.floor(position)
-        high = min(low + 1, len(best_first) - 1)
-        cut = best_first[low] + (best_first[high] - best_first[low]) * (position - low)
-        keep = value <= cut if self.mode == "min" else value >= cut
-        return Decision(trial, rung, value, cut, keep)
+        high = min(low + 1, len(signed) - 1)
+        cut = signed[low] + (signed[high] - signed[low]) * (position - low)
+        sign = 1 if self.mode == "min" else -1
+        return Decision(trial, rung, value, sign * cut, sign * value <= cut)

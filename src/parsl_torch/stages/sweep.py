@@ -186,25 +186,31 @@ class _Watch:
         self.asha.seen = {}
         for stage, rung in self.record.order:
             d = next(d for d in self.record.trials[stage].decisions if d["rung"] == rung)
-            self.asha.seen.setdefault(rung, []).append(d["value"])
+            self.asha.see(rung, d["value"])
 
     def until_done(self, runs: list[_Run]) -> None:
         waiting = list(runs)
         while waiting:
-            for run in list(waiting):
-                if run.future.done():
-                    self._finished(run)
-                    waiting.remove(run)
-                elif self.rules["rungs"]:
-                    self._judge(run, final=False)
+            waiting = self.look(waiting)
             if waiting:
                 time.sleep(POLL_S)
+
+    def look(self, waiting: list[_Run]) -> list[_Run]:
+        """One look at the trials not done: the finished ones recorded, the running ones judged where they
+        reached a rung; those still to finish."""
+        left = []
+        for run in waiting:
+            if run.future.done():
+                self._finished(run)
+            else:
+                left.append(run)
+                if self.rules["rungs"] and _launched(run.future):
+                    self._judge(run, final=False)
+        return left
 
     def _judge(self, run: _Run, final: bool) -> None:
         """Judge ``run`` at each rung its history reached and it was not judged at yet."""
         t = self.record.trials[run.stage]
-        if not final and not (run.stage_dir / stagedir.STARTED).exists():
-            return  # not started (one stat per look at a trial that waits for a slot)
         call = _call(run.stage_dir)
         if not final and (call is None or owner(run.stage_dir) != call):
             return  # its attempt has not started (an earlier call's files may still be there)
@@ -266,6 +272,12 @@ class _Watch:
         t = self.record.trials[stage]
         return Trial(stage, t.config, t.state, t.step, [Decision(**d) for d in t.decisions], t.result, t.value,
                      t.why)
+
+
+def _launched(future: Any) -> bool:
+    """Whether Parsl handed the trial's task to its executor (one waiting for a slot costs no file look)."""
+    status = getattr(getattr(future, "app_future", future), "task_status", None)
+    return status is None or status() in ("launched", "running", "running_ended")
 
 
 def _call(stage_dir: Path) -> str | None:
