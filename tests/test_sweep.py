@@ -57,6 +57,8 @@ def test_asha_keeps_the_best_of_each_rung_against_those_that_came_before():
     ({"window": 9, "min_steps": 5}, r"window=9.*1 to min_steps \(5\)"),
     ({"base": "no/such/file.yaml"}, r"base='no/such/file.yaml'"),
     ({"trial": "train"}, r"trial='train'\): give a function"),
+    ({"steps": 0}, r"steps=0\): the budget of a trial"),
+    ({"name": "../x"}, r"'../x-00000000' is not a stage name"),
 ])
 def test_a_bad_space_metric_or_rule_is_refused_before_any_trial_starts(call, says):
     # outside a workflow: the refusal comes first, so nothing was submitted when it came

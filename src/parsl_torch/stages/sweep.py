@@ -16,6 +16,7 @@ decisions made so far stand; a trial whose call changed (its code, config or inp
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -26,14 +27,15 @@ from typing import Any
 
 from ..common import stagedir
 from ..core.log import get_logger
-from ..errors import ConfigError
-from .config import load_config
 from ..apps.asha import MODES, Asha, Decision, rung_steps
 from ..apps.freshdir import owner
+from ..apps.rundir import check_stage_name
 from ..apps.sweeprecord import SweepRecord
 from ..apps.sweepspace import expand, trial_name
 from ..apps.sweepview import best_first, figure, table
 from ..apps.workflow import current_workflow
+from ..errors import ConfigError
+from .config import load_config
 
 SCHEDULERS = ("asha", "none")
 #: seconds between two looks at the running trials' histories
@@ -70,6 +72,9 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     keyword arguments go to each trial's stage call (``ranks_per_node=1``, ``num_nodes``, ``site``...).
     Returns the trials, best first (finished by their final value, then stopped ones by the rungs
     they passed)."""
+    if not isinstance(name, str) or len(name) > 90:
+        raise ConfigError(f"pt.sweep(name={name!r}): a name of at most 90 letters, digits, '.', '_' or '-'")
+    check_stage_name(f"{name}-00000000", explicit=True)  # (its trials' stages: NAME-<digest>)
     rules = _rules(steps, metric, mode, scheduler, min_steps, eta, window)
     configs = [{**c, "steps": steps} if trial is None else c for c in expand(space, _base(base))]
     if trial is None:
@@ -77,8 +82,10 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     elif not callable(trial):
         raise ConfigError(f"pt.sweep(trial={trial!r}): give a function (config, stage=...) -> a stage's future")
     wf = current_workflow(name)
+    # submitted in the order of their names (digests: a fixed shuffle), so that a space listed from poor to
+    # good does not reach each rung best-last, where every trial would be the best so far and go on
     placed = {trial_name(name, c): (c, _stage_dir(wf, trial_name(name, c), call.get("site"), bool(rules["rungs"])))
-              for c in configs}
+              for c in sorted(configs, key=lambda c: trial_name(name, c))}
     log = get_logger("parsl_torch.workflow")
     record = SweepRecord.open(wf.run_dir, name, rules, log)
     record.keep_only(set(placed))
@@ -94,11 +101,15 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     watch.until_done(runs)
     saved = record.as_dict()
     log.info("%s\nfigure: %s", table(wf.run_dir, name, saved), figure(wf.run_dir, name, saved))
+    if all(t["state"] == "failed" for t in saved["trials"].values()):
+        runs[0].future.result()  # every trial failed: the first one's error is the sweep's
     return [watch.trial(stage) for stage in best_first(saved)]
 
 
 def _rules(steps: int, metric: str, mode: str, scheduler: str, min_steps: int | None, eta: int,
            window: int | None) -> dict[str, Any]:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"pt.sweep(steps={steps!r}): the budget of a trial, an int >= 1")
     if scheduler not in SCHEDULERS:
         raise ConfigError(f"pt.sweep(scheduler={scheduler!r}): use one of {', '.join(SCHEDULERS)}")
     if mode not in MODES:
@@ -108,7 +119,7 @@ def _rules(steps: int, metric: str, mode: str, scheduler: str, min_steps: int | 
     if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
         raise ConfigError(f"pt.sweep(eta={eta!r}): use an int >= 2 (each rung keeps the best 1/eta)")
     if min_steps is None:
-        min_steps = max(1, steps // eta ** 3) if isinstance(steps, int) and not isinstance(steps, bool) else 1
+        min_steps = max(1, steps // eta ** 3)
     rungs = rung_steps(min_steps, eta, steps) if scheduler == "asha" else []
     window = max(1, min_steps // 2) if window is None else window
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= min_steps:
@@ -170,6 +181,7 @@ class _Run:
     stage: str
     stage_dir: Path
     future: Any
+    read_at: float | None = None  # the mtime of its history when it was last read
 
 
 class _Watch:
@@ -190,10 +202,20 @@ class _Watch:
 
     def until_done(self, runs: list[_Run]) -> None:
         waiting = list(runs)
-        while waiting:
-            waiting = self.look(waiting)
-            if waiting:
-                time.sleep(POLL_S)
+        try:
+            while waiting:
+                waiting = self.look(waiting)
+                if waiting:
+                    time.sleep(POLL_S)
+        except BaseException:  # (Ctrl-C, SIGTERM, an error): the trials still running wait at no more rungs
+            for run in waiting:
+                call = _call(run.stage_dir)
+                if any(not d["keep"] for d in self.record.trials[run.stage].decisions):
+                    continue  # (cut: it stops)
+                with contextlib.suppress(OSError):
+                    stagedir.write(run.stage_dir / stagedir.VERDICT, stagedir.VerdictRecord(
+                        call, time.time(), self.rules["steps"], True, "the sweep stopped watching: going on"))
+            raise
 
     def look(self, waiting: list[_Run]) -> list[_Run]:
         """One look at the trials not done: the finished ones recorded, the running ones judged where they
@@ -218,7 +240,11 @@ class _Watch:
             self._replay()
         if any(not d["keep"] for d in t.decisions):
             return
-        steps_done, values = _history(run.stage_dir, self.rules["metric"], final)
+        files = _histories(run.stage_dir, final)
+        if not final and (not files or files[0][0] == run.read_at):
+            return  # its history did not change since the last look (it changes at each rung)
+        run.read_at = files[0][0] if files else None
+        steps_done, values = _history(files, self.rules["metric"])
         if steps_done is None:
             return
         if not final:
@@ -263,7 +289,7 @@ class _Watch:
             why = f"stopped at step {stopped} ({self._says(Decision(**t.decisions[-1]))})" if t.decisions else ""
             self.record.update(run.stage, state="stopped", step=stopped, result=result, why=why)
             return
-        steps_done, values = _history(run.stage_dir, self.rules["metric"], final=True)
+        steps_done, values = _history(_histories(run.stage_dir, final=True), self.rules["metric"])
         why = "finished before its cut reached it" if any(not d["keep"] for d in t.decisions) else ""
         self.record.update(run.stage, state="finished", step=self.rules["steps"], result=result, why=why,
                            value=_rung_value(values, steps_done or 0, self.rules["window"]))
@@ -285,15 +311,25 @@ def _call(stage_dir: Path) -> str | None:
     return record.call_id if record else None
 
 
-def _history(stage_dir: Path, metric: str, final: bool) -> tuple[int | None, dict[int, float]]:
-    """(steps the trial's history holds, step -> metric: the mean over ranks where recorded) from the
-    newest history file in its directory (the partial one while it runs)."""
+def _histories(stage_dir: Path, final: bool) -> list[tuple[float, Path]]:
+    """The trial's history files, newest first (the partial one while it runs), with their mtimes."""
+    found = []
+    for path in stage_dir.glob("*.h5" if final else "*.h5*"):
+        if path.suffix in (".h5", ".partial"):
+            try:
+                found.append((path.stat().st_mtime, path))
+            except FileNotFoundError:  # (the partial file moved into place as it was listed)
+                continue
+    return sorted(found, reverse=True)
+
+
+def _history(files: list[tuple[float, Path]], metric: str) -> tuple[int | None, dict[int, float]]:
+    """(steps the newest history holds, step -> metric: the mean over ranks where recorded)."""
     import h5py
 
     from ..history.h5file import dataset_name
 
-    files = [p for p in stage_dir.glob("*.h5" if final else "*.h5*") if p.suffix in (".h5", ".partial")]
-    for path in sorted(files, key=lambda p: p.stat().st_mtime, reverse=True):
+    for _, path in files:
         try:
             with h5py.File(path, "r", locking=False) as f:
                 name = dataset_name(metric)
