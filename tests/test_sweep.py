@@ -138,7 +138,8 @@ import parsl_torch as pt
 base = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16},
         "checkpoint_every": 5, "log_every": 50}
 with pt.workflow(site="local", run_dir=sys.argv[1]):
-    trials = pt.sweep({"lr": [1e-2, 1e-5, 2e-5, 3e-3]}, base=base, steps=80, min_steps=5, eta=3, window=2,
+    # (in the order trials start, their names': 5e-3 and 2e-5 first, then two poor ones, which are cut)
+    trials = pt.sweep({"lr": [5e-3, 1e-5, 2e-5, 3e-5]}, base=base, steps=80, min_steps=5, eta=3, window=2,
                       ranks_per_node=1)
 for t in trials:
     print("TRIAL", t.name, t.state, t.step, t.why)
@@ -193,7 +194,7 @@ def test_a_sweep_stops_cut_trials_keeps_their_files_and_a_killed_sweep_reruns_to
     states = dict(line.split()[1:3] for line in second.stdout.splitlines() if line.startswith("TRIAL"))
     assert len(states) == 4 and set(states.values()) <= {"finished", "stopped"}, second.stdout
     stopped = [s for s, state in states.items() if state == "stopped"]
-    assert stopped, f"nothing was cut: {second.stdout}"
+    assert len(stopped) >= 2, f"the two poor trials that started last were not cut: {second.stdout}"
     for stage in stopped:  # it stopped soon after the request, and kept what it had written
         stage_dir = run_dir / stage
         cut = stagedir.read(stage_dir / stagedir.VERDICT, stagedir.VerdictRecord)
