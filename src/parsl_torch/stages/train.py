@@ -25,14 +25,8 @@ from typing import Any
 from ..apps.distributed import distributed_app, submit_builtin
 from ..apps.request import BuiltinCall
 from ..common import settings
-from ..core.deadline import (
-    await_verdict,
-    note_checkpoint,
-    should_checkpoint,
-    stop_requested,
-    sweep_rungs,
-    to_be_continued,
-)
+from ..core.deadline import await_verdict, note_checkpoint, should_checkpoint, stop_requested, sweep_rungs
+from ..core.deadline import to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.flops import flops_per_token, peak_flops, throughput
