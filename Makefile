@@ -44,7 +44,7 @@ $(VENV)/.installed-demo: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test,endpoint,float8,loaders]"
+	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test,endpoint,float8,loaders,sweeps]"
 	touch $@
 
 demo: $(VENV)/.installed-demo

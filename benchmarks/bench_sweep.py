@@ -57,7 +57,7 @@ def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
 
     from parsl_torch.apps.asha import Asha
     from parsl_torch.apps.sweeprecord import SweepRecord
-    from parsl_torch.stages.sweep import _Run, _Watch
+    from parsl_torch.apps.sweepwatch import Run, Watch
 
     rng = random.Random(0)
     asha = Asha(eta=3, mode="min")
@@ -77,9 +77,9 @@ def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
                 judged += 1
             alive = [n for n in alive if record.trials[n].decisions[-1]["keep"]]
         decide_s = time.perf_counter() - t0
-        watch = _Watch(run_dir, "bench", {**record.rules, "metric": "loss", "mode": "min", "window": 1}, record,
+        watch = Watch(run_dir, "bench", {**record.rules, "metric": "loss", "mode": "min", "window": 1}, record,
                        logging.getLogger("bench"))
-        waiting = [_Run(name, run_dir / name, _Waiting()) for name in names]
+        waiting = [Run(name, run_dir / name, _Waiting()) for name in names]
         t0 = time.perf_counter()
         assert len(watch.look(waiting)) == trials  # the workflow's look at trials waiting for a slot
         look_s = time.perf_counter() - t0

@@ -45,6 +45,7 @@ EXAMPLES = {
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),
     "def trial(lr: float) -> float": ("python", "[20.0, 10.0, 4.0]", ()),
     '"model.dim": [16, 32]}, base="configs/train.yaml"': ("python", "best: ", ()),
+    'space = pt.Sampled(study, {"lr": FloatDistribution': ("python", "told 4 trials; best lr ", ()),
     'evaluate(t.outputs[0], "--scale", 2': ("python", '"sum": 6.0', ()),
     "meter = pt.Throughput(net": ("launch", "tflops=", ()),
     'run_dir="runs/packed"': ("python", "'lr=0.1 on GPU ", ()),

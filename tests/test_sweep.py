@@ -106,6 +106,32 @@ def test_the_journal_keeps_decisions_of_the_same_call_forgets_them_for_another_a
     assert SweepRecord.open(tmp_path, "s", rules, log).trials == {} and "not a sweep's journal" in caplog.text
 
 
+def test_a_sampler_is_asked_for_points_and_told_each_trials_end_and_a_rerun_asks_the_same_first():
+    optuna = pytest.importorskip("optuna")
+    dists = {"lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+             "model.dim": optuna.distributions.CategoricalDistribution([16, 32])}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    sampled = pt.Sampled(study, dists, trials=3, concurrent=2)
+    first, point = sampled.ask()
+    assert set(point) == {"lr", "model.dim"} and 1e-4 <= point["lr"] <= 1e-1
+    assert sampled.asked("s-1", first)
+    again, _ = sampled.ask()
+    assert not sampled.asked("s-1", again)  # the same point (here: the same trial name) is one trial
+    sampled.tell("s-1", "stopped", None, [(5, 3.2)])
+    pruned = study.get_trials()
+    assert [t.state.name for t in pruned] == ["PRUNED", "PRUNED"] and pruned[0].intermediate_values == {5: 3.2}
+    late, _ = sampled.ask()
+    assert not sampled.asked("s-1", late)  # asked after the trial ended: told its end at once
+    assert study.get_trials()[-1].state.name == "PRUNED" and sampled.ask() is None  # 3 asked
+    rerun = pt.Sampled(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1)), dists, trials=2)
+    rerun.replay([{"lr": point["lr"], "model": {"dim": point["model.dim"]}}])
+    assert rerun.ask()[1] == point  # the journal's points come first
+    for bad, says in [({"study": "s"}, "give an optuna.Study"), ({"params": {"lr": [1, 2]}}, "Optuna distribution"),
+                      ({"trials": 0}, r"trials=0\): use an int >= 1")]:
+        with pytest.raises(ConfigError, match=says):
+            pt.Sampled(**{"study": study, "params": dists, "trials": 2, **bad})
+
+
 def test_rank_zero_waits_at_a_rung_for_the_verdict_and_ranks_agree_on_a_cut_of_their_own_call_only(
         tmp_path, monkeypatch):
     from parsl_torch.core import deadline

@@ -48,6 +48,7 @@ _LAZY = {
     "workflow": "apps.workflow",
     "sweep": "stages.sweep",
     "Trial": "stages.sweep",
+    "Sampled": "apps.sweepsample",
     "ParslTorchError": "errors",
     "ConfigError": "errors",
     "TopologyError": "errors",

@@ -36,7 +36,7 @@ def expand(space: Any, base: Mapping[str, Any]) -> list[dict[str, Any]]:
     for i, point in enumerate(points):
         if not isinstance(point, Mapping):
             raise ConfigError(f"pt.sweep: space[{i}] is {type(point).__name__}, not a mapping of settings")
-        config = _merged(base, point, f"space[{i}]")
+        config = merged(base, point, f"space[{i}]")
         key = canonical(config)
         if key not in seen:
             seen.add(key)
@@ -44,7 +44,8 @@ def expand(space: Any, base: Mapping[str, Any]) -> list[dict[str, Any]]:
     return configs
 
 
-def _merged(base: Mapping[str, Any], point: Mapping[str, Any], where: str) -> dict[str, Any]:
+def merged(base: Mapping[str, Any], point: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``base`` with ``point``'s settings (dotted keys reach into sections); ``where`` names the point."""
     config = json.loads(json.dumps(dict(base)))
     for key, value in point.items():
         if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
