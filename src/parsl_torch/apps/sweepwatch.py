@@ -107,6 +107,9 @@ class Watch:
     def _judge(self, run: Run, final: bool) -> None:
         """Judge ``run`` at each rung its history reached and it was not judged at yet."""
         t = self.record.trials[run.stage]
+        files = _histories(run.stage_dir, final)
+        if not final and (not files or files[0][0] == run.read_at):
+            return  # its history did not change since the last look (it changes at each rung)
         call = _call(run.stage_dir)
         if not final and (call is None or owner(run.stage_dir) != call):
             return  # its attempt has not started (an earlier call's files may still be there)
@@ -114,9 +117,6 @@ class Watch:
             self._replay()
         if any(not d["keep"] for d in t.decisions):
             return
-        files = _histories(run.stage_dir, final)
-        if not final and (not files or files[0][0] == run.read_at):
-            return  # its history did not change since the last look (it changes at each rung)
         run.read_at = files[0][0] if files else None
         steps_done, values = _history(files, self.rules["metric"])
         if steps_done is None:
