@@ -232,8 +232,6 @@ def _verdict_file() -> str | None:
 
 def _verdict(path: str) -> stagedir.VerdictRecord | None:
     """The sweep's last verdict on this call (None: none yet, or one on another call of the stage)."""
-    if not os.path.exists(path):
-        return None
     record = stagedir.read_or_none(path, stagedir.VerdictRecord, get_logger("parsl_torch"))
     return record if record is not None and record.call == settings.CALL_ID.raw() else None
 

@@ -35,8 +35,6 @@ from ..errors import ConfigError
 from .config import load_config
 
 SCHEDULERS = ("asha", "none")
-#: what the built-in train stage records (a metric it does not is refused before any trial starts)
-TRAIN_METRICS = ("loss", "lr", "dt", "tokens_per_s", "tflops", "mfu")
 
 
 def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", scheduler: str = "asha",
@@ -180,10 +178,11 @@ def _describe(rules: dict[str, Any]) -> str:
 
 def _check_train(configs: list[dict[str, Any]], metric: str, name: str) -> None:
     """Every configuration checked as the train stage will, before any trial is submitted."""
-    from .train import TrainConfig
+    from .train import UNITS, TrainConfig
 
-    if metric not in TRAIN_METRICS:
-        raise ConfigError(f"pt.sweep(metric={metric!r}): the train stage records {', '.join(TRAIN_METRICS)}")
+    recorded = ("loss", *UNITS)  # (what the train stage records: its loss, and the metrics it gives units)
+    if metric not in recorded:
+        raise ConfigError(f"pt.sweep(metric={metric!r}): the train stage records {', '.join(recorded)}")
     for config in configs:
         load_config(config, TrainConfig, trial_name(name, config))
 
