@@ -144,6 +144,7 @@ def test_workflow_side_modules_import_nothing_heavy():
 
 
 @pytest.mark.parametrize("module", [entrypoints.SUPERVISE, entrypoints.SHIM, entrypoints.STAGE_MAIN, entrypoints.WARM_RANK, entrypoints.CLI,
+                                    entrypoints.INTERCHANGE,
                                     entrypoints.stage_module("train"), entrypoints.stage_module("evaluate")])
 def test_entry_points_exist(module):
     mod = importlib.import_module(module)

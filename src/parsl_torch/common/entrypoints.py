@@ -17,6 +17,8 @@ STAGE_MAIN = "parsl_torch.apps.stage_main"  # one rank of a distributed_app
 WARM_RANK = "parsl_torch.apps.warm.rank"  # one rank of a warm group: forks each call
 CLI = "parsl_torch.cli"  # the parsl-torch command
 WATCHDOG = "parsl_torch.apps.watchdog"  # ends what a workflow started when the workflow dies
+INTERCHANGE = "parsl_torch.launch.interchange"  # Parsl's interchange, its Parsl imported lean
+POOL_PRELOAD = "parsl_torch.launch.pool_preload"  # imported (not run) by the worker pool's forkserver
 STAGES_PACKAGE = "parsl_torch.stages"  # built-in stage NAME runs as python -m parsl_torch.stages.NAME
 
 

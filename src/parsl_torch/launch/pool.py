@@ -24,7 +24,8 @@ import os
 import runpy
 import sys
 
-from ..common import settings
+from ..common import entrypoints, settings
+from .leanparsl import import_lean
 
 
 def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visibility: str) -> type:
@@ -50,14 +51,14 @@ POOL_MODULE = "parsl.executors.high_throughput.process_worker_pool"
 def _fork_workers_from_a_preloaded_server() -> None:
     """Parsl's pool spawns its manager's server process and each worker: each a fresh Python that
     imports Parsl again (1.5 to 2 s of CPU, three times per local block, before the first stage can
-    start). Python's forkserver imports it once, in a process of its own with no threads, and forks
-    each of them from there (what Python 3.14 does by default)."""
+    start). Python's forkserver imports it once, lean (``launch.pool_preload``), in a process of its
+    own with no threads, and forks each of them from there (what Python 3.14 does by default)."""
     import multiprocessing
 
     import parsl.multiprocessing
 
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([POOL_MODULE])
+    context.set_forkserver_preload([entrypoints.POOL_PRELOAD])
     parsl.multiprocessing.SpawnContext = context  # the pool's module takes it by name when it runs
 
 
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     if opts.path:  # for this process and the workers it starts (spawned: they read PYTHONPATH)
         sys.path[:0] = opts.path
         os.environ["PYTHONPATH"] = os.pathsep.join([*opts.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    import_lean("parsl")
     _place_with_slots(opts.quarantine, opts.spares, tuple(filter(None, opts.accelerators.split(","))),
                       opts.visibility)
     _fork_workers_from_a_preloaded_server()

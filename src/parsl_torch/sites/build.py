@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import settings
-from ..common.entrypoints import NODE_PYTHON
+from ..common.entrypoints import INTERCHANGE, NODE_PYTHON
 from ..errors import SiteError
 from ..launch.quarantine import FILE as QUARANTINE_FILE
 from ..launch.schedulers import get_scheduler
@@ -186,9 +186,17 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
     max_workers = stages_at_once(spec, shared=quarantine is not None)  # (only parsl-torch's pool shares nodes)
     from .executors import SiteMPIExecutor
 
-    return SiteMPIExecutor(label=label, provider=prov, mpi_launcher=spec.mpi.launcher,
-                           max_workers_per_block=max_workers, poll_period=spec.poll_period_ms,
-                           drain_period=drain_period(spec), **interface_address(spec), **extra)
+    return with_lean_interchange(SiteMPIExecutor(
+        label=label, provider=prov, mpi_launcher=spec.mpi.launcher, max_workers_per_block=max_workers,
+        poll_period=spec.poll_period_ms, drain_period=drain_period(spec), **interface_address(spec), **extra))
+
+
+def with_lean_interchange(executor: Any) -> Any:
+    """``executor``, its interchange started by this Python with Parsl imported lean
+    (``launch.interchange``). Set after it is made: MPIExecutor's signature types the command as one
+    string, HighThroughputExecutor's as a list, and both run what the attribute holds."""
+    executor.interchange_launch_cmd = [sys.executable, "-m", INTERCHANGE]
+    return executor
 
 
 #: parsl-torch's worker pool (``launch.pool``), installed beside Parsl's process_worker_pool.py
@@ -231,7 +239,8 @@ def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
         kwargs["max_workers_per_node"] = h.max_workers_per_node
     from .executors import SiteHighThroughputExecutor
 
-    return SiteHighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs, **interface_address(spec))
+    return with_lean_interchange(SiteHighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs,
+                                                            **interface_address(spec)))
 
 
 def site_executors(spec: SiteSpec, site: str | None = None, quarantine: str | None = None,
