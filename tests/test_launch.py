@@ -607,6 +607,9 @@ def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
     # a workflow's blocks run parsl-torch's pool with the workflow's quarantine file
     mpi = workflow_config([sites.load("local").spec], tmp_path / "parsl").executors[0]
     assert mpi.launch_cmd.startswith(f"parsl-torch-pool --spares 0 {tmp_path / 'parsl' / 'quarantine.json'} -- ")
+    # and talk to it encrypted (Parsl's MPIExecutor is not by default): a stranger on the ports, or the
+    # interchange of a workflow killed with -9, cannot take or answer a stage
+    assert mpi.encrypted and "--cert_dir {cert_dir}" in mpi.launch_cmd
 
 
 def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(tmp_path):

@@ -186,9 +186,14 @@ def mpi_executor(spec: SiteSpec, label: str = MPI_LABEL, quarantine: str | None 
     max_workers = stages_at_once(spec, shared=quarantine is not None)  # (only parsl-torch's pool shares nodes)
     from .executors import SiteMPIExecutor
 
+    # encrypted (CurveZMQ, keys per workflow in a private folder of its run directory), as Parsl's
+    # HighThroughputExecutor is by default and its MPIExecutor is not: without it, anyone who reaches the
+    # ports may take the stages' calls (their arguments) or answer them (a pickle the workflow loads), and
+    # the interchange of a workflow killed with -9 reconnects to a new workflow that took its old ports
     return with_lean_interchange(SiteMPIExecutor(
         label=label, provider=prov, mpi_launcher=spec.mpi.launcher, max_workers_per_block=max_workers,
-        poll_period=spec.poll_period_ms, drain_period=drain_period(spec), **interface_address(spec), **extra))
+        poll_period=spec.poll_period_ms, drain_period=drain_period(spec), encrypted=True,
+        **interface_address(spec), **extra))
 
 
 def with_lean_interchange(executor: Any) -> Any:
