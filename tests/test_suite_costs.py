@@ -34,10 +34,12 @@ def test_a_wait_below_three_times_the_test_is_named_and_a_promise_is_not(tmp_pat
         "def test_close():\n    subprocess.run(['true'], timeout=20)\n"
         "def test_deadline():\n    deadline = time.monotonic() + 25\n"
         "def test_roomy():\n    subprocess.run(['true'], timeout=300)\n"
-        "def test_promise():\n    took = 3\n    assert took < 5\n")
+        "def test_promise():\n    took = 3\n    assert took < 5\n"
+        "def test_nothing_comes():\n    q.get(timeout=25)\n    with pytest.raises(queue.Empty):\n"
+        "        q.get(timeout=1)\n")  # (a wait meant to run out is no limit; the one before it is)
     records = [{"test": f"tests/test_w.py::{name}", "wall": 10.0}
-               for name in ("test_close", "test_deadline[a]", "test_roomy@g", "test_promise")]
+               for name in ("test_close", "test_deadline[a]", "test_roomy@g", "test_promise", "test_nothing_comes")]
     said = too_close(records, timeout=900, root=tmp_path)
-    assert [line.split(":")[2] for line in said] == ["test_close", "test_deadline[a]"], said
-    assert "a limit of 20 s" in said[0] and "a limit of 25 s" in said[1]
-    assert too_close(records[3:], timeout=20, root=tmp_path)  # pytest-timeout bounds every test
+    assert [line.split(":")[2] for line in said] == ["test_close", "test_deadline[a]", "test_nothing_comes"], said
+    assert "a limit of 20 s" in said[0] and "a limit of 25 s" in said[1] and "a limit of 25 s" in said[2]
+    assert too_close(records[3:4], timeout=20, root=tmp_path)  # pytest-timeout bounds every test

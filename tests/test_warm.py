@@ -106,7 +106,7 @@ def test_a_chain_runs_in_the_same_ranks_each_call_as_clean_as_a_cold_one_and_rer
 
     with pt.workflow(site="local", run_dir="runs/warm", warm=False) as again:  # the same calls, cold: skipped
         futures = [probe(0, None, stage="p0")]
-        assert futures[0].result(timeout=120) == warm[0] and futures[0].from_cache
+        assert futures[0].result(timeout=300) == warm[0] and futures[0].from_cache
     assert again.run_dir == wf.run_dir
     with pt.workflow(site="local", run_dir="runs/warm", warm=True):  # warm again: a changed call runs, in new ranks
         changed = probe(9, None, stage="p1").result(timeout=300)
