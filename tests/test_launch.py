@@ -383,12 +383,12 @@ def test_a_silent_node_is_lost_and_a_closed_one_vanished_but_a_finished_one_is_n
     listener = RankListener(events, node_timeout=0.6)
     try:
         silent, _ = _hello(listener, "n2", (2, 3))
-        node = events.get(timeout=5)
+        node = events.get(timeout=10)
         assert node.kind == "lost" and node.host == "n2"
         assert node.describe().startswith("node n2 lost (ranks 2, 3): no heartbeat for 0.6 s")
         gone, _ = _hello(listener, "n3", (4, 7))
         gone.close()  # EOF without bye: its processes ended without a word
-        node = events.get(timeout=5)
+        node = events.get(timeout=10)
         assert (node.kind, node.host) == ("vanished", "n3")
         assert "node n3 lost (ranks 4-7)" in node.describe()
         done, token = _hello(listener, "n4", (8, 8))
