@@ -8,7 +8,8 @@
 2. what the decisions cost the workflow process at 1,000 simulated trials: each judged at 4 rungs, the
    record written after each look, and one look at 1,000 trials that wait for a slot.
 
-usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--decisions-only]
+usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--dims 16,32,48] [--decisions-only]
+(``--dims 16,24,32,40,48,56,64``: 63 trials)
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import json, sys, time
 import parsl_torch as pt
 from parsl_torch.stages.evaluate import evaluate
 
-steps, min_steps = int(sys.argv[2]), int(sys.argv[3])
+steps, min_steps, dims = int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 model = {"kind": "transformer", "vocab_size": 64, "dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32}
 base = {"model": model, "data": {"batch_size": 16}, "checkpoint_every": 1000, "log_every": 1000}
-space = {"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], "model.dim": [16, 32, 48]}
+space = {"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], "model.dim": dims}
 out = {}
 with pt.workflow(site="local", run_dir=sys.argv[1]):
     for scheduler in ("none", "asha"):
@@ -128,6 +129,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=81)
     p.add_argument("--min-steps", type=int, default=3)
+    p.add_argument("--dims", default="16,32,48", help="the widths of the space (times its 9 learning rates)")
     p.add_argument("--decisions-only", action="store_true")
     args = p.parse_args()
     cost = decisions_cost()
@@ -141,9 +143,10 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "wf.py").write_text(WORKFLOW)
+        dims = json.dumps([int(w) for w in args.dims.split(",")])
         out = subprocess.run([sys.executable, str(Path(d) / "wf.py"), str(Path(d) / "run"), str(args.steps),
-                              str(args.min_steps)], capture_output=True, text=True, env=bench_env(MPLBACKEND="Agg"),
-                             cwd=d, timeout=7200)
+                              str(args.min_steps), dims], capture_output=True, text=True,
+                             env=bench_env(MPLBACKEND="Agg"), cwd=d, timeout=7200)
     if out.returncode:
         raise SystemExit(out.stderr[-4000:])
     r = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
