@@ -83,8 +83,9 @@ def main(argv: list[str]) -> int:
         rows.append((_seconds(utime) + _seconds(stime), pid, cmdlines.get(pid, comm)))
     by_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for cpu, _, line in rows:
-        by_kind[kind(line)][0] += cpu
-        by_kind[kind(line)][1] += 1
+        tally = by_kind[kind(line)]
+        tally[0] += cpu
+        tally[1] += 1
     total = sum(cpu for cpu, _, _ in rows)
     print(f"{total:.1f} s of CPU in {len(rows)} processes, {time.monotonic() - start:.1f} s of wall time "
           f"(exit {rc})")
