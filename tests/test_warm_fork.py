@@ -70,6 +70,10 @@ def test_a_failed_warm_call_names_the_rank_that_failed_first_not_the_ranks_it_to
     assert outcome.summary == "rank 1 on n1 raised ValueError: rank one gives up"
     killed = call_outcome([WarmReport(0, "n1"), WarmReport(-9, "n2")], None, first=1)
     assert killed.summary == "rank 1 on n2 was killed by SIGKILL"
+    # rank 1 SIGKILLed: rank 0's collective broke at once, and its parent reported first (seen on two nodes)
+    peer_first = call_outcome([WarmReport(1, "n1", "RuntimeError: Connection closed by peer [10.77.0.12]:63203"),
+                               WarmReport(-9, "n2")], None, first=0)
+    assert peer_first.summary == "rank 1 on n2 was killed by SIGKILL"
 
 
 def test_a_warm_call_that_finished_timed_out_or_stopped_for_its_blocks_end_ends_as_a_cold_one():

@@ -283,6 +283,10 @@ def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, fir
         if all(r.code in (0, CONTINUE_EXIT) for r in reports):
             return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end")
         first = next(i for i, r in enumerate(reports) if r.code != 0)  # (a signal from outside: no failure first)
+    # a rank killed by a signal its parent did not send (SIGKILL, the OOM killer) makes its peers raise at
+    # once (gloo: "Connection closed by peer"), and one of them may be the first to report: the kill is the cause
+    killed = [i for i, r in enumerate(reports) if r.code < 0 and not r.raised and not r.stopped]
+    first = killed[0] if killed and reports[first].code >= 0 else first
     report = reports[first]
     return rank_outcome(RankReport(first, report.host, report.code, raised=report.raised))
 
