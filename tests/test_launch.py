@@ -633,6 +633,33 @@ def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(t
     assert first == "[]" and later.endswith("imported later"), out.stdout
 
 
+def test_a_rank_killed_by_sigkill_is_named_though_its_peers_exception_was_heard_first():
+    """A rank SIGKILLed makes its peers raise at once (gloo: "Connection closed by peer"), and on a loaded
+    machine their report may come first (this session's CI, a remote stage): the kill heard within the
+    supervisor's second is the cause named; a kill after a kill, after that second, or by SIGTERM (which a
+    launcher may send the others once one failed) is not."""
+    import queue
+    import threading
+
+    from parsl_torch.launch.events import NodeSilent, RankReport, cause_within
+
+    peer = RankReport(0, "n1", 1, raised="RuntimeError: Connection closed by peer [10.77.0.12]:63203")
+    killed, other_kill = RankReport(1, "n2", -9), RankReport(2, "n2", -9)
+    events: queue.Queue = queue.Queue()
+    threading.Timer(0.2, events.put, [killed]).start()
+    assert cause_within(events, 5.0, peer) is killed and str(killed) == "rank 1 on n2 was killed by SIGKILL"
+    events.put(other_kill)
+    assert cause_within(events, 0.3, killed) is None  # the first kill is the cause: later ones are dropped
+    lost = NodeSilent("lost", "n3", (4, 5), 10.0)
+    for event in (RankReport(3, "n1", 1, raised="ValueError: bad"), lost):
+        events.put(event)
+    assert cause_within(events, 5.0, killed) is lost  # a lost node is named whoever failed first
+    events.put(RankReport(1, "n2", -15))
+    assert cause_within(events, 0.3, peer) is None  # SIGTERM: perhaps the launcher's, after the peer failed
+    threading.Timer(0.5, events.put, [killed]).start()
+    assert cause_within(events, 0.1, peer) is None  # heard too late: the peer's own exception is named
+
+
 def test_a_shim_whose_command_ended_tells_hydra_its_rank_is_done():
     """Each shim says PMI's goodbye once its command ended well (``common.pmi``): without it the node's
     hydra proxy spun a core from that rank's end to the last rank's."""

@@ -4,6 +4,7 @@ line in a stage's stderr and its error read the same."""
 
 from __future__ import annotations
 
+import queue
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -70,6 +71,27 @@ def blame_stopped(report: RankReport, stopped: dict[int, tuple[str, float]]) -> 
     when = time.strftime("%H:%M:%S", time.localtime(since))
     return RankReport(rank, host, report.code, stopped=f"was stopped by a signal (SIGSTOP or SIGTSTP) at {when} "
                                                        f"and stopped answering its peers; then {report}")
+
+
+def cause_within(events: queue.Queue, wait: float, first: RankReport) -> NodeSilent | RankReport | None:
+    """What made ``first`` fail, if it is heard within ``wait`` seconds (other events are dropped): a lost
+    node, or, unless ``first`` is one, a rank killed by SIGKILL (the OOM killer, ``kill -9``: its peers
+    raise at once, gloo's "Connection closed by peer", and on a loaded machine their report may come
+    before its own). Not a rank ended by another signal: a launcher may forward SIGTERM to the other
+    ranks once one has failed."""
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = events.get(timeout=left)
+        except queue.Empty:
+            return None
+        if isinstance(event, NodeSilent) or (isinstance(event, RankReport) and _killed(event) and not _killed(first)):
+            return event
+    return None
+
+
+def _killed(report: RankReport) -> bool:
+    return report.code == -signal.SIGKILL and not report.raised and not report.preflight
 
 
 @dataclass(frozen=True)

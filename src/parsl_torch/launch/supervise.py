@@ -51,7 +51,7 @@ from ..core.topology import free_port
 from ..errors import TopologyError
 from . import quarantine
 from .cpushare import CpuShare, bound
-from .events import Event, LauncherExited, NodeSilent, RankReport, blame_stopped, describe_exit
+from .events import Event, LauncherExited, NodeSilent, RankReport, blame_stopped, cause_within, describe_exit
 from .listener import RankListener, short_queue
 from .machines import get_machine
 from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, overlapping, refuse_nodes
@@ -75,19 +75,6 @@ NO_RESULT_EXIT = 1
 
 def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
-
-
-def _node_loss_within(events: queue.Queue, wait: float) -> NodeSilent | None:
-    """A node-loss event arriving within ``wait`` seconds (other events are dropped)."""
-    deadline = time.monotonic() + wait
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            event = events.get(timeout=left)
-        except queue.Empty:
-            return None
-        if isinstance(event, NodeSilent):
-            return event
-    return None
 
 
 def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S,
@@ -197,10 +184,14 @@ class _Watch:
                 _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
                 stop(self.proc, self.grace)
             return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end", report.rank, report.host)
-        # a lost node makes the ranks elsewhere fail too: name the cause if it follows at once
-        if cause := _node_loss_within(self.events, 1.0):
+        # a lost node or a SIGKILLed rank makes the ranks elsewhere fail too: name the cause if it follows at once
+        cause = cause_within(self.events, 1.0, report)
+        if isinstance(cause, NodeSilent):
             _say(str(report))
             return self._node_lost(cause)
+        if cause is not None:
+            _say(str(report))  # (what the kill did to a peer)
+            report = blame_stopped(cause, self.listener.stopped)
         if self.plan.num_ranks == 1:  # no other rank to stop, no launcher verdict on them to explain
             _say(str(report))
             stop(self.proc, self.grace)
