@@ -20,6 +20,9 @@ from parsl_torch.common.procs import proc_stat
 pytest_plugins = ["tests.timings"]  # each test's wall and CPU time: --timings-json, the slowest at the end
 
 BIN = Path(sys.executable).parent
+# stages draw no PNGs here but where a test looks at them (the `plots` fixture, the main job, the README's
+# examples): rank 0 of every stage would spend about 1 s of the suite's CPU on them (docs/testing.md)
+os.environ.setdefault("PARSL_TORCH_PLOTS", "0")
 RANKS_DIR = Path(__file__).parent / "ranks"
 # variables a launcher sets; a test's child must not inherit them from the runner
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -299,3 +302,9 @@ def cluster(cluster_session, monkeypatch):
         monkeypatch.delenv(key)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     return cluster_session
+
+
+@pytest.fixture
+def plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stages and ``History.finalize`` draw their plots, as by default (the suite turns them off)."""
+    monkeypatch.delenv("PARSL_TORCH_PLOTS", raising=False)

@@ -168,7 +168,7 @@ def test_failure_inside_context_manager_marks_file_failed(tmp_path):
     assert not final.exists()
 
 
-def test_ezpz_style_loop(tmp_path, monkeypatch, capfd):
+def test_ezpz_style_loop(tmp_path, monkeypatch, capfd, plots):
     monkeypatch.chdir(tmp_path)
     logger = pt.get_logger("train")
     history = pt.History()
@@ -177,6 +177,14 @@ def test_ezpz_style_loop(tmp_path, monkeypatch, capfd):
     path = history.finalize()
     assert "step=2 loss=0.333333 dt=0.01" in capfd.readouterr().err
     assert path.exists() and (path.parent / "history-plots" / "loss.png").exists()
+    # PARSL_TORCH_PLOTS=0: no plots, for every finalize (a sweep's trials), unless one asks for them
+    monkeypatch.setenv("PARSL_TORCH_PLOTS", "0")
+    for name, plot in (("quiet", None), ("asked", True)):
+        history = pt.History(name)
+        history.update({"loss": 1.0}, step=0)
+        history.update({"loss": 0.5}, step=1)
+        path = history.finalize(tmp_path / f"{name}.h5", plot=plot)
+        assert (tmp_path / f"{name}-plots" / "loss.png").exists() == (plot is True), name
 
 
 def test_csv_sink_appends_one_row_per_step(tmp_path):
@@ -266,7 +274,7 @@ def test_foreign_or_corrupt_files_are_named(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-def test_cross_rank_statistics_are_exact(tmp_path, launcher):
+def test_cross_rank_statistics_are_exact(tmp_path, launcher, plots):
     out = launch(launcher, 2, [str(RANKS_DIR / "history_suite.py"), str(tmp_path / "h.h5"), "23", "5"])
     assert out.returncode == 0, out.stderr
     data = pt.read_history(tmp_path / "h.h5")

@@ -462,7 +462,7 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
     """A 3-node block with one spare (mpi.spare_nodes): a 2-node train gets n1 and n2 (n3 held back); n2 is
     lost; the retry resumes from the checkpoint on n1 and the spare n3. On Slurm the job survives the loss
     (provider.survive_node_loss: --no-kill) and the retry's step overlaps the lost one, which holds n1
-    until Slurm marks n2 down (a minute here: it would wait "Requested nodes are busy")."""
+    until Slurm marks n2 down (SlurmdTimeout, 20 s here: it would wait "Requested nodes are busy")."""
     site_variant(tmp_path, monkeypatch, base, "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
     monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")  # rank 2 (n2) stops at step 6
     monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")

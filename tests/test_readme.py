@@ -111,7 +111,7 @@ def workdir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.alone) if 'walltime="00:00:30"' in code else i
                                    for i, (_, code) in enumerate(examples())])  # 30 s blocks: alone
-def test_readme_example_runs_as_written(workdir, index):
+def test_readme_example_runs_as_written(workdir, index, plots):  # (as a user runs them: plots too)
     where, code = examples()[index]
     how, expected, edits = spec(code)
     for old, new in edits:

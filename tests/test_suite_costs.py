@@ -4,8 +4,12 @@ what a test takes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
-from .timings import table, too_close
+import pytest
+
+from .timings import _accounting, table, too_close
 
 
 def _run(path, elapsed: float, tests: list[dict]) -> str:
@@ -17,14 +21,37 @@ def test_the_table_sums_each_file_and_says_how_much_of_its_time_was_work(tmp_pat
     before = _run(tmp_path / "a.json", 100, [
         {"test": "tests/test_a.py::test_x", "wall": 60.0, "cpu": 15.0, "busy": 60.0},
         {"test": "tests/test_a.py::test_y[1]", "wall": 20.0, "cpu": 5.0, "busy": 20.0},
-        {"test": "tests/test_b.py::test_z", "wall": 10.0, "cpu": 10.0, "busy": 20.0}])
+        {"test": "tests/test_b.py::test_z", "wall": 10.0, "cpu": 1.0, "cpu_all": 10.0, "busy": 20.0}])
     after = _run(tmp_path / "b.json", 40, [
         {"test": "tests/test_a.py::test_x@cluster", "wall": 30.0, "cpu": 15.0, "busy": 30.0}])
     lines = table([before, after]).splitlines()
-    assert lines[0].startswith("| file | tests1 | wall s1 | cpu/wall1 | machine busy1 | tests2 |")
-    assert lines[2] == "| tests/test_a.py | 2 | 80 | 25% | 50% | 1 | 30 | 50% | 50% |"  # the slowest file first
-    assert lines[3] == "| tests/test_b.py | 1 | 10 | 100% | 100% |  |  |  |  |"  # not in the second run
-    assert lines[4].startswith("| **all** | 3 | 90 (in 100 elapsed) | 33% |")
+    assert lines[0].startswith("| file | tests1 | wall s1 | cpu s1 | cpu/wall1 | machine busy1 | tests2 |")
+    assert lines[2] == "| tests/test_a.py | 2 | 80 | 20 | 25% | 50% | 1 | 30 | 15 | 50% | 50% |"  # the slowest first
+    # (all the test started, where a cgroup counted it, over what it reaped)
+    assert lines[3] == "| tests/test_b.py | 1 | 10 | 10 | 100% | 100% |  |  |  |  |  |"  # not in the second run
+    assert lines[4].startswith("| **all** | 3 | 90 (in 100 elapsed) | 30 | 33% |")
+
+
+BUSY_DETACHED = """
+import os, subprocess, sys, time
+from tests.timings import _enter, _leave, cpu_all
+first, second = _enter("t0"), _enter("t1")
+assert first != second  # a cgroup per test
+cgroup = _enter("t")
+cpu_all(str(first)), cpu_all(str(second))  # (removed: nothing runs in them any more)
+child = subprocess.Popen([sys.executable, "-c", "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1: pass"],
+                         start_new_session=True)  # as Parsl's pools: nobody reaps it within the test
+_leave()
+child.wait()
+print(cpu_all(str(cgroup)), cgroup.exists())
+"""
+
+
+@pytest.mark.skipif(_accounting() is None, reason="a cgroup per test needs root and a cgroup file system")
+def test_a_tests_cgroup_counts_what_it_started_and_nobody_reaped():
+    out = subprocess.run([sys.executable, "-c", BUSY_DETACHED], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split()
+    assert 1.0 <= float(out[0]) < 5 and out[1] == "False", out  # counted once it ended, and removed
 
 
 def test_a_wait_below_three_times_the_test_is_named_and_a_promise_is_not(tmp_path):

@@ -131,7 +131,8 @@ SelectTypeParameters=CR_Core
 MpiDefault=pmi2
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=60
+# a lost node is DOWN within ~20 s (Slurm's default: 5 min): the retries of the node-loss tests wait for it
+SlurmdTimeout=20
 InactiveLimit=0
 MinJobAge=300
 KillWait=5

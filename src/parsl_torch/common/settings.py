@@ -189,6 +189,9 @@ CACHE_DIR = _add(Setting("PARSL_TORCH_CACHE_DIR", "where packed Python environme
                         "`node_local_python` and the built observer of compiled code (on a shared file system; "
                         "default `~/.cache/parsl-torch`)",
                         "~/.cache/parsl-torch"))
+PLOTS = _add(Setting("PARSL_TORCH_PLOTS", "`0`: `History.finalize` (the stages' too) draws no PNG plots: a sweep "
+                     "of short trials saves rank 0 about 1 s per stage; `parsl-torch history plot FILE` draws them "
+                     "later (default 1)", True, flag))
 RUN_DIR = _add(Setting("PARSL_TORCH_RUN_DIR", "where `History` puts `outputs/<name>/history.h5` without a path "
                        "(set for a workflow's ranks; default: the current directory)", "."))
 

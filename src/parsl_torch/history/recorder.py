@@ -276,7 +276,7 @@ class History:
         more per resume (a stage resumed on fewer nodes after a node loss shows it here)."""
         return [list(s) for s in self._segments]
 
-    def finalize(self, path: str | os.PathLike | None = None, *, plot: bool = True, ranks: str = "all") -> Path:
+    def finalize(self, path: str | os.PathLike | None = None, *, plot: bool | None = None, ranks: str = "all") -> Path:
         """Sync the last rows and put the complete file at ``path``; returns the path.
 
         ``ranks="all"`` (default): collective, every rank calls it; rank 0
@@ -285,8 +285,8 @@ class History:
         says so instead of a hang. ``ranks="this"``: rank 0 alone (ezpz's
         habit: ``if rank == 0: history.finalize()``); the rows since the last
         sync are rank 0's own (attribute ``rank0_only_from_step``), other
-        ranks return at once. Plots (PNG per metric, beside the file) are
-        made when matplotlib is installed.
+        ranks return at once. Plots (PNG per metric, beside the file) are made
+        when matplotlib is installed, unless ``plot=False`` (default: PARSL_TORCH_PLOTS).
         """
         if ranks not in ("all", "this"):
             raise ConfigError(f"History.finalize(ranks={ranks!r}): use 'all' (every rank calls it) or 'this' "
@@ -311,7 +311,7 @@ class History:
                     staged.parent.rmdir()
             if self._sinks is not None:
                 self._sinks.close()
-            if plot:
+            if settings.PLOTS.get() if plot is None else plot:
                 self._plot(final)
         self._finalized = final
         return final
