@@ -17,6 +17,7 @@ from parsl_torch.common import stagedir
 from parsl_torch.common.blocks import CONTINUE_EXIT
 from parsl_torch.common.entrypoints import WARM_RANK
 from parsl_torch.common.outcome import Cause
+from parsl_torch.common.raised import claim_first, first_claimed, write_raised
 from parsl_torch.common.stagedir import WarmReport
 
 from .conftest import REPO, clean_env
@@ -74,6 +75,19 @@ def test_a_failed_warm_call_names_the_rank_that_failed_first_not_the_ranks_it_to
     peer_first = call_outcome([WarmReport(1, "n1", "RuntimeError: Connection closed by peer [10.77.0.12]:63203"),
                                WarmReport(-9, "n2")], None, first=0)
     assert peer_first.summary == "rank 1 on n2 was killed by SIGKILL"
+
+
+def test_the_fork_that_raised_claims_the_first_failure_before_its_peers_collectives_break(tmp_path, monkeypatch):
+    """A warm call's fork claims the call's first failure as its code raises, before its process ends (which
+    breaks its peers' collectives): a peer's parent that saw its own child end first claims too late (this
+    session's CI once named rank 0's "Connection reset by peer" instead of rank 1's ValueError)."""
+    failed = tmp_path / "3.failed"
+    monkeypatch.setenv("PARSL_TORCH_FIRST_FAILURE", f"1:{failed}")
+    write_raised(ValueError("rank one gives up"), str(tmp_path / "raised"))
+    claim_first(failed, 0)  # rank 0's parent, once its child's broken collective ended it
+    assert first_claimed(failed) == 1 and first_claimed(tmp_path / "none") is None
+    assert (tmp_path / "raised").read_text() == "ValueError: rank one gives up"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3.failed", "raised"]  # whole, and no temporary left
 
 
 def test_a_warm_call_that_finished_timed_out_or_stopped_for_its_blocks_end_ends_as_a_cold_one():

@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 from . import settings
@@ -29,12 +30,38 @@ def raised_line(exc: BaseException) -> str:
     return text if len(text) <= RAISED_CHARS else text[:RAISED_CHARS - 1] + "…"
 
 
+def claim_first(path: str | os.PathLike, rank: int | str) -> None:
+    """Make ``path`` naming ``rank`` unless a rank made it first; whole when it appears (a link of a
+    written file), so a reader never sees it empty. Best effort."""
+    mine = f"{path}.{os.getpid()}"
+    with contextlib.suppress(OSError):  # (FileExistsError: another rank failed first)
+        try:
+            with open(mine, "w") as f:
+                f.write(str(rank))
+            os.link(mine, path)
+        finally:
+            os.unlink(mine)
+
+
+def first_claimed(path: str | os.PathLike) -> int | None:
+    """The rank that ``claim_first`` named in ``path``; None if none did."""
+    try:
+        return int(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def write_raised(exc: BaseException, path: str | None) -> None:
-    """Leave the exception that ends this rank where its shim reads it (``settings.RAISED``); best effort."""
+    """Leave the exception that ends this rank where its shim reads it (``settings.RAISED``); best effort.
+    A warm call's fork first claims the call's first failure (``settings.FIRST_FAILURE``): now, not when
+    its parent sees it end, after its peers' collectives broke and they raised too."""
     if path:
         with contextlib.suppress(OSError):
             with open(path, "w") as f:
                 f.write(raised_line(exc))
+    if first := settings.FIRST_FAILURE.get():
+        rank, _, claim = first.partition(":")
+        claim_first(claim, rank)
 
 
 def read_raised(path: str) -> str:

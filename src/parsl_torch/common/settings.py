@@ -238,6 +238,9 @@ OBSERVE_SINCE = _add(Setting("PARSL_TORCH_OBSERVE_SINCE", "when the call began, 
                              "shim)", None, text, INTERNAL))
 RAISED = _add(Setting("PARSL_TORCH_RAISED", "the node-local file where a rank writes the exception that ended it, "
                       "for its shim's report (set by the shim)", None, text, INTERNAL))
+FIRST_FAILURE = _add(Setting("PARSL_TORCH_FIRST_FAILURE", "RANK:FILE, set in a warm call's forks: the first rank "
+                            "whose code raises makes FILE (once) before its process ends and its peers' "
+                            "collectives break, so that rank is the call's cause", None, text, INTERNAL))
 KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "
                             "(its interchange, worker pools) readable, so the workflow's token stays in it", None,
                             text, INTERNAL))

@@ -39,7 +39,7 @@ from ...common.entrypoints import stage_module
 from ...common.files import write_atomic
 from ...common.observe import begin_call, begin_reads, observed_any, reads_of
 from ...common.outcome import Cause, Outcome
-from ...common.raised import read_raised
+from ...common.raised import claim_first, first_claimed, read_raised
 from ...core.dist import exit_process
 from ...core.topology import env_topology, free_port
 from ...launch.events import RankReport
@@ -161,6 +161,7 @@ class _Parent:
             stream.flush()
         pid = os.fork()
         if pid == 0:
+            os.environ[settings.FIRST_FAILURE.name] = f"{self.rank}:{job_path(self.dir, n, 'failed')}"
             _child(job, port, self.handlers)
         self.child = pid
         try:
@@ -176,8 +177,8 @@ class _Parent:
         try:
             while not select.select([ended], [], [], CHECK_S)[0]:
                 if stopped is None:
-                    if failed.exists():
-                        why = "peer"
+                    if failed.exists() and first_claimed(failed) != self.rank:  # (its own child's claim:
+                        why = "peer"  # it raised, and ends by itself)
                     elif job.walltime and time.monotonic() - started >= job.walltime:
                         why = "walltime"
                     if why:
@@ -195,11 +196,8 @@ class _Parent:
         folder = settings.READS_DIR.get()  # (first: what the parent opens from here on is not the call's)
         reads = sorted(reads_of(folder)) if folder is not None and observed_any(folder) else None
         raised = read_raised(path) if (path := settings.RAISED.get()) else ""
-        if code not in (0, CONTINUE_EXIT) and not stopped:
-            with contextlib.suppress(FileExistsError):  # the first failure (its rank): the other ranks stop theirs
-                fd = os.open(job_path(self.dir, n, "failed"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                os.write(fd, str(self.rank).encode())
-                os.close(fd)
+        if code not in (0, CONTINUE_EXIT) and not stopped:  # the first failure: the other ranks stop theirs
+            claim_first(job_path(self.dir, n, "failed"), self.rank)  # (made already if its child raised)
         stagedir.write(job_path(self.dir, n, f"rank{self.rank}"),
                        stagedir.WarmReport(code, self.host, raised, stopped, reads))
 
@@ -263,7 +261,7 @@ def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int) -> None:
         merged = sorted({line for reads in told for line in reads})
         stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(len(told), world, merged))
     first = job_path(group_dir, n, "failed")
-    outcome = call_outcome(reports, job.walltime, int(first.read_text() or 0) if first.exists() else None)
+    outcome = call_outcome(reports, job.walltime, first_claimed(first))
     if outcome is None and not os.path.exists(job.file(stagedir.RESULT)):
         outcome = no_result(job.file(stagedir.RESULT))
     if outcome is not None:
