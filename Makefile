@@ -68,7 +68,7 @@ test: $(VENV)/.installed-test
 # the per-file table of the last make test: wall time, and how much of it the cores worked
 # (the tests run side by side, then those that need the machine alone)
 test-times:
-	$(PYTHON) tests/timings.py test-times.json test-times-alone.json
+	$(BIN)/python tests/timings.py test-times.json test-times-alone.json
 
 # the edit-test loop: no multi-process jobs, no cluster (a few minutes)
 test-fast: $(VENV)/.installed-test
