@@ -39,8 +39,8 @@ first, second = _enter("t0"), _enter("t1")
 assert first != second  # a cgroup per test
 cgroup = _enter("t")
 cpu_all(str(first)), cpu_all(str(second))  # (removed: nothing runs in them any more)
-child = subprocess.Popen([sys.executable, "-c", "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1: pass"],
-                         start_new_session=True)  # as Parsl's pools: nobody reaps it within the test
+busy = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1: pass"
+child = subprocess.Popen([sys.executable, "-c", busy], start_new_session=True)  # as Parsl's pools: nobody reaps it
 _leave()
 child.wait()
 print(cpu_all(str(cgroup)), cgroup.exists())

@@ -5,9 +5,9 @@ three phases, the CPU time of the test's own process tree (this process and ever
 reaped: ranks, launchers), the CPU of everything the test started (``cpu_all``: as root, each test
 runs in a cgroup of its own, so Parsl's detached pools and their ranks, which no test reaps, count
 too, until they end; not what a scheduler's daemons start for it: srun's ranks, the test cluster's)
-and the machine's busy CPU time over the same interval (/proc/stat: every process, daemons included). A test whose CPU is far below its wall time is
-waiting (a scheduler's poll, a timeout, a process's start), and waiting overlaps; one that keeps
-the cores busy does not.
+and the machine's busy CPU time over the same interval (/proc/stat: every process, daemons
+included). A test whose CPU is far below its wall time is waiting (a scheduler's poll, a timeout, a
+process's start), and waiting overlaps; one that keeps the cores busy does not.
 
 ``--timings-json PATH`` writes one record per test; at the end of the run the ten slowest tests
 and the total are printed. ``python tests/timings.py PATH [PATH ...]`` prints the per-file table
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import itertools
 import json
 import os
@@ -55,9 +56,10 @@ _CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting (a v2-on
 _V2 = Path("/sys/fs/cgroup")
 
 
+@functools.cache
 def _accounting() -> tuple[Path, str] | None:
     """Where this process's test cgroups go, and the file that holds a cgroup's CPU; None where that
-    cannot be done (not root, no cgroup file system)."""
+    cannot be done (not root, no cgroup file system). Looked up once."""
     for base, usage in ((_CPUACCT, "cpuacct.usage"), (_V2, "cpu.stat")):
         if (base / usage).exists() or (base / "cgroup.controllers").exists():
             if os.access(base / "cgroup.procs", os.W_OK):
@@ -322,9 +324,9 @@ def table(paths: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Per test file: wall time, and how much of it was work "
-                                                 "(cpu: all the test started, where a cgroup per test counted it (root), else the processes "
-                                                 "it reaped; machine busy: every core)")
+    parser = argparse.ArgumentParser(description="Per test file: wall time, and how much of it was work (cpu: "
+                                                 "all the test started, where a cgroup per test counted it (root), "
+                                                 "else the processes it reaped; machine busy: every core)")
     parser.add_argument("paths", nargs="+", help="files written by pytest --timings-json")
     print(table(parser.parse_args(argv).paths))
     return 0

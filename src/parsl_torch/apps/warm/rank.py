@@ -177,8 +177,9 @@ class _Parent:
         try:
             while not select.select([ended], [], [], CHECK_S)[0]:
                 if stopped is None:
-                    if failed.exists() and first_claimed(failed) != self.rank:  # (its own child's claim:
-                        why = "peer"  # it raised, and ends by itself)
+                    # (not for its own child's claim: that child raised, and ends by itself)
+                    if failed.exists() and first_claimed(failed) != self.rank:
+                        why = "peer"
                     elif job.walltime and time.monotonic() - started >= job.walltime:
                         why = "walltime"
                     if why:
