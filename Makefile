@@ -1,12 +1,12 @@
 # Two commands do everything on a fresh machine:
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
-#   make test   install into .venv (with the test extras) and run every test (3 at a time, then the alone ones)
+#   make test   install into .venv (with the test extras), run every test: 3 at a time, then the alone ones 2 at a time
 #   make test-fast   the tests without multi-process jobs (the edit-test loop)
 #   make test-times  the last make test per test file: wall time, and how much of it was work
 #   make docs   build the manual (docs/) into site/ (CI runs it)
 #   make gpu-check   on a GPU machine: doctor, the gpu tests, the main job and bench_gpu, one log each
-#   make test-lowest   the fast tests, a 2-rank workflow and the multi-rank wrap tests with the lowest versions
-#                      pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
+#   make test-lowest   the fast tests and those marked lowest (a 2-rank workflow, the multi-rank wrap tests ...)
+#                      with the lowest versions pyproject.toml allows (.ci/lowest.txt), in .venv-lowest (CI runs it)
 # TORCH picks the torch build, from the package index pip uses (TORCH_INDEX: another index).
 # On Linux, PyPI's torch==2.13.0 is the CUDA build (GBs); the CPU build is on PyTorch's CPU index:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -29,6 +29,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# pip installs without compiling, then BYTECODE writes every module's bytecode on all cores at once (pip
+# compiles one file after another: a third of an install's time); a file another Python's syntax fails
+# (torch's py312 test helpers) is left without, as pip leaves it: compileall's status is not the install's
+PIP = $(1)/bin/python -m pip install -q --no-compile
+BYTECODE = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib > /dev/null || true
+
 # exit 0 when the torch installed satisfies the requirement given (pip's own packaging reads it)
 TORCH_KEPT := $(BIN)/python -c "import sys, importlib.metadata as m; from pip._vendor.packaging.requirements import Requirement; r = Requirement(sys.argv[1]); sys.exit(not (r.name == 'torch' and r.specifier.contains(m.version('torch'), prereleases=True)))"
 
@@ -36,15 +42,17 @@ TORCH_KEPT := $(BIN)/python -c "import sys, importlib.metadata as m; from pip._v
 # make demo TORCH_INDEX=... then make test must not fetch PyPI's build over it)
 $(TORCH_STAMP): | $(BIN)/python
 	rm -f $(VENV)/.torch-*
-	$(if $(TORCH_INDEX),,$(TORCH_KEPT) '$(TORCH)' 2>/dev/null ||) $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(if $(TORCH_INDEX),,$(TORCH_KEPT) '$(TORCH)' 2>/dev/null ||) $(call PIP,$(VENV)) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	touch $@
 
 $(VENV)/.installed-demo: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history]"
+	$(call PIP,$(VENV)) -e ".[mpi,workflow,history]"
+	$(call BYTECODE,$(VENV))
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[mpi,workflow,history,test,endpoint,float8,loaders,sweeps]"
+	$(call PIP,$(VENV)) -e ".[mpi,workflow,history,test,endpoint,float8,loaders,sweeps]"
+	$(call BYTECODE,$(VENV))
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -55,6 +63,9 @@ demo: $(VENV)/.installed-demo
 # what shares a machine-wide resource runs in one worker (conftest.py)
 TEST_JOBS ?= 3
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
+# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), after it: two at a time,
+# each about half a core's work for two minutes (docs/testing.md), so that one's load is no other's wait
+ALONE := -n 2 --dist loadgroup
 
 # the package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) every
 # rank, shim and pool would compile it again (compileall skips what is up to date)
@@ -63,7 +74,7 @@ COMPILE := $(BIN)/python -m compileall -q src
 test: $(VENV)/.installed-test
 	$(COMPILE)
 	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
-	$(RUN) $(BIN)/python -m pytest -m alone --timings-json=test-times-alone.json
+	$(RUN) $(BIN)/python -m pytest $(ALONE) -m alone --timings-json=test-times-alone.json
 
 # the per-file table of the last make test: wall time, and how much of it the cores worked
 # (the tests run side by side, then those that need the machine alone)
@@ -76,7 +87,8 @@ test-fast: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not slow and not multinode and not gpu"
 
 $(VENV)/.installed-docs: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[docs]"
+	$(call PIP,$(VENV)) -e ".[docs]"
+	$(call BYTECODE,$(VENV))
 	touch $@
 
 # the manual (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails
@@ -88,21 +100,18 @@ LOWEST := .venv-lowest
 $(LOWEST)/.installed: pyproject.toml .ci/lowest.txt
 	$(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
-	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt torch
-	$(LOWEST)/bin/python -m pip install -q -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
+	$(call PIP,$(LOWEST)) -c .ci/lowest.txt torch
+	$(call PIP,$(LOWEST)) -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
 	touch $@
 
-test-lowest: $(LOWEST)/.installed
+# its bytecode, apart: .ci/run writes it once make test's side-by-side part is over (both are CPU)
+$(LOWEST)/.compiled: $(LOWEST)/.installed
+	$(call BYTECODE,$(LOWEST))
+	touch $@
+
+test-lowest: $(LOWEST)/.compiled
 	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider $(PARALLEL) \
-		-m "not slow and not multinode" tests/
-	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -p no:cacheprovider $(PARALLEL) \
-		"tests/test_workflow.py::test_train_eval_workflow_then_rerun_does_no_training" \
-		"tests/test_multirank.py::test_two_ranks_topology_ddp_fsdp_tp[mpiexec]" \
-		"tests/test_layouts.py::test_pipeline_schedules_on_two_ranks_follow_one_process" \
-		"tests/test_checkpoints.py::test_resumed_on_fewer_ranks_the_global_batch_and_the_losses_stay_those_of_the_planned_ranks" \
-		"tests/test_history.py::test_wandb_offline_writes_its_run_directory" \
-		"tests/test_ezpz_compat.py::test_setup_wandb_as_ezpz_offline" \
-		"tests/test_accelerators.py::test_ranks_that_claim_one_device_are_all_refused_and_ranks_with_their_own_pass"
+		-m "(not slow and not multinode) or lowest" tests/
 
 bench: $(VENV)/.installed-test
 	$(RUN) $(BIN)/python benchmarks/bench_core.py

@@ -80,6 +80,7 @@ def test_a_device_is_claimed_by_its_uuid_and_else_by_its_number_on_the_node(monk
 
 
 @pytest.mark.slow  # (two 2-rank launches: out of make test-fast)
+@pytest.mark.lowest
 def test_ranks_that_claim_one_device_are_all_refused_and_ranks_with_their_own_pass():
     def run(mode: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable,

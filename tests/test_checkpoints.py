@@ -82,6 +82,7 @@ def test_a_rank_killed_while_saving_leaves_the_previous_checkpoint_and_the_rerun
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_resumed_on_fewer_ranks_the_global_batch_and_the_losses_stay_those_of_the_planned_ranks(tmp_path, trained):
     """What a 4-rank train that lost a node and goes on with 2 ranks (min_nodes) does: its DCP
     checkpoint reshards, each rank takes twice the share of the global batch (data.batch_size is the

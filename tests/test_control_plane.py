@@ -143,3 +143,36 @@ def test_the_environment_archive_is_striped_over_every_lustre_target(tmp_path, m
     assert log.read_text() == f"setstripe -c -1 {tmp_path / 'python-x.tar.tmp'}\n"
     monkeypatch.setenv("PATH", "/nonexistent")
     nodepython.stripe_wide(tmp_path / "other.tar")  # no lfs: nothing, no error
+
+
+@pytest.mark.parametrize("extractor", ["tar", "tarfile"])
+def test_the_environment_archive_unpacks_as_it_was_packed_and_nothing_outside_its_folder(tmp_path, monkeypatch,
+                                                                                          extractor):
+    """With the node's tar or, where there is none, Python's tarfile: the same files, no set-uid bit; an
+    archive with a ``..`` member fails (the ranks then start from the shared environment), nothing outside."""
+    import io
+    import subprocess
+    import tarfile
+
+    from parsl_torch.launch import nodepython
+
+    def archive(name: str, members: tuple[str, ...]) -> Path:
+        with tarfile.open(tmp_path / name, "w") as tar:
+            for member in members:
+                info = tarfile.TarInfo(member)
+                info.size, info.mode = 3, 0o6777
+                tar.addfile(info, io.BytesIO(b"abc"))
+        return tmp_path / name
+
+    if extractor == "tarfile":
+        monkeypatch.setenv("PATH", "/nonexistent")
+    good, into = archive("good.tar", ("venv/bin/tool", "base/lib/x.py")), tmp_path / "n1" / "into"
+    into.mkdir(parents=True)
+    nodepython._extract(good, into)
+    files = {str(p.relative_to(into)): p.stat().st_mode & 0o7777 for p in into.rglob("*") if p.is_file()}
+    assert set(files) == {"venv/bin/tool", "base/lib/x.py"} and not any(mode & 0o6022 for mode in files.values())
+    bad, into = archive("bad.tar", ("../outside.txt", "venv/x")), tmp_path / "n2" / "into"
+    into.mkdir(parents=True)
+    with pytest.raises((subprocess.CalledProcessError, tarfile.TarError)):
+        nodepython._extract(bad, into)
+    assert not (tmp_path / "n2" / "outside.txt").exists()

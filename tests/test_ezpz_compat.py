@@ -77,6 +77,7 @@ def test_a_logger_on_another_rank_is_critical_and_takes_a_later_level():
 
 
 @pytest.mark.slow  # (wandb's service process: out of make test-fast)
+@pytest.mark.lowest
 def test_setup_wandb_as_ezpz_offline(tmp_path, monkeypatch, capfd):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

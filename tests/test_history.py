@@ -214,6 +214,7 @@ def test_failing_sink_warns_once_and_training_goes_on(tmp_path, capfd):
 
 
 @pytest.mark.slow  # (wandb's service process: out of make test-fast)
+@pytest.mark.lowest
 def test_wandb_offline_writes_its_run_directory(tmp_path):
     code = ("import parsl_torch as pt\n"
             "h = pt.History('train', path='h.h5', sinks=['wandb'], config={'lr': 0.1})\n"

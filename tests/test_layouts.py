@@ -133,6 +133,7 @@ def assert_follows_one_process(ranks, layouts):
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_pipeline_schedules_on_two_ranks_follow_one_process(tmp_path):
     layouts = {"gpipe": {"pp": 2, "pp_schedule": "gpipe"}, "1f1b": {"pp": 2, "ac": "full"},
                "interleaved": {"pp": 2, "pp_schedule": "interleaved-1f1b", "pp_microbatches": 4},

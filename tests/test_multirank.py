@@ -27,7 +27,7 @@ def mean_losses(per_rank, key, ranks):
             for i in range(len(per_rank[0][key]["losses"]))]
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("mpiexec", marks=pytest.mark.lowest), "torchrun"])
 def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
     ranks = run_suite(tmp_path, launcher, 2, "topology,ddp,fsdp,fsdp_bf16,fsdp_ac,tp")
     expected = "mpich" if launcher == "mpiexec" else "torchrun"

@@ -67,6 +67,7 @@ def test_the_main_job_on_a_terminal_shows_its_stages_and_ends_cleanly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_train_eval_workflow_then_rerun_does_no_training(tmp_path, plots):
     run_dir = tmp_path / "run"
     args = ["--run-dir", str(run_dir), *small_configs(tmp_path)]

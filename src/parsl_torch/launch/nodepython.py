@@ -101,14 +101,26 @@ def _unpack_into(archive: Path, root: Path) -> None:
     tmp = root.with_name(f"{root.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="tar")
+    _extract(archive, tmp)
     _relocate(tmp, root)
     (tmp / ".complete").touch()
     try:
         os.rename(tmp, root)
     except OSError:  # another process of this node unpacked it first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _extract(archive: Path, into: Path) -> None:
+    """The archive's files under ``into``: with the node's ``tar`` where there is one (GNU tar reads a
+    1.8 GB environment in a 20th of the CPU of Python's ``tarfile``, on every node of every block: 0.3 s
+    against 10 s, docs/multinode.md), refusing absolute and ``..`` names and setting no permission its
+    umask masks, as ``tarfile``'s ``tar`` filter does where there is none."""
+    if shutil.which("tar"):
+        subprocess.run(["tar", "-xf", str(archive), "-C", str(into), "--no-same-permissions"], check=True,
+                       stdout=subprocess.DEVNULL)
+        return
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="tar")
 
 
 def _relocate(tmp: Path, root: Path) -> None:
