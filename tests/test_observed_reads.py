@@ -184,18 +184,19 @@ def test_what_a_stage_read_reruns_it_and_only_it(tmp_path):
     assert _ran(log) == {"reader", "producer", "consumer"}, log
     assert f"[reader] runs again: input {tmp_path / 'data' / 'b.txt'} changed" in log, log
     assert f"[consumer] runs again: input {tmp_path / 'runs' / 'producer' / 'made.txt'} changed" in log, log
+    # four changes, each seen by its own stages alone (one run: each stage's reason names its change only)
     (tmp_path / "data" / "c.txt").write_text("c2")  # (PDATA / "c.txt") inside a module's function
-    result, log = _run(tmp_path, "7")
-    assert result["reader"] == "two+c2" and _ran(log) == {"reader"}, log
     (tmp_path / "archmod.py").write_text("WIDTH = 128\n")  # importlib.import_module(ARCH)
-    result, log = _run(tmp_path, "4")
-    assert result["arch"] == result["arch2"] == 128 and _ran(log) == {"arch", "arch2"}, log
-    result, log = _run(tmp_path, "5", MYAPP_EXTRA="x")  # the whole environment, read through dict(os.environ)
-    assert result["envy"] == [["MYAPP_EXTRA", "x"], ["MYAPP_MODE", "a"]] and _ran(log) == {"envy"}, log
     (tmp_path / "shards" / "s7.txt").write_text("11")  # one shard of many
-    result, log = _run(tmp_path, "6", MYAPP_EXTRA="x")
-    assert result["sharded"] == 310 and _ran(log) == {"sharded"}, log
-    assert f"input {tmp_path / 'shards'} changed" in log, log
+    result, log = _run(tmp_path, "4", MYAPP_EXTRA="x")  # the whole environment, read through dict(os.environ)
+    assert result["reader"] == "two+c2" and result["arch"] == result["arch2"] == 128 and result["sharded"] == 310
+    assert result["envy"] == [["MYAPP_EXTRA", "x"], ["MYAPP_MODE", "a"]]
+    changes = {"reader": "c.txt", "arch": "archmod.py", "arch2": "archmod.py",
+               "sharded": f"input {tmp_path / 'shards'} changed", "envy": "the environment's variables changed"}
+    assert _ran(log) == set(changes), log
+    for stage, change in changes.items():
+        why = next(line for line in log.splitlines() if f"[{stage}] runs again: " in line)
+        assert change in why and not any(other in why for other in set(changes.values()) - {change}), why
 
 
 BELOW_OPEN = '''

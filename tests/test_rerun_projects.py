@@ -253,11 +253,9 @@ def test_each_edit_reruns_exactly_the_stages_that_can_see_it(tmp_path, warm):
     assert {k: v for k, v in first["extras"].items() if k != "run"} == {
         "path": "path-v1\n", "table": "a,b\n", "scale": "1", "loaded": "loaded-v1", "cfg": 9, "conf": "conf-v1\n"}
 
-    # the same project under another hash seed; then under a third, with a comment and blank lines moving
-    # every function down, a comment in a module, another walltime and the run directory through a link:
-    # nothing can change, nothing runs (the log would say what did)
-    again, states = run(project, seed="1", **mode)
-    assert set(states.values()) == {"skipped"} and again == first, states
+    # the same project under another hash seed, with a comment and blank lines moving every function down,
+    # a comment in a module, another walltime and the run directory through a link: nothing can change,
+    # nothing runs (the log would say what did; a run under another seed alone checked a part of this)
     edit(project, "wf.py", "import importlib, json", "# a comment\n\n\nimport importlib, json")
     edit(project, "mymod.py", "def helper", "# helpers\n\ndef helper")
     (project / "link").symlink_to("runs")

@@ -18,7 +18,7 @@ def main() -> None:
     if sys.argv[1:]:
         sys.exit(f"usage: python -m {INTERCHANGE} < CONFIG  (Parsl's executor starts it, its configuration pickled "
                  f"on standard input; not for use by hand)")
-    import_lean("parsl")  # (not the module itself: runpy runs it afresh as __main__)
+    import_lean(INTERCHANGE_MODULE)  # (its modules: runpy runs it afresh as __main__)
     runpy.run_module(INTERCHANGE_MODULE, run_name="__main__", alter_sys=True)
 
 

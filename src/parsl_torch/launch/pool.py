@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     if opts.path:  # for this process and the workers it starts (spawned: they read PYTHONPATH)
         sys.path[:0] = opts.path
         os.environ["PYTHONPATH"] = os.pathsep.join([*opts.path, *filter(None, [os.environ.get("PYTHONPATH")])])
-    import_lean("parsl")
+    import_lean(POOL_MODULE)  # (its modules: runpy runs it afresh as __main__)
     _place_with_slots(opts.quarantine, opts.spares, tuple(filter(None, opts.accelerators.split(","))),
                       opts.visibility)
     _fork_workers_from_a_preloaded_server()
