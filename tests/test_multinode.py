@@ -391,10 +391,10 @@ def test_a_lost_node_is_never_handed_to_another_stage_of_its_block(cluster, site
         cluster.module.lose_node(hosts[victim])
         go.write_text("")
         with pytest.raises(StageError, match=rf"node {hosts[victim]} lost"):
-            first[victim].result(timeout=120)
-        assert all(f.result(timeout=120) in hosts for i, f in enumerate(first) if i != victim)
+            first[victim].result(timeout=180)
+        assert all(f.result(timeout=180) in hosts for i, f in enumerate(first) if i != victim)
         after = [where(str(tmp_path / f"a{i}"), None, stage=f"after-{i}") for i in range(4)]
-        placed = [f.result(timeout=120) for f in after]
+        placed = [f.result(timeout=180) for f in after]
         wide = where(str(tmp_path / "w"), None, stage="wide", num_nodes=3)  # more nodes than are left: at once
         with pytest.raises(StageError, match=rf"needs 3 node\(s\) but its block has 2 left: {hosts[victim]} lost"):
             wide.result(timeout=60)

@@ -330,7 +330,7 @@ def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
         child, helper, worker = map(int, proc.stdout.readline().split())
 
         def gone(pid: int) -> bool:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             return not _alive(pid)
