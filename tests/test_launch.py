@@ -636,7 +636,7 @@ def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(t
             "from parsl_torch.launch.leanparsl import import_lean\n"
             "from parsl_torch.launch.interchange import INTERCHANGE_MODULE\n"
             "from parsl_torch.launch.pool import POOL_MODULE\n"
-            "import_lean(INTERCHANGE_MODULE), import_lean(POOL_MODULE)\n"
+            "import_lean(INTERCHANGE_MODULE, POOL_MODULE)\n"
             "print('parsl.dataflow.dflow' in sys.modules, 'parsl.executors.flux.executor' in sys.modules)\n"
             "import parsl\n"
             "from parsl import python_app\n"

@@ -8,7 +8,7 @@ import runpy
 import sys
 
 from ..common.entrypoints import INTERCHANGE
-from .leanparsl import import_lean
+from .leanparsl import lean_imports
 
 #: Parsl's interchange, run as this process's main module
 INTERCHANGE_MODULE = "parsl.executors.high_throughput.interchange"
@@ -18,8 +18,8 @@ def main() -> None:
     if sys.argv[1:]:
         sys.exit(f"usage: python -m {INTERCHANGE} < CONFIG  (Parsl's executor starts it, its configuration pickled "
                  f"on standard input; not for use by hand)")
-    import_lean(INTERCHANGE_MODULE)  # (its modules: runpy runs it afresh as __main__)
-    runpy.run_module(INTERCHANGE_MODULE, run_name="__main__", alter_sys=True)
+    with lean_imports():
+        runpy.run_module(INTERCHANGE_MODULE, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ which imports the data flow kernel and every executor), once for all of them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -30,20 +32,28 @@ UNUSED = ("globus_compute_sdk", "sqlalchemy")
 HOLLOW = ("parsl", "parsl.executors")
 
 
-def import_lean(*names: str, hollow: bool = True) -> list[ModuleType]:
-    """Modules ``names`` imported while UNUSED are blocked (then unblocked: a task this process runs later
-    may still import them) and, with ``hollow``, HOLLOW are hollow."""
+@contextlib.contextmanager
+def lean_imports(hollow: bool = True) -> Iterator[None]:
+    """While inside: UNUSED blocked (then unblocked: a task this process runs later may still import
+    them) and, with ``hollow``, HOLLOW hollow where not imported yet. The interchange and the pool's own
+    process (which run no task: the pool's workers are forked from its forkserver) run inside it."""
     blocked = [m for m in UNUSED if m not in sys.modules]
     sys.modules.update(dict.fromkeys(blocked))
     try:
         for package in HOLLOW if hollow else ():
             if package not in sys.modules:
                 _hollow(package)
-        return [importlib.import_module(name) for name in names]
+        yield
     finally:
         for m in blocked:
             if m in sys.modules and sys.modules[m] is None:
                 del sys.modules[m]
+
+
+def import_lean(*names: str, hollow: bool = True) -> list[ModuleType]:
+    """Modules ``names`` imported inside ``lean_imports(hollow)``."""
+    with lean_imports(hollow):
+        return [importlib.import_module(name) for name in names]
 
 
 def _hollow(name: str) -> None:

@@ -25,7 +25,7 @@ import runpy
 import sys
 
 from ..common import entrypoints, settings
-from .leanparsl import import_lean
+from .leanparsl import lean_imports
 
 
 def scheduler_class(path: str, spares: int, accelerators: tuple[str, ...], visibility: str) -> type:
@@ -82,12 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     if opts.path:  # for this process and the workers it starts (spawned: they read PYTHONPATH)
         sys.path[:0] = opts.path
         os.environ["PYTHONPATH"] = os.pathsep.join([*opts.path, *filter(None, [os.environ.get("PYTHONPATH")])])
-    import_lean(POOL_MODULE)  # (its modules: runpy runs it afresh as __main__)
-    _place_with_slots(opts.quarantine, opts.spares, tuple(filter(None, opts.accelerators.split(","))),
-                      opts.visibility)
-    _fork_workers_from_a_preloaded_server()
-    sys.argv = ["process_worker_pool.py", *argv[split + 1:]]
-    runpy.run_module(POOL_MODULE, run_name="__main__", alter_sys=True)
+    with lean_imports():
+        _place_with_slots(opts.quarantine, opts.spares, tuple(filter(None, opts.accelerators.split(","))),
+                          opts.visibility)
+        _fork_workers_from_a_preloaded_server()
+        sys.argv = ["process_worker_pool.py", *argv[split + 1:]]
+        runpy.run_module(POOL_MODULE, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
