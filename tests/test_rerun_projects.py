@@ -230,9 +230,10 @@ EDITS = [
 #: process has seen could differ from a fresh one's: code it imported, env, modules, the files left (input
 #: files are digested in the workflow, the same warm or cold: their rows run cold only, for CI's time)
 WARM_RUNS = ((11, 0), (12, 1), (13, 8), (16,), (17,))
-#: cold, all rows; both run two rows at a time on two stages (each must rerun exactly its own stage, with
-#: its own reason), in an order that keeps each stage's rows in theirs: their results build on the rows before
-COLD_RUNS = ((9, 0), (10, 1), (11, 2), (12, 3), (13, 5), (14, 6), (15, 7), (16, 18), (17, 4), (8, 19), (20, 21))
+#: cold, all rows, up to three at a time on as many stages (each must rerun exactly its own stage, with its
+#: own reason; the 9 rows of extras set the number of runs), in an order that keeps each stage's rows in
+#: theirs: their results build on the rows before
+COLD_RUNS = ((9, 0, 2), (10, 1, 3), (11, 5, 18), (12, 6, 4), (13, 7, 19), (14, 8, 20), (15, 21), (16,), (17,))
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])

@@ -7,8 +7,9 @@ in each of the three processes a workflow starts before its first stage runs (th
 the worker pool, the pool's forkserver), which need a tenth of it.
 
 Here the optional packages are blocked (Parsl takes them as absent) while the modules asked for
-are imported, and for the interchange and the pool those two packages are put in ``sys.modules``
-hollow (their ``__init__`` not run): 0.3 s of CPU instead of 0.9 for the interchange's module. A
+are imported (the interchange and the pool run whole inside the block), and for these two, those
+two packages are put in ``sys.modules`` hollow (their ``__init__`` not run): 0.3 s of CPU instead
+of 0.9 for the interchange's module. A
 hollow package is filled (its ``__init__`` run) the first time it is asked for anything that is
 not one of its modules: code that uses ``parsl.File`` or ``from parsl import python_app`` gets
 Parsl whole. The pool's forkserver imports Parsl whole (its workers unpickle Parsl's bash app,
