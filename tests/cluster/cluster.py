@@ -306,7 +306,8 @@ def restart_node(name: str) -> None:
 
 
 def down(quiet: bool = False) -> None:
-    """Stop everything ``up`` started: fake PBS jobs, nodes (SIGKILL of PID 1), slurmctld, the bridge."""
+    """Stop everything ``up`` started: fake PBS jobs, nodes (SIGKILL of PID 1; their storage goes, their logs
+    stay), slurmctld, the bridge."""
     record_file = STATE / "cluster.json"
     record = json.loads(record_file.read_text()) if record_file.exists() else {"init": {}, "slurmctld": None}
     for pid_file in (STATE / "pbs").glob("*.runner") if (STATE / "pbs").exists() else ():
@@ -329,6 +330,8 @@ def down(quiet: bool = False) -> None:
                 break
             time.sleep(0.1)
         _kill(record["slurmctld"], "slurmctld")
+    for node_dir in (STATE / "nodes").glob("*") if (STATE / "nodes").exists() else ():
+        shutil.rmtree(node_dir / "local", ignore_errors=True)  # its own storage: a Python copy is 1.8 GB
     for name in record.get("nodes", []):
         sh("ip", "link", "del", f"pt-{name}", check=False)
     sh("ip", "link", "del", BRIDGE, check=False)
