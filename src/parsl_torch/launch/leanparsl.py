@@ -9,10 +9,9 @@ the worker pool, the pool's forkserver), which need a tenth of it.
 Here the optional packages are blocked (Parsl takes them as absent) while the modules asked for
 are imported (the interchange and the pool run whole inside the block), and for these two, those
 two packages are put in ``sys.modules`` hollow (their ``__init__`` not run): 0.3 s of CPU instead
-of 0.9 for the interchange's module. A
-hollow package is filled (its ``__init__`` run) the first time it is asked for anything that is
-not one of its modules: code that uses ``parsl.File`` or ``from parsl import python_app`` gets
-Parsl whole. The pool's forkserver imports Parsl whole (its workers unpickle Parsl's bash app,
+of 0.9 for the interchange's module. A hollow package is filled (its ``__init__`` run) the first
+time it is asked for anything that is not one of its modules: code that uses ``parsl.File`` or
+``from parsl import python_app`` gets Parsl whole. The pool's forkserver imports Parsl whole (its workers unpickle Parsl's bash app,
 which imports the data flow kernel and every executor), once for all of them.
 """
 
@@ -23,7 +22,6 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 #: what Parsl imports if it can (``try: import ... except ImportError``), for executors and a
@@ -51,10 +49,11 @@ def lean_imports(hollow: bool = True) -> Iterator[None]:
                 del sys.modules[m]
 
 
-def import_lean(*names: str, hollow: bool = True) -> list[ModuleType]:
+def import_lean(*names: str, hollow: bool = True) -> None:
     """Modules ``names`` imported inside ``lean_imports(hollow)``."""
     with lean_imports(hollow):
-        return [importlib.import_module(name) for name in names]
+        for name in names:
+            importlib.import_module(name)
 
 
 def _hollow(name: str) -> None:
