@@ -306,6 +306,31 @@ def test_a_folder_of_many_files_read_is_kept_as_the_folder_and_a_module_cache_as
     assert _source_of("/p/data.pyc") == "/p/data.pyc"
 
 
+def test_a_module_read_through_its_compiled_cache_keeps_its_sources_state(tmp_path):
+    """Where Python writes bytecode (its default: not on CI's machine), the first import of a module writes
+    its cache and later ones read the cache: both observers must record the source, with the source's
+    state, or every stage importing your module would rerun as "mymod.py changed while its last run ran"
+    (it did: the observer below Python recorded the cache's state under the source's name)."""
+    from parsl_torch.common import preload
+    from parsl_torch.common.observe import file_state
+    from parsl_torch.apps.identity.reads import changed_while_running
+
+    assert preload.library() is not None, preload.why_not()
+    (tmp_path / "proj").mkdir()
+    source = tmp_path / "proj" / "mymod.py"
+    source.write_text("VALUE = 1\n")
+    code = ("import os, subprocess, sys\n"
+            "env = {k: v for k, v in os.environ.items() if k != 'PYTHONDONTWRITEBYTECODE'}\n"
+            "for _ in range(2):  # the first writes the cache, the second reads it\n"
+            f"    subprocess.run([sys.executable, '-c', 'import mymod'], env=env, cwd={str(source.parent)!r}, "
+            "check=True)\n")
+    reads = _observed(tmp_path, code)
+    assert list((source.parent / "__pycache__").glob("mymod.*.pyc")), "the cache was not written"
+    assert f"f {source}" in reads and f"t {file_state(str(source))} {source}" in reads, reads
+    assert not any("__pycache__" in line or line == f"w {source}" for line in reads), reads
+    assert changed_while_running(sorted(reads)) == [], reads
+
+
 def _observed(tmp_path: Path, code: str) -> set[str]:
     """What ``python -c code`` read, observed as a rank's processes are."""
     from parsl_torch.common.observe import reads_of

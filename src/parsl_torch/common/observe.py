@@ -199,6 +199,8 @@ class Recorder:
             text = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
         except TypeError:
             return
+        if kind == "w" and os.path.basename(os.path.dirname(os.path.abspath(text))) == "__pycache__":
+            return  # a module's cache (or its temporary) written is Python's doing: no write of its source
         full = _source_of(os.path.abspath(text))
         inside = os.path.join(full, "")
         if inside.startswith(self.skipped) or inside.startswith(self.folder):

@@ -271,17 +271,20 @@ static int ignored(const char *path) {
     return 0;
 }
 
-/* a module's compiled cache stands for its source (pkg/__pycache__/m.cpython-311.pyc -> pkg/m.py) */
-static void source_of(char *path) {
+/* a module's compiled cache stands for its source (pkg/__pycache__/m.cpython-311.pyc -> pkg/m.py): 1 where
+ * it did, and the state recorded is then the source's, as the Python observer's is (the cache's own changes
+ * each time a Python writes it anew) */
+static int source_of(char *path) {
     size_t n = strlen(path);
     char *slash = strrchr(path, '/');
     if (n < 4 || strcmp(path + n - 4, ".pyc") != 0 || slash == NULL || slash - path < 12 ||
         strncmp(slash - 12, "/__pycache__", 12) != 0)
-        return;
+        return 0;
     char *dot = strchr(slash + 1, '.');
     char name[PT_MAX];
     snprintf(name, sizeof name, "%.*s.py", (int)(dot - slash - 1), slash + 1);
     strcpy(slash - 11, name);
+    return 1;
 }
 
 /* ---- what is recorded ---- */
@@ -318,7 +321,9 @@ static void opened(int dirfd, const char *path, int flags, int fd, int error) {
     int how = flags & O_ACCMODE;
     if (!line_path(dirfd, path, full))
         return;
-    source_of(full);
+    const char *slash = strrchr(full, '/');
+    int cache_folder = slash != NULL && slash - full >= 12 && strncmp(slash - 12, "/__pycache__", 12) == 0;
+    int cache = source_of(full);
     if (ignored(full))
         return;
     busy = 1;
@@ -330,9 +335,11 @@ static void opened(int dirfd, const char *path, int flags, int fd, int error) {
     } else {
         struct stat st;
         if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) {
-            if (how != O_RDONLY || (flags & (O_CREAT | O_TRUNC)))
-                emit("w", full);
-            if (how != O_WRONLY) {
+            if (!cache_folder && (how != O_RDONLY || (flags & (O_CREAT | O_TRUNC))))
+                emit("w", full);  /* (a module's cache, or its temporary, written is Python's: no output) */
+            if (how != O_WRONLY && cache && syscall(SYS_newfstatat, AT_FDCWD, full, &st, 0) != 0) {
+                emit("f", full);  /* a cache without its source: read, with no state to compare */
+            } else if (how != O_WRONLY) {
                 char state[PT_MAX + 80];
                 snprintf(state, sizeof state, "%lld:%lld:%llu %s",
                          (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec,
