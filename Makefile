@@ -30,10 +30,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # pip installs without compiling, then BYTECODE writes every module's bytecode on all cores at once (pip
-# compiles one file after another: a third of an install's time); a file another Python's syntax fails
-# (torch's py312 test helpers) is left without, as pip leaves it: compileall's status is not the install's
+# compiles one file after another: a third of an install's time), but for the packages' own test folders
+# (a fifth of the source, never imported); a file another Python's syntax fails (torch's py312 test
+# helpers) is left without, as pip leaves it: compileall's status is not the install's
 PIP = $(1)/bin/python -m pip install -q --no-compile
-BYTECODE = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib > /dev/null || true
+BYTECODE = $(1)/bin/python -m compileall -qq -j 0 -x '/tests?/' $(1)/lib > /dev/null || true
 
 # exit 0 when the torch installed satisfies the requirement given (pip's own packaging reads it)
 TORCH_KEPT := $(BIN)/python -c "import sys, importlib.metadata as m; from pip._vendor.packaging.requirements import Requirement; r = Requirement(sys.argv[1]); sys.exit(not (r.name == 'torch' and r.specifier.contains(m.version('torch'), prereleases=True)))"
@@ -63,18 +64,24 @@ demo: $(VENV)/.installed-demo
 # what shares a machine-wide resource runs in one worker (conftest.py)
 TEST_JOBS ?= 3
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
-# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), after it: two at a time,
-# each about half a core's work for two minutes (docs/testing.md), so that one's load is no other's wait
-ALONE := -n 2 --dist loadgroup
+# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), after it: three at a
+# time, each about a third of a core's work for one or two minutes (docs/testing.md), so that one's load is
+# no other's wait
+ALONE := -n 3 --dist loadgroup
 
 # the package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) every
 # rank, shim and pool would compile it again (compileall skips what is up to date)
 COMPILE := $(BIN)/python -m compileall -q src
 
+# make test runs as a Python does by default, writing the bytecode of what it imports (a stage's own modules:
+# a module read through its cache is another path of the observer's); where PYTHONDONTWRITEBYTECODE is set
+# (as on CI's machine), make test-fast and make test-lowest keep it, so CI runs both
+AS_BY_DEFAULT := env -u PYTHONDONTWRITEBYTECODE
+
 test: $(VENV)/.installed-test
 	$(COMPILE)
-	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
-	$(RUN) $(BIN)/python -m pytest $(ALONE) -m alone --timings-json=test-times-alone.json
+	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
+	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(ALONE) -m alone --timings-json=test-times-alone.json
 
 # the per-file table of the last make test: wall time, and how much of it the cores worked
 # (the tests run side by side, then those that need the machine alone)

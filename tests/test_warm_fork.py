@@ -77,6 +77,33 @@ def test_a_failed_warm_call_names_the_rank_that_failed_first_not_the_ranks_it_to
     assert peer_first.summary == "rank 1 on n2 was killed by SIGKILL"
 
 
+def test_a_fork_killed_from_outside_while_its_parent_stops_it_for_a_peer_is_killed_not_stopped(tmp_path):
+    """The race of a 2-node warm call (seen in a clean-clone run): rank 1's fork is SIGKILLed, rank 0's
+    collective breaks and rank 0 claims the failure first, and rank 1's parent sees that claim before it
+    sees its own fork's end, so it 'stops' a fork that a SIGKILL from outside had ended. Its report must
+    say killed (it is the call's cause), not stopped; a fork that its parent's SIGTERM ends stays stopped."""
+    from types import SimpleNamespace
+
+    from parsl_torch.apps.warm.rank import _Parent
+
+    parent = SimpleNamespace(dir=str(tmp_path), rank=1)
+    job = SimpleNamespace(walltime=None)
+    (tmp_path / JOBS).mkdir()
+    claim_first(job_path(tmp_path, 0, "failed"), 0)  # (rank 0 claimed first)
+    for own_kill, expected in ((True, (-9, "")), (False, (-15, "peer"))):
+        pid = os.fork()
+        if pid == 0:  # the fork: deaf to its parent's SIGTERM when a SIGKILL from outside is to end it
+            import signal
+
+            if own_kill:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(30)
+            os._exit(0)
+        assert _Parent._wait(parent, 0, job, pid) == expected
+
+
 def test_the_fork_that_raised_claims_the_first_failure_before_its_peers_collectives_break(tmp_path, monkeypatch):
     """A warm call's fork claims the call's first failure as its code raises, before its process ends (which
     breaks its peers' collectives): a peer's parent that saw its own child end first claims too late (this

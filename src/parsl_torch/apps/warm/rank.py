@@ -173,6 +173,7 @@ class _Parent:
         """Until the child ends (its pidfd wakes this at once); it is stopped (SIGTERM, then SIGKILL after
         STOP_GRACE_S) when another rank's child failed or the call's walltime passed."""
         failed, started, stopped, why = job_path(self.dir, n, "failed"), time.monotonic(), None, ""
+        sent: set[int] = set()
         ended = os.pidfd_open(pid)
         try:
             while not select.select([ended], [], [], CHECK_S)[0]:
@@ -184,14 +185,19 @@ class _Parent:
                         why = "walltime"
                     if why:
                         stopped = time.monotonic()
+                        sent.add(signal.SIGTERM)
                         with contextlib.suppress(OSError):
                             os.kill(pid, signal.SIGTERM)
                 elif time.monotonic() - stopped > STOP_GRACE_S:
+                    sent.add(signal.SIGKILL)
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
         finally:
             os.close(ended)
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), why
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        # a child killed by a signal this parent did not send died of its own (a SIGKILL from outside, which
+        # ended it while a peer whose collective it broke claimed the failure first): not stopped, the cause
+        return code, ("" if code < 0 and -code not in sent else why)
 
     def _report(self, n: int, job: stagedir.WarmJob, code: int, stopped: str) -> None:
         folder = settings.READS_DIR.get()  # (first: what the parent opens from here on is not the call's)
