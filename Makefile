@@ -30,11 +30,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # pip installs without compiling, then BYTECODE writes every module's bytecode on all cores at once (pip
-# compiles one file after another: a third of an install's time), but for the packages' own test folders
-# (a fifth of the source, never imported); a file another Python's syntax fails (torch's py312 test
-# helpers) is left without, as pip leaves it: compileall's status is not the install's
+# compiles one file after another: a third of an install's time); a file another Python's syntax fails
+# (torch's py312 test helpers) is left without, as pip leaves it: compileall's status is not the install's
 PIP = $(1)/bin/python -m pip install -q --no-compile
-BYTECODE = $(1)/bin/python -m compileall -qq -j 0 -x '/tests?/' $(1)/lib > /dev/null || true
+BYTECODE = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib > /dev/null || true
 
 # exit 0 when the torch installed satisfies the requirement given (pip's own packaging reads it)
 TORCH_KEPT := $(BIN)/python -c "import sys, importlib.metadata as m; from pip._vendor.packaging.requirements import Requirement; r = Requirement(sys.argv[1]); sys.exit(not (r.name == 'torch' and r.specifier.contains(m.version('torch'), prereleases=True)))"
@@ -64,10 +63,10 @@ demo: $(VENV)/.installed-demo
 # what shares a machine-wide resource runs in one worker (conftest.py)
 TEST_JOBS ?= 3
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
-# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), after it: three at a
-# time, each about a third of a core's work for one or two minutes (docs/testing.md), so that one's load is
-# no other's wait
-ALONE := -n 3 --dist loadgroup
+# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), after it: two at a time,
+# each about half a core's work for two minutes (docs/testing.md), so that one's load is no other's wait
+# (three at a time took longer: 147 s against 115 s)
+ALONE := -n 2 --dist loadgroup
 
 # the package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) every
 # rank, shim and pool would compile it again (compileall skips what is up to date)

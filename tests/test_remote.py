@@ -273,7 +273,7 @@ def test_workflow_functions_and_their_modules_run_on_a_globus_site(tmp_path, mon
 
     def run(seed):  # each run in its own process, under its own hash seed
         out = subprocess.run([sys.executable, "wf.py", str(tmp_path / "engine"), str(tmp_path / "run")], cwd=project,
-                             env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=300)
+                             env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=360)
         assert out.returncode == 0, out.stderr[-3000:]
         return next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))
 

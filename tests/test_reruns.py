@@ -254,7 +254,7 @@ def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_
         if proc.poll() is None:  # a failed check must not leave a 100000-step training behind
             os.kill(proc.pid, signal.SIGKILL)
     try:
-        again = run(wf, str(runs), "0.001", "4", timeout=120)  # another call (steps changed): from step 0
+        again = run(wf, str(runs), "0.001", "4", timeout=150)  # another call (steps changed): from step 0
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"rerun hung: {exc.stderr!r}\n{_carrying(str(runs))}\n"
                              + "".join(p.read_text()[-2000:] for p in (runs / "train").glob("std*"))) from None
@@ -265,7 +265,7 @@ def test_a_workflow_killed_with_sigkill_leaves_nothing_and_a_rerun_is_sound(tmp_
 def _kill_and_check(proc: subprocess.Popen, runs: Path) -> None:
     import signal
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 150
     while not list((runs / "train").glob("*.progress.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list((runs / "train").glob("*.progress.json")), "training never started"

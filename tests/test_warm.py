@@ -189,7 +189,7 @@ def test_a_workflow_killed_with_warm_ranks_up_leaves_no_process(tmp_path):
         time.sleep(0.2)
     assert not left, f"left behind {BOUND_S:g} s after the kill: {left}"
     with pt.workflow(site="local", run_dir=run_dir, warm=True):  # the next run cleans the killed one's groups up
-        assert probe(0, stage="next").result(timeout=120)["sum"] == 2
+        assert probe(0, stage="next").result(timeout=150)["sum"] == 2
     assert not list((run_dir / ".warm").iterdir())
 
 

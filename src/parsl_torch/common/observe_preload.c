@@ -271,15 +271,20 @@ static int ignored(const char *path) {
     return 0;
 }
 
+/* whether a file is in a folder of Python's compiled caches */
+static int in_cache_folder(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash != NULL && slash - path >= 12 && strncmp(slash - 12, "/__pycache__", 12) == 0;
+}
+
 /* a module's compiled cache stands for its source (pkg/__pycache__/m.cpython-311.pyc -> pkg/m.py): 1 where
  * it did, and the state recorded is then the source's, as the Python observer's is (the cache's own changes
  * each time a Python writes it anew) */
 static int source_of(char *path) {
     size_t n = strlen(path);
-    char *slash = strrchr(path, '/');
-    if (n < 4 || strcmp(path + n - 4, ".pyc") != 0 || slash == NULL || slash - path < 12 ||
-        strncmp(slash - 12, "/__pycache__", 12) != 0)
+    if (n < 4 || strcmp(path + n - 4, ".pyc") != 0 || !in_cache_folder(path))
         return 0;
+    char *slash = strrchr(path, '/');
     char *dot = strchr(slash + 1, '.');
     char name[PT_MAX];
     snprintf(name, sizeof name, "%.*s.py", (int)(dot - slash - 1), slash + 1);
@@ -321,8 +326,7 @@ static void opened(int dirfd, const char *path, int flags, int fd, int error) {
     int how = flags & O_ACCMODE;
     if (!line_path(dirfd, path, full))
         return;
-    const char *slash = strrchr(full, '/');
-    int cache_folder = slash != NULL && slash - full >= 12 && strncmp(slash - 12, "/__pycache__", 12) == 0;
+    int cache_folder = in_cache_folder(full);
     int cache = source_of(full);
     if (ignored(full))
         return;
