@@ -53,7 +53,7 @@ def test_four_ranks_write_shards_and_one_or_two_ranks_evaluate_them_as_the_expor
     assert one["trained_steps"] == two["trained_steps"] == 20
     assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-6) and two["eval_acc"] == one["eval_acc"]
     out = subprocess.run([str(BIN / "parsl-torch"), "checkpoint", "export", "ck", "full.pt"], capture_output=True,
-                         text=True, timeout=240, cwd=root, env=clean_env())
+                         text=True, timeout=300, cwd=root, env=clean_env())
     assert out.returncode == 0, out.stderr
     full = _result(_stage(root, "evaluate", 1, "--config", "eval.yaml", "--checkpoint", "full.pt",
                           "--history", "ef.h5"))

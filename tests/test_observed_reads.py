@@ -311,9 +311,9 @@ def test_a_module_read_through_its_compiled_cache_keeps_its_sources_state(tmp_pa
     its cache and later ones read the cache: both observers must record the source, with the source's
     state, or every stage importing your module would rerun as "mymod.py changed while its last run ran"
     (it did: the observer below Python recorded the cache's state under the source's name)."""
+    from parsl_torch.apps.identity.reads import changed_while_running
     from parsl_torch.common import preload
     from parsl_torch.common.observe import file_state
-    from parsl_torch.apps.identity.reads import changed_while_running
 
     assert preload.library() is not None, preload.why_not()
     (tmp_path / "proj").mkdir()

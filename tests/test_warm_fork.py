@@ -95,8 +95,8 @@ def test_a_fork_killed_from_outside_while_its_parent_stops_it_for_a_peer_is_kill
         if pid == 0:  # the fork: deaf to its parent's SIGTERM when a SIGKILL from outside is to end it
             import signal
 
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if own_kill else signal.SIG_DFL)
             if own_kill:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 time.sleep(0.5)
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(30)
