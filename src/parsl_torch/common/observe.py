@@ -199,9 +199,10 @@ class Recorder:
             text = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
         except TypeError:
             return
-        if kind == "w" and os.path.basename(os.path.dirname(os.path.abspath(text))) == "__pycache__":
+        text = os.path.abspath(text)
+        if kind == "w" and _in_cache_folder(text):
             return  # a module's cache (or its temporary) written is Python's doing: no write of its source
-        full = _source_of(os.path.abspath(text))
+        full = _source_of(text)
         inside = os.path.join(full, "")
         if inside.startswith(self.skipped) or inside.startswith(self.folder):
             return
@@ -249,12 +250,15 @@ class Recorder:
 def _source_of(path: str) -> str:
     """A module's compiled cache (``pkg/__pycache__/mod.cpython-312.pyc``) stands for its source
     (``pkg/mod.py``), which is what an edit changes: the cache follows only at the next import."""
-    if not path.endswith(".pyc"):
+    if not path.endswith(".pyc") or not _in_cache_folder(path):
         return path
     folder, name = os.path.split(path)
-    if os.path.basename(folder) != "__pycache__":
-        return path
     return os.path.join(os.path.dirname(folder), name.split(".", 1)[0] + ".py")
+
+
+def _in_cache_folder(path: str) -> bool:
+    """Whether ``path`` is in a folder of Python's compiled caches."""
+    return os.path.basename(os.path.dirname(path)) == "__pycache__"
 
 
 def _made_since(path: str, since: float) -> bool:

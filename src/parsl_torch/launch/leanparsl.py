@@ -11,8 +11,9 @@ are imported (the interchange and the pool run whole inside the block), and for 
 two packages are put in ``sys.modules`` hollow (their ``__init__`` not run): 0.3 s of CPU instead
 of 0.9 for the interchange's module. A hollow package is filled (its ``__init__`` run) the first
 time it is asked for anything that is not one of its modules: code that uses ``parsl.File`` or
-``from parsl import python_app`` gets Parsl whole. The pool's forkserver imports Parsl whole (its workers unpickle Parsl's bash app,
-which imports the data flow kernel and every executor), once for all of them.
+``from parsl import python_app`` gets Parsl whole. The pool's forkserver imports Parsl whole (its
+workers unpickle Parsl's bash app, which imports the data flow kernel and every executor), once for
+all of them.
 """
 
 from __future__ import annotations
