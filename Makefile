@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   install into .venv and run the main job: train -> evaluate on the local site
-#   make test   install into .venv (with the test extras), run every test: 3 at a time, then the alone ones 2 at a time
+#   make test   install into .venv (with the test and docs extras), run every test: the alone ones 2 at a time, then the rest 3 at a time
 #   make test-fast   the tests without multi-process jobs (the edit-test loop)
 #   make test-times  the last make test per test file: wall time, and how much of it was work
 #   make docs   build the manual (docs/) into site/ (CI runs it)
@@ -50,10 +50,11 @@ $(VENV)/.installed-demo: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(call BYTECODE,$(VENV))
 	touch $@
 
+# with the docs extra: one pip run, one bytecode pass, and .ci/run builds the manual beside the tests
 $(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
-	$(call PIP,$(VENV)) -e ".[mpi,workflow,history,test,endpoint,float8,loaders,sweeps]"
+	$(call PIP,$(VENV)) -e ".[mpi,workflow,history,test,endpoint,float8,loaders,sweeps,docs]"
 	$(call BYTECODE,$(VENV))
-	touch $@
+	touch $@ $(VENV)/.installed-docs
 
 demo: $(VENV)/.installed-demo
 	$(RUN) $(BIN)/parsl-torch run workflows/train_eval.py
@@ -63,9 +64,10 @@ demo: $(VENV)/.installed-demo
 # what shares a machine-wide resource runs in one worker (conftest.py)
 TEST_JOBS ?= 3
 PARALLEL := -n $(TEST_JOBS) --dist loadgroup
-# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), after it: two at a time,
+# the tests that cannot run beside the whole suite (pyproject.toml's alone marker), before it: two at a time,
 # each about half a core's work for two minutes (docs/testing.md), so that one's load is no other's wait
-# (three at a time took longer: 147 s against 115 s)
+# (three at a time took longer: 147 s against 115 s); first, so that the half of the cores they leave idle
+# can do other work (.ci/run installs the lowest versions' venv and builds the manual then)
 ALONE := -n 2 --dist loadgroup
 
 # the package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) every
@@ -79,11 +81,11 @@ AS_BY_DEFAULT := env -u PYTHONDONTWRITEBYTECODE
 
 test: $(VENV)/.installed-test
 	$(COMPILE)
-	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
 	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(ALONE) -m alone --timings-json=test-times-alone.json
+	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
 
 # the per-file table of the last make test: wall time, and how much of it the cores worked
-# (the tests run side by side, then those that need the machine alone)
+# (the tests run side by side, and those that need the machine alone, run before them)
 test-times:
 	$(BIN)/python tests/timings.py test-times.json test-times-alone.json
 

@@ -15,20 +15,12 @@ from .conftest import BIN, RANKS_DIR, clean_env
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
-#: launches of the late-rank script; without the barrier at the end of setup_torch 7 of 10 failed here
-LATE_RUNS = 5
+#: launches of the late-rank script; without the barrier at the end of setup_torch 4 of 8 failed here
+#: (6 launches miss that fault 1 time in 64)
+LATE_RUNS = 6
 
 
-@pytest.fixture
-def busy_core():
-    """A process spinning on core 0, where the late-rank script puts its ranks."""
-    spin = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
-    yield
-    spin.kill()
-    spin.wait()
-
-
-def test_a_rank_that_leaves_at_once_does_not_fail_a_peer_still_joining(busy_core):
+def test_a_rank_that_leaves_at_once_does_not_fail_a_peer_still_joining():
     for attempt in range(LATE_RUNS):
         out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", "python",
                               str(RANKS_DIR / "late_rank.py")], env=clean_env(), capture_output=True,
