@@ -104,15 +104,11 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(RUN) $(BIN)/mkdocs build --strict --site-dir site
 
 LOWEST := .venv-lowest
-# its own targets: .ci/run installs its torch (the bulk: a CUDA build) while .venv installs, the rest while
-# make test runs (after .venv's install: two editable installs of one tree at once would share its egg-info)
-$(LOWEST)/.torch: .ci/lowest.txt
+# its own target: .ci/run installs it while make test runs
+$(LOWEST)/.installed: pyproject.toml .ci/lowest.txt
 	$(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
 	$(call PIP,$(LOWEST)) -c .ci/lowest.txt torch
-	touch $@
-
-$(LOWEST)/.installed: pyproject.toml .ci/lowest.txt $(LOWEST)/.torch
 	$(call PIP,$(LOWEST)) -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
 	touch $@
 
