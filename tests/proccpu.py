@@ -24,7 +24,7 @@ import time
 #: (kind, what its command line holds), first match wins: what starts a rank names it in its own
 KINDS = (("supervisor", "launch.supervise"), ("shim", "launch.shim"), ("rank", "stage_main"), ("rank", "warm.rank"),
          ("worker pool", "parsl-torch-pool"), ("pool's forkserver", "forkserver"), ("interchange", "interchange"),
-         ("watchdog", "apps.watchdog"), ("parsl-torch (cli)", "bin/parsl-torch "), ("pytest", "pytest"))
+         ("watchdog", "apps.watchdog"), ("parsl-torch (cli)", "bin/parsl-torch "))
 RECORD = struct.Struct("<BBHIIIIIIfHH")  # acct_v3 up to ac_stime; ac_comm is bytes 48..64 of 64
 SIZE, HZ = 64, 100
 
@@ -48,12 +48,15 @@ def _watch(cmdlines: dict[int, str], done: threading.Event) -> None:
 
 
 def kind(cmdline: str) -> str:
+    words = cmdline.split(" ")
+    if "pytest" in words[0].rsplit("/", 1)[-1] or words[1:3] == ["-m", "pytest"]:  # by its program alone: a
+        return "pytest"  # test's workflow script runs from a folder under /tmp/pytest-of-...
     for name, marker in KINDS:
         if marker in cmdline:
             return name
-    if cmdline.startswith(sys.executable) or "python" in cmdline.split(" ")[0]:
-        return "other python (a workflow script, ...)"
-    return cmdline.split(" ")[0].rsplit("/", 1)[-1]
+    if cmdline.startswith(sys.executable) or "python" in words[0]:
+        return "workflow script" if len(words) > 1 and words[1].endswith(".py") else "other python"
+    return words[0].rsplit("/", 1)[-1]
 
 
 def main(argv: list[str]) -> int:

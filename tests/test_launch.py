@@ -616,7 +616,8 @@ def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(t
     """``launch.leanparsl``: Parsl's optional Globus Compute executor and monitoring database (0.5 s of CPU
     of Parsl's 1 s import) are not imported by the interchange, the pool or its forkserver; a task the pool
     runs later may still import them. The interchange's module and the pool's import without Parsl's
-    ``__init__`` (its data flow kernel, every executor), and ``parsl`` is whole when asked for more."""
+    ``__init__`` (its data flow kernel, every executor), and ``parsl`` is whole when asked for more.
+    typeguard's instrumenting of Parsl's functions is left out there too, and is itself again after."""
     from parsl_torch.sites.build import workflow_config
 
     mpi = workflow_config([sites.load("local").spec], tmp_path / "parsl").executors[0]
@@ -638,13 +639,16 @@ def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(t
             "from parsl_torch.launch.pool import POOL_MODULE\n"
             "import_lean(INTERCHANGE_MODULE, POOL_MODULE)\n"
             "print('parsl.dataflow.dflow' in sys.modules, 'parsl.executors.flux.executor' in sys.modules)\n"
-            "import parsl\n"
+            "import parsl, typeguard\n"
             "from parsl import python_app\n"
-            "print(parsl.File.__module__, python_app.__module__, parsl.executors.HighThroughputExecutor.__name__)")
+            "print(parsl.File.__module__, python_app.__module__, parsl.executors.HighThroughputExecutor.__name__)\n"
+            "checks = lambda f: any(n.startswith('check_argument_types') for n in f.__code__.co_names)\n"
+            "print(checks(sys.modules['parsl.log_utils'].set_file_logger), checks(python_app))\n"  # (imported after)
+            "print(typeguard.typechecked.__module__)")
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False", "parsl.data_provider.files", "parsl.app.app",
-                                  "HighThroughputExecutor"], out.stdout
+                                  "HighThroughputExecutor", "False", "True", "typeguard"], out.stdout
 
 
 def test_a_rank_killed_by_sigkill_is_named_though_its_peers_exception_was_heard_first():

@@ -275,10 +275,14 @@ def test_a_stage_call_is_recognised_by_its_record_not_by_position_or_keyword_str
     assert not found, found
 
 
+#: what changes the interpreter's garbage collector for the whole process
+GC_SETTERS = frozenset({"gc.disable", "gc.freeze", "gc.set_threshold"})
+
+
 def _process_state(m: str, tree: ast.Module) -> set[str]:
     """What module ``m`` keeps or changes for the whole process: context variables, ``lru_cache``d
-    functions, ``os.environ`` changes (by the function that makes them), attributes set on another
-    module (a patch)."""
+    functions, ``os.environ`` and garbage collector changes (by the function that makes them),
+    attributes set on another module (a patch)."""
     found = set()
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) and \
@@ -291,6 +295,8 @@ def _process_state(m: str, tree: ast.Module) -> set[str]:
             target = None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     ast.unparse(node.func.value) == "os.environ" and node.func.attr in MUTATORS:
+                target = fn.name
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in GC_SETTERS:
                 target = fn.name
             elif isinstance(node, (ast.Assign, ast.Delete)):
                 for t in node.targets:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import parsl_torch as pt
+from parsl_torch.common.gcpause import RANK_GC_THRESHOLD
 from parsl_torch.errors import StageError
 
 from .conftest import clean_env, processes_under, torch_version
@@ -244,7 +245,7 @@ def leaks(step: int):
             # issue 55's census of process-wide settings
             "autocast": torch.is_autocast_enabled("cpu"), "matmul_dtype": str((torch.ones(2, 2) @ torch.ones(2, 2)).dtype),
             "logger_level": logging.getLogger("leaks.level").level, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
-            "gc": gc.isenabled(), "torch_print": torch._tensor_str.PRINT_OPTS.precision,
+            "gc": gc.isenabled(), "gc_threshold": gc.get_threshold(), "torch_print": torch._tensor_str.PRINT_OPTS.precision,
             "numpy_print": np.get_printoptions()["precision"], "decimal": decimal.getcontext().prec,
             "mkldnn": torch.backends.mkldnn.enabled, "digits": sys.get_int_max_str_digits(), "tz": list(time.tzname),
             "switch": sys.getswitchinterval(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
@@ -290,6 +291,7 @@ def leaks(step: int):
     logging.getLogger("leaks.level").setLevel(logging.ERROR)
     resource.setrlimit(resource.RLIMIT_NOFILE, (200, seen["nofile"][1]))
     gc.disable()
+    gc.set_threshold(1)
     torch.set_printoptions(precision=1)
     np.set_printoptions(precision=2)
     decimal.getcontext().prec = 5
@@ -323,6 +325,7 @@ def test_warm_calls_start_as_clean_as_cold_ones_whatever_the_last_call_changed(t
              "flash": True, "numpy": "warn", "sigterm": seen[0]["sigterm"], "stdout": seen[0]["stdout"],
              "recursion": seen[0]["recursion"], "stream_handlers": 0, "module_handlers": 1, "warns_raise": False,
              "autocast": False, "matmul_dtype": "torch.float32", "logger_level": 0, "gc": True, "torch_print": 4,
+             "gc_threshold": RANK_GC_THRESHOLD,
              "numpy_print": 8, "mkldnn": True, **{k: seen[0][k] for k in ("nofile", "decimal", "digits", "tz", "switch",
                                                                           "nice", "faulthandler")},
              "denormal": True, "dynamo_limit": seen[0]["dynamo_limit"], "gelu": "gelu", "builtins": False,

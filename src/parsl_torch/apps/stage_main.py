@@ -13,9 +13,11 @@ import contextlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from ..common import settings
 from ..common.files import open_private
+from ..common.gcpause import paused_gc, rank_gc
 from ..common.metadata import argument_secrets, remember_secrets
 from ..common.raised import write_raised
 from ..core.dist import cleanup, exit_process, setup_torch
@@ -28,24 +30,35 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     payload, result = argv
-    import dill
+    rank_gc()
+    with paused_gc(freeze=True):  # torch's, the payload's and its modules' imports (common.gcpause)
+        import dill
 
-    rank = setup_torch()
+        rank = setup_torch()
+        try:
+            with open(payload, "rb") as f:
+                shipped, args, kwargs = dill.load(f)
+            fn = shipped.load()
+        except BaseException as exc:  # noqa: BLE001 - as the function's own failures, below
+            _fail(exc)
     try:
-        with open(payload, "rb") as f:
-            shipped, args, kwargs = dill.load(f)
-        fn = shipped.load()
         remember_secrets(argument_secrets(fn, args, kwargs))  # (kept out of the exception text its shim reports)
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
-        traceback.print_exc()
-        write_raised(exc, settings.RAISED.get())  # the shim's report names it: the stage's error says it
-        sys.stderr.flush()
-        os._exit(1)
+        _fail(exc)
     if rank == 0:
         write_result(value, result)
     cleanup()
     return 0
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    """The traceback, the exception for the shim's report (the stage's error names it), exit 1: no
+    collective that could hang on ranks already gone."""
+    traceback.print_exc()
+    write_raised(exc, settings.RAISED.get())
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def write_result(value: object, result: str) -> None:

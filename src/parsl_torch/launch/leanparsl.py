@@ -14,6 +14,10 @@ time it is asked for anything that is not one of its modules: code that uses ``p
 ``from parsl import python_app`` gets Parsl whole. The pool's forkserver imports Parsl whole (its
 workers unpickle Parsl's bash app, which imports the data flow kernel and every executor), once for
 all of them.
+
+In all three, Parsl's ``@typechecked`` functions are left as written: typeguard instruments each at its
+import by parsing and compiling the whole of its module's source again (0.15 s of the forkserver's 0.5 s
+of CPU), to check arguments that these processes get from Parsl itself.
 """
 
 from __future__ import annotations
@@ -43,11 +47,32 @@ def lean_imports(hollow: bool = True) -> Iterator[None]:
         for package in HOLLOW if hollow else ():
             if package not in sys.modules:
                 _hollow(package)
-        yield
+        with _unchecked():
+            yield
     finally:
         for m in blocked:
             if m in sys.modules and sys.modules[m] is None:
                 del sys.modules[m]
+
+
+@contextlib.contextmanager
+def _unchecked() -> Iterator[None]:
+    """typeguard's ``typechecked`` returns what it decorates while inside (then it is itself again)."""
+    try:
+        import typeguard
+    except ImportError:  # (Parsl requires it; without it there is nothing to leave out)
+        yield
+        return
+    checked = typeguard.typechecked
+
+    def as_written(target: Any = None, **_options: Any) -> Any:
+        return (lambda decorated: decorated) if target is None else target
+
+    typeguard.typechecked = as_written  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        typeguard.typechecked = checked
 
 
 def import_lean(*names: str, hollow: bool = True) -> None:

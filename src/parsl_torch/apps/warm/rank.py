@@ -37,6 +37,7 @@ from ...common import settings, stagedir
 from ...common.blocks import CONTINUE_EXIT
 from ...common.entrypoints import stage_module
 from ...common.files import write_atomic
+from ...common.gcpause import paused_gc
 from ...common.observe import begin_call, begin_reads, observed_any, reads_of
 from ...common.outcome import Cause, Outcome
 from ...common.raised import claim_first, first_claimed, read_raised
@@ -304,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import importlib
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+    with paused_gc(freeze=True):  # (common.gcpause; frozen, they are not copied into a child by a collection)
+        for name in PRELOAD:
+            importlib.import_module(name)
     return _Parent(argv[0]).serve()
 
 
