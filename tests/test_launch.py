@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,7 +95,8 @@ def test_aurora_two_nodes(tmp_path, fake_bin):
     assert 0 < int(p.env["MASTER_PORT"]) < 65536
 
 
-def test_aurora_duplicated_nodefile_and_fewer_ranks(tmp_path, fake_bin):
+def test_aurora_duplicated_nodefile_and_fewer_ranks(tmp_path, fake_bin, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # (its host file goes when this process ends)
     nf = nodefile(tmp_path, "a", "a", "b", "b")  # one line per rank slot: deduplicated
     p = plan({"PBS_JOBID": "1", "PBS_NODEFILE": nf, "PATH": os.environ["PATH"]}, nodes=1, ppn=6)
     hostfile = p.argv[p.argv.index("--hostfile") + 1]
@@ -689,9 +692,11 @@ def test_a_shim_whose_command_ended_tells_hydra_its_rank_is_done():
 
 def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves_no_file(tmp_path):
     """What a failing function stage's rank leaves (``write_raised``) is in its shim's report: one line,
-    a secret flag's value redacted; the node-local file is gone afterwards, whatever the exit."""
-    rank = ("import sys; from parsl_torch.common import settings; from parsl_torch.common.raised import write_raised\n"
-            "write_raised(ValueError('bad lr --token=hunter2\\n  second line'), settings.RAISED.get()); sys.exit(1)")
+    a secret flag's value redacted, written here by a process the rank started (as torchrun's workers are);
+    the node-local file is gone afterwards, whatever the exit: a shim killed with SIGKILL included."""
+    writer = ("import sys; from parsl_torch.common import settings; from parsl_torch.common.raised import write_raised\n"
+              "write_raised(ValueError('bad lr --token=hunter2\\n  second line'), settings.RAISED.get()); sys.exit(1)")
+    rank = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', {writer!r}]).returncode)"
     env = clean_env(TMPDIR=str(tmp_path), RANK="0", WORLD_SIZE="1")
     env.pop("PARSL_TORCH_LAUNCH_NOTIFY", None)  # no launch to tell: the shim says it itself
     out = subprocess.run([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", rank],
@@ -708,6 +713,12 @@ def test_a_rank_that_raises_is_named_with_its_exception_by_its_shim_which_leaves
     ok = subprocess.run([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c", "pass"],
                         env=env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and not ok.stderr
+    killed = subprocess.Popen([sys.executable, "-m", "parsl_torch.launch.shim", "--", sys.executable, "-c",
+                               "import time; print('up', flush=True); time.sleep(60)"], env=env, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    assert killed.stdout.readline() == "up\n"
+    os.killpg(killed.pid, signal.SIGKILL)  # the shim and its rank, as a launcher ends a failed job's
+    killed.wait(timeout=60)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 import pytest
@@ -242,6 +243,7 @@ def test_workflow_runs_unchanged_on_a_globus_site(tmp_path, monkeypatch, engine)
 #: a workflow script of a multi-file project, its stage's code in a module beside it
 PROJECT_SCRIPT = """
 import sys
+import tempfile
 import parsl_torch as pt
 from parsl_torch.sites.endpoint import endpoint_config
 from parsl_torch.sites.engine import LocalEndpoint
@@ -406,9 +408,13 @@ def test_endpoint_test_starts_the_sites_engine_and_runs_a_two_rank_smoke_stage(e
 
 
 def test_endpoint_test_of_a_site_without_a_scheduler_is_one_line(tmp_path, monkeypatch, capsys):
+    """... and leaves no run directory behind (it made an empty one in /tmp)."""
     gc_site(tmp_path, monkeypatch)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     assert cli(["endpoint", "test", "gclab"]) == 2
     assert capsys.readouterr().err.startswith("parsl-torch: error: site 'gclab' (globus) has no scheduler")
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_endpoint_test_off_the_machine_says_so_in_one_line(capsys):

@@ -46,9 +46,9 @@ def _endpoint_test(args: argparse.Namespace) -> int:
     ``globus-compute-endpoint start`` would run, minus the service."""
     site = sites.load(args.site, account=args.account, queue=args.queue, walltime=args.walltime, nodes=args.nodes)
     interface_address(site.spec)  # off the machine: one line naming the interface, not the engine's traceback
-    python_env = args.python_env or sys.prefix
+    config = endpoint_config(site.spec, args.python_env or sys.prefix)  # (a site it refuses leaves no folder)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"parsl-torch-endpoint-{site.name}-")).absolute()
-    endpoint = LocalEndpoint(endpoint_config(site.spec, python_env), run_dir / "engine")
+    endpoint = LocalEndpoint(config, run_dir / "engine")
     _say(True, f"site {site.name}: the endpoint's loader built {endpoint.description}")
     stage_dir = run_dir / "smoke"
     env = {settings.RUN_DIR.name: str(run_dir), settings.STAGE_DIR.name: str(stage_dir), **site.rank_env()}

@@ -1,6 +1,7 @@
 """A failing rank's exception as one line, for its shim's report (``launch.shim``, ``launch.events``).
 
-The shim makes a private node-local file and names it in ``settings.RAISED``; the rank writes the
+The shim makes a private node-local file and names it in ``settings.RAISED`` (its open file under
+/proc where there is one: ``launch.shim._raised_file``); the rank writes the
 exception that ends it there (a function stage's ``stage_main`` when the function raises; a script,
 through the ``sys.excepthook`` that ``setup_torch`` adds, when an exception reaches the top), and
 the shim puts it in its failure report. So the stage's error names the exception, however the
@@ -65,13 +66,17 @@ def write_raised(exc: BaseException, path: str | None) -> None:
 
 
 def read_raised(path: str) -> str:
-    """What ``write_raised`` left (removed once read); "" if nothing."""
+    """What ``write_raised`` left, then gone (emptied, and removed where ``path`` is a name of its own, not a
+    shim's open file under /proc), so that a warm rank's next call cannot report it; "" if nothing."""
     try:
-        with open(path, errors="replace") as f:
+        with open(path, "r+", errors="replace") as f:
             text = f.read(RAISED_CHARS * 4)
-        os.unlink(path)
+            f.truncate(0)
     except OSError:
         return ""
+    if not path.startswith("/proc/"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     return text[:RAISED_CHARS]
 
 

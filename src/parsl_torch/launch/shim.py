@@ -233,11 +233,18 @@ def _command(argv: list[str]) -> list[str]:
 
 
 def _raised_file() -> str | None:
-    """An empty private file (0600) for the rank's exception (``common.raised``); None where none can be made."""
+    """An empty private file (0600) for the rank's exception (``common.raised``); None where none can be made.
+    Where /proc names this process's open files, it is removed at once and the rank (or any process under it)
+    opens it as ``/proc/<this pid>/fd/<fd>``: nothing is left in the node's /tmp however this process ends (a
+    launcher's SIGKILL of every rank of a failed job included); elsewhere it is removed once read."""
     try:
         fd, path = tempfile.mkstemp(prefix="parsl-torch-raised-")
     except OSError:
         return None
+    held = f"/proc/{os.getpid()}/fd/{fd}"  # (kept open for this process's life)
+    if os.path.exists(held):
+        os.unlink(path)
+        return held
     os.close(fd)
     return path
 
