@@ -150,6 +150,36 @@ def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
 
 
+@pytest.mark.slow
+def test_a_sweep_through_an_endpoint_that_sees_this_machines_files_cuts_its_poor_trials(tmp_path, monkeypatch,
+                                                                                          engine):
+    """``asha`` on a Globus Compute site whose endpoint sees the workflow's files (``globus.file_system:
+    local``): the workflow judges each trial from its history there and a cut one stops at its rung, its
+    files kept. On an endpoint with files of its own it is refused before any trial starts."""
+    from parsl_torch.stages import checkpoint
+
+    gc_site(tmp_path, monkeypatch, file_system="local")
+    gc_site(tmp_path, monkeypatch, name="gcfar")
+    base = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16},
+            "checkpoint_every": 5, "log_every": 50}
+    with pt.workflow(sites=["gclab", "gcfar"], run_dir=tmp_path / "run", gc_executor=engine.executor()) as wf:
+        with pytest.raises(ConfigError, match=r"pt.sweep: site 'gcfar' runs stages on a Globus Compute endpoint "
+                                              r"whose files this process cannot read while a trial runs \(it sees "
+                                              r"'endpoint 6f3a8b52-.*globus.file_system: local"):
+            pt.sweep({"lr": [5e-3]}, base=base, steps=15, min_steps=5, site="gcfar", ranks_per_node=1, name="far")
+        assert not (tmp_path / "remote").exists()
+        # (the order trials start in: 5e-3 and 2e-5 first, then the two poor ones, which are cut at step 5)
+        trials = pt.sweep({"lr": [5e-3, 1e-5, 2e-5, 3e-5]}, base=base, steps=15, min_steps=5, eta=3, window=2,
+                          site="gclab", ranks_per_node=1)
+    assert trials[0].config["lr"] == 5e-3 and trials[0].state == "finished"
+    stopped = [t for t in trials if t.state == "stopped"]
+    assert stopped, [(t.name, t.state, t.why) for t in trials]
+    for t in stopped:
+        stage_dir = tmp_path / "remote" / wf.run_dir.name / t.name
+        assert t.step == 5 and "stopped at step 5 (rung 0 at step 5: loss " in t.why and " > cut " in t.why, t.why
+        assert checkpoint.read(stage_dir / "model.pt")["step"] == 5
+
+
 def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, monkeypatch):
     """On Polaris through an endpoint the ranks are bound and ordered as a local launch there binds them."""
     from types import SimpleNamespace

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import sites
 from ..common import settings
+from ..common.gcpause import paused_gc
 from ..errors import ConfigError
 from ..launch.schedulers import get_scheduler
 from .continuation import check_max_continuations
@@ -110,9 +111,12 @@ def _sites(site: str, sites: Any) -> tuple[str, tuple[str, ...]]:
 
 def split_settings(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(site overrides, parsl.Config settings); anything else is an error, before anything is made."""
+    if not keywords:
+        return {}, {}
     import inspect
 
-    from parsl.config import Config
+    with paused_gc():  # (Parsl's import: common.gcpause)
+        from parsl.config import Config
 
     config_params = set(inspect.signature(Config).parameters)
     site, config, unknown = {}, {}, []

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..apps.asha import MODES, rung_steps
+from ..apps.placement import LOCAL_FILES
 from ..apps.rundir import check_stage_name
 from ..apps.sweeprecord import SweepRecord
 from ..apps.sweepsample import Sampled
@@ -195,10 +196,11 @@ def _train(config: dict[str, Any], stage: str, **call: Any) -> Any:
 
 def _stage_dir(wf: Any, stage: str, site: str | None, judged: bool) -> Path:
     placement = wf.placement(stage, site)
-    if judged and placement.remote:
-        raise ConfigError(f"pt.sweep: site {placement.site.name!r} runs stages on a Globus Compute endpoint, "
-                          f"whose files this process cannot read while a trial runs: use scheduler='none' "
-                          f"there, or a site of this machine's")
+    if judged and placement.file_system != LOCAL_FILES:
+        raise ConfigError(f"pt.sweep: site {placement.site.name!r} runs stages on a Globus Compute endpoint whose "
+                          f"files this process cannot read while a trial runs (it sees {placement.file_system!r}): "
+                          f"use scheduler='none' there, a site of this machine's, or an endpoint that sees this "
+                          f"machine's files (globus.file_system: local in its site file)")
     return placement.stage_dir(wf.run_dir, stage)
 
 
