@@ -620,7 +620,9 @@ def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(t
     of Parsl's 1 s import) are not imported by the interchange, the pool or its forkserver; a task the pool
     runs later may still import them. The interchange's module and the pool's import without Parsl's
     ``__init__`` (its data flow kernel, every executor), and ``parsl`` is whole when asked for more.
-    typeguard's instrumenting of Parsl's functions is left out there too, and is itself again after."""
+    typeguard's instrumenting of Parsl's functions is left out there too, and is itself again after; so it is
+    in a workflow's process (Parsl whole there: its Globus Compute executor works), unless the script imported
+    Parsl first."""
     from parsl_torch.sites.build import workflow_config
 
     mpi = workflow_config([sites.load("local").spec], tmp_path / "parsl").executors[0]
@@ -652,6 +654,21 @@ def test_the_interchange_and_the_pool_import_parsl_without_what_they_never_use(t
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False", "parsl.data_provider.files", "parsl.app.app",
                                   "HighThroughputExecutor", "False", "True", "typeguard"], out.stdout
+    # a workflow's process: Parsl whole, its functions as written, unless the script imported it first
+    code = ("import sys\n"
+            "first = sys.argv[1] == 'first'\n"
+            "if first: import parsl\n"
+            "from parsl_torch.launch.leanparsl import parsl_for_a_workflow\n"
+            "parsl_for_a_workflow()\n"
+            "import parsl.config, parsl.providers, typeguard\n"
+            "checks = lambda f: any(n.startswith('check_argument_types') for n in f.__code__.co_names)\n"
+            "print(checks(parsl.config.Config.__init__), checks(parsl.providers.SlurmProvider.__init__),\n"
+            "      'globus_compute_sdk' in sys.modules or not __import__('importlib.util').util.find_spec("
+            "'globus_compute_sdk'), typeguard.typechecked.__module__)")
+    for how, checked in (("first", "True"), ("after", "False")):
+        out = subprocess.run([sys.executable, "-c", code, how], env=clean_env(), capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0 and out.stdout.split() == [checked, checked, "True", "typeguard"], out
 
 
 def test_a_rank_killed_by_sigkill_is_named_though_its_peers_exception_was_heard_first():

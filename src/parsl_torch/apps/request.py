@@ -12,7 +12,6 @@ from typing import Any
 
 from .. import sites
 from ..common import settings
-from ..common.gcpause import paused_gc
 from ..errors import ConfigError
 from ..launch.schedulers import get_scheduler
 from .continuation import check_max_continuations
@@ -115,8 +114,7 @@ def split_settings(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         return {}, {}
     import inspect
 
-    with paused_gc():  # (Parsl's import: common.gcpause)
-        from parsl.config import Config
+    from parsl.config import Config
 
     config_params = set(inspect.signature(Config).parameters)
     site, config, unknown = {}, {}, []

@@ -23,9 +23,9 @@ from typing import Any
 
 from .. import sites
 from ..common import preload, settings, stagedir
-from ..common.gcpause import paused_gc
 from ..common.runlock import RunLock
 from ..core.log import get_logger
+from ..launch.leanparsl import parsl_for_a_workflow
 from ..errors import ConfigError
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
@@ -231,6 +231,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     replace what the script passes (the log says so).
     """
     settings.check_user_settings()  # (read on the ranks too late: a bad one would fail every stage, minutes in)
+    parsl_for_a_workflow()
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
     loaded, others, users_dfk = sites_checked(request)
     run_dir = _made_run_dir(request.run_dir)
@@ -312,19 +313,17 @@ def _made_run_dir(run_dir: str) -> Path:
 def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
     """Parsl loaded with the sites' executors, the memoizer and checkpoints under ``<run_dir>/parsl``;
     what it starts ends with this process; its log leaves out the tasks' arguments."""
-    with paused_gc():  # Parsl's and its executors' imports (common.gcpause; nothing frozen: the user's process)
-        import parsl
-        from parsl.utils import get_all_checkpoints
+    import parsl
+    from parsl.utils import get_all_checkpoints
 
-        from .identity.memo import StageMemoizer  # (Parsl's subclass: imported where Parsl is)
+    from .identity.memo import StageMemoizer  # (Parsl's subclass: imported where Parsl is)
 
-        parsl_dir = wf.run_dir / "parsl"
-        memoizer = StageMemoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
-        config = sites.build.workflow_config([w.site.spec for w in wf.where.values()], str(parsl_dir),
-                                             request.gc_executor, warm=request.warm,
-                                             import_path=rank_import_path(), memoizer=memoizer,
-                                             retries=request.retries, retry_handler=wf.continuations,
-                                             **request.config_settings)
+    parsl_dir = wf.run_dir / "parsl"
+    memoizer = StageMemoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)
+    config = sites.build.workflow_config([w.site.spec for w in wf.where.values()], str(parsl_dir),
+                                         request.gc_executor, warm=request.warm, import_path=rank_import_path(),
+                                         memoizer=memoizer, retries=request.retries,
+                                         retry_handler=wf.continuations, **request.config_settings)
     parsl_log: list = []
     with _everything_ends_with_this_process():
         try:
