@@ -25,8 +25,8 @@ from .. import sites
 from ..common import preload, settings, stagedir
 from ..common.runlock import RunLock
 from ..core.log import get_logger
-from ..launch.leanparsl import parsl_for_a_workflow
 from ..errors import ConfigError
+from ..launch.leanparsl import parsl_for_a_workflow
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
 from .stopping import Terminated, how_it_ended, terminate_cleanly
