@@ -266,7 +266,7 @@ def test_a_train_stage_longer_than_its_blocks_finishes_in_several_with_every_ste
         assert np.array_equal(f["step"][:], np.arange(steps))  # every step exactly once
         assert np.isfinite(f["loss"][:]).all()
     status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True,
-                            env=env, timeout=300)
+                            env=env, timeout=600)
     assert "[train] done continued in block " in status.stdout
     n_ends = len(ends)
     assert f"({n_ends} block end{'s' if n_ends > 1 else ''}); step {steps}/{steps}" in status.stdout, status.stdout
