@@ -183,7 +183,7 @@ def test_ranks_agree_on_the_call_where_they_stop_and_launch_exits_to_be_continue
     (tmp_path / "agree.py").write_text(AGREE)
     env = clean_env(SIGNAL_ONLY="1" if how == "signal" else "")
     out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "3", "--deadline", "6", "--", sys.executable,
-                          "agree.py"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+                          "agree.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == CONTINUE_EXIT, out.stderr[-2000:]
     lines = [line for line in out.stdout.splitlines() if "stopped at call" in line]  # (torch 2.8's gloo prints too)
     stops = {line.split()[-1] for line in lines}

@@ -178,8 +178,8 @@ def test_a_checkpoint_of_pp2_fsdp2_resumes_under_fsdp4_and_on_one_rank(tmp_path)
         out_dir = tmp_path / name
         out_dir.mkdir()
         cmd = [SUITE, str(out_dir), mode, ckpt, spec]
-        out = launch("mpiexec", n, cmd, timeout=300) if n > 1 else subprocess.run(
-            [sys.executable, *cmd], env=clean_env(), capture_output=True, text=True, timeout=300)
+        out = launch("mpiexec", n, cmd, timeout=600) if n > 1 else subprocess.run(
+            [sys.executable, *cmd], env=clean_env(), capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
         runs[name] = json.loads((out_dir / "rank0.json").read_text())
     assert runs["saved"]["kind"] == "PipelinedModel"
