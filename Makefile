@@ -112,7 +112,7 @@ $(LOWEST)/.installed: pyproject.toml .ci/lowest.txt
 	$(call PIP,$(LOWEST)) -c .ci/lowest.txt -e ".[mpi,workflow,history,globus,wandb,test]"
 	touch $@
 
-# its bytecode, apart: .ci/run writes it once make test's side-by-side part is over (both are CPU)
+# its bytecode, apart (pip installs without compiling): .ci/run writes it beside the alone tests, after the install
 $(LOWEST)/.compiled: $(LOWEST)/.installed
 	$(call BYTECODE,$(LOWEST))
 	touch $@
