@@ -151,26 +151,49 @@ def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
 
 
 @pytest.mark.slow
-def test_a_sweep_through_an_endpoint_that_sees_this_machines_files_cuts_its_poor_trials(tmp_path, monkeypatch,
-                                                                                          engine):
-    """``asha`` on a Globus Compute site whose endpoint sees the workflow's files (``globus.file_system:
-    local``): the workflow judges each trial from its history there and a cut one stops at its rung, its
-    files kept. On an endpoint with files of its own it is refused before any trial starts."""
+def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(tmp_path, monkeypatch, engine):
+    """``asha`` on a Globus Compute site whose files this machine cannot read: each look at the trials and
+    each verdict is a task on the site's I/O endpoint (``globus.io_endpoint_id``: a ThreadPoolEngine, its
+    config rendered by ``endpoint-config --io``); a cut trial stops at its rung, its files kept there. A site
+    without one is refused before any trial starts."""
+    from parsl_torch.apps import trialfiles
+    from parsl_torch.sites import globus
+    from parsl_torch.sites.endpoint import io_endpoint_config
     from parsl_torch.stages import checkpoint
 
-    gc_site(tmp_path, monkeypatch, file_system="local")
-    gc_site(tmp_path, monkeypatch, name="gcfar")
+    io_id = "0c1d2e3f-0000-4000-8000-000000000000"
+    gc_site(tmp_path, monkeypatch, name="gcbare")
+    gc_site(tmp_path, monkeypatch, io_endpoint_id=io_id)
     base = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16},
             "checkpoint_every": 5, "log_every": 50}
-    with pt.workflow(sites=["gclab", "gcfar"], run_dir=tmp_path / "run", gc_executor=engine.executor()) as wf:
-        with pytest.raises(ConfigError, match=r"pt.sweep: site 'gcfar' runs stages on a Globus Compute endpoint "
-                                              r"whose files this process cannot read while a trial runs \(it sees "
-                                              r"'endpoint 6f3a8b52-.*globus.file_system: local"):
-            pt.sweep({"lr": [5e-3]}, base=base, steps=15, min_steps=5, site="gcfar", ranks_per_node=1, name="far")
-        assert not (tmp_path / "remote").exists()
-        # (the order trials start in: 5e-3 and 2e-5 first, then the two poor ones, which are cut at step 5)
-        trials = pt.sweep({"lr": [5e-3, 1e-5, 2e-5, 3e-5]}, base=base, steps=15, min_steps=5, eta=3, window=2,
-                          site="gclab", ranks_per_node=1)
+
+    def here(*_args):  # what this machine cannot do: read the endpoint's files
+        raise AssertionError("the workflow read a trial's directory itself")
+
+    monkeypatch.setattr(trialfiles, "histories", here)
+    monkeypatch.setattr(trialfiles.EndpointFiles, "poll_s", 0.5)  # (4 s through the service's rate limit)
+    with LocalEndpoint(io_endpoint_config(sites.load("local").spec), tmp_path / "io") as io:
+        looks = []
+
+        def executor(endpoint_id, **_kwargs):
+            assert endpoint_id == io_id
+            inner = io.executor()
+            submit = inner.submit
+            inner.submit = lambda fn, *args: looks.append(fn.__name__) or submit(fn, *args)
+            return inner
+
+        monkeypatch.setattr(globus, "make_executor", executor)
+        with pt.workflow(sites=["gclab", "gcbare"], run_dir=tmp_path / "run", gc_executor=engine.executor()) as wf:
+            for scheduler in ("asha", "none"):  # (a grid too ranks its trials by their histories)
+                with pytest.raises(ConfigError, match=r"pt.sweep: site 'gcbare' runs stages on a Globus Compute "
+                                                      r"endpoint whose files this process cannot read .* give its "
+                                                      r"site file globus.io_endpoint_id .*endpoint-config gcbare --io"):
+                    pt.sweep({"lr": [5e-3]}, base=base, steps=15, min_steps=5, site="gcbare", ranks_per_node=1,
+                             name="bare", scheduler=scheduler)
+            assert not (tmp_path / "remote").exists()
+            # (the order trials start in: 5e-3 and 2e-5 first, then the two poor ones, which are cut at step 5)
+            trials = pt.sweep({"lr": [5e-3, 1e-5, 2e-5, 3e-5]}, base=base, steps=15, min_steps=5, eta=3, window=2,
+                              site="gclab", ranks_per_node=1)
     assert trials[0].config["lr"] == 5e-3 and trials[0].state == "finished"
     stopped = [t for t in trials if t.state == "stopped"]
     assert stopped, [(t.name, t.state, t.why) for t in trials]
@@ -178,6 +201,7 @@ def test_a_sweep_through_an_endpoint_that_sees_this_machines_files_cuts_its_poor
         stage_dir = tmp_path / "remote" / wf.run_dir.name / t.name
         assert t.step == 5 and "stopped at step 5 (rung 0 at step 5: loss " in t.why and " > cut " in t.why, t.why
         assert checkpoint.read(stage_dir / "model.pt")["step"] == 5
+    assert looks[0] == "put_many" and "peek_many" in looks, looks  # (the rungs first, in one task for all)
 
 
 def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, monkeypatch):
@@ -383,6 +407,9 @@ def test_endpoint_configs_follow_the_site_files(name, provider, launcher, capsys
     assert engine["provider"]["nodes_per_block"] == site.provider.nodes_per_block
     assert "source /envs/pt/bin/activate" in engine["provider"]["worker_init"]
     assert engine["address"]["ifname"] == site.address_interface
+    assert cli(["sites", "endpoint-config", name, "--io"]) == 0  # (the endpoint beside it: globus.io_endpoint_id)
+    io = yaml.safe_load(capsys.readouterr().out)
+    assert io == {"display_name": f"parsl-torch-{name}-io", "engine": {"type": "ThreadPoolEngine", "max_workers": 2}}
 
 
 def test_endpoint_and_parsl_configs_share_one_worker_init(tmp_path, monkeypatch, capsys):

@@ -154,6 +154,8 @@ def test_cli_site_errors_are_one_line_exit_2(args, needle, capsys):
     ("name: mine\nscheduler: pbs\nmachine: summit\n", "machine: 'summit' is not one of aurora, sunspot"),
     ("name: mine\nscheduler: globus\nglobus: {endpoint_id: e, remote_run_dir: /r, python: /opt/py/bin/python}\n",
      "globus.python: no longer a setting: stages run under the Python of the endpoint's engine"),
+    ("name: mine\nscheduler: globus\nglobus: {endpoint_id: e, remote_run_dir: /r, io_endpoint_id: e}\n",
+     "globus.io_endpoint_id: the site's own endpoint, whose MPI engine runs a task only on the nodes the trials hold"),
 ])
 def test_bad_site_files_name_file_and_field(tmp_path, monkeypatch, text, needle):
     (tmp_path / "mine.yaml").write_text(text)

@@ -1,11 +1,11 @@
-"""The workflow's side of a running sweep: it looks at the trials five times a second, judges each at the
-rungs its history reached (``asha``), leaves the verdict for its rank 0, and records each trial's end in
-the sweep's journal (``sweeprecord``). ``stages.sweep`` starts the trials."""
+"""The workflow's side of a running sweep: it looks at the trials five times a second (through an endpoint:
+every few seconds, ``trialfiles``), judges each at the rungs its history reached (``asha``), leaves the
+verdict for its rank 0, and records each trial's end in the sweep's journal (``sweeprecord``).
+``stages.sweep`` starts the trials."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,11 +14,8 @@ from typing import Any
 
 from ..common import stagedir
 from .asha import Asha, Decision
-from .freshdir import owner
 from .sweeprecord import SweepRecord
-
-#: seconds between two looks at the running trials' histories
-POLL_S = 0.2
+from .trialfiles import Ask, LocalFiles, Peek, rung_value
 
 
 @dataclass
@@ -53,9 +50,10 @@ class Watch:
     keeps the record."""
 
     def __init__(self, run_dir: Path, name: str, rules: dict[str, Any], record: SweepRecord, log: Any,
-                 on_end: Callable[[str], None] | None = None) -> None:
+                 on_end: Callable[[str], None] | None = None, files: Any = None) -> None:
         self.run_dir, self.name, self.rules, self.record, self.log = run_dir, name, rules, record, log
         self.on_end = on_end  # told each trial's end (a sampler)
+        self.files = files or LocalFiles()  # where the trials' directories are read and written (trialfiles)
         self.asha = Asha(rules["eta"], rules["mode"])
         self._replay()
 
@@ -80,56 +78,64 @@ class Watch:
                     elif started is not None:
                         waiting.append(started)
                 if waiting:
-                    time.sleep(POLL_S)
+                    time.sleep(self.files.poll_s)
         except BaseException:  # (Ctrl-C, SIGTERM, an error): the trials still running wait at no more rungs
-            for run in waiting:
-                call = _call(run.stage_dir)
-                if any(not d["keep"] for d in self.record.trials[run.stage].decisions):
-                    continue  # (cut: it stops)
-                with contextlib.suppress(OSError):
-                    stagedir.write(run.stage_dir / stagedir.VERDICT, stagedir.VerdictRecord(
-                        call, time.time(), self.rules["steps"], True, "the sweep stopped watching: going on"))
+            self._let_go([run for run in waiting if all(d["keep"] for d in self.record.trials[run.stage].decisions)])
             raise
+
+    def _let_go(self, runs: list[Run]) -> None:
+        """A verdict that lets each run go on past every rung (a cut one stops as decided)."""
+        with contextlib.suppress(Exception):  # (best effort: the error being raised is the one to see)
+            peeks = self.files.peek([Ask(str(run.stage_dir), None, True, (), history=False) for run in runs],
+                                    self.rules["metric"], self.rules["window"])
+            self.files.put([(run.stage_dir / stagedir.VERDICT, stagedir.VerdictRecord(
+                peek.call, time.time(), self.rules["steps"], True, "the sweep stopped watching: going on"))
+                for run, peek in zip(runs, peeks)], timeout=10.0)
 
     def look(self, waiting: list[Run]) -> list[Run]:
         """One look at the trials not done: the finished ones recorded, the running ones judged where they
         reached a rung; those still to finish."""
-        left = []
+        left, running = [], []
         for run in waiting:
             if run.future.done():
                 self._finished(run)
             else:
                 left.append(run)
                 if self.rules["rungs"] and _launched(run.future):
-                    self._judge(run, final=False)
+                    running.append(run)
+        for run, peek in zip(running, self._peek(running, final=False)):
+            self._judge(run, peek, final=False)
         return left
 
-    def _judge(self, run: Run, final: bool) -> None:
+    def _peek(self, runs: list[Run], final: bool) -> list[Peek]:
+        """One look at each run's directory, wherever its files are (one task for all through an endpoint)."""
+        asks = [Ask(str(run.stage_dir), run.read_at, final,
+                    tuple(self.rules["rungs"][len(self.record.trials[run.stage].decisions):])) for run in runs]
+        return self.files.peek(asks, self.rules["metric"], self.rules["window"])
+
+    def _judge(self, run: Run, peek: Peek, final: bool) -> None:
         """Judge ``run`` at each rung its history reached and it was not judged at yet."""
         t = self.record.trials[run.stage]
-        files = _histories(run.stage_dir, final)
-        if not final and (not files or files[0][0] == run.read_at):
+        if not peek.read:
             return  # its history did not change since the last look (it changes at each rung)
-        call = _call(run.stage_dir)
-        if not final and (call is None or owner(run.stage_dir) != call):
+        if not final and (peek.call is None or peek.owner != peek.call):
             return  # its attempt has not started (an earlier call's files may still be there)
-        if self.record.forget_other_call(run.stage, call):
+        if self.record.forget_other_call(run.stage, peek.call):
             self._replay()
         if any(not d["keep"] for d in t.decisions):
             return
-        run.read_at = files[0][0] if files else None
-        steps_done, values = _history(files, self.rules["metric"])
-        if steps_done is None:
+        run.read_at = peek.mtime
+        if peek.steps is None:
             return
         if not final:
             self.record.update(run.stage, state="running")
         done = len(t.decisions)
         for rung, at in enumerate(self.rules["rungs"][done:], start=done):
-            if steps_done < at:
+            if peek.steps < at:
                 return
-            value = _rung_value(values, at, self.rules["window"])
+            value = rung_value(peek.values, at, self.rules["window"])
             d = self.asha.judge(run.stage, rung, value)
-            self.record.decide(vars(d), call)
+            self.record.decide(vars(d), peek.call)
             self.log.info("sweep %r: %s at rung %d (step %d): %s=%.4g, cut %.4g: %s", self.name, run.stage, rung,
                           at, self.rules["metric"], value, d.cut, "goes on" if d.keep else "stopped")
             if not final:
@@ -142,7 +148,7 @@ class Watch:
         why = "" if d.keep else f"cut at {self._says(d)}"
         self.record.update(run.stage, why=why)
         verdict = stagedir.VerdictRecord(self.record.trials[run.stage].call, time.time(), at, d.keep, why)
-        stagedir.write(run.stage_dir / stagedir.VERDICT, verdict)
+        self.files.put([(run.stage_dir / stagedir.VERDICT, verdict)])
 
     def _says(self, d: Decision) -> str:
         return d.says(self.rules["metric"], self.rules["mode"], self.rules["rungs"][d.rung])
@@ -161,17 +167,17 @@ class Watch:
             self.record.update(run.stage, state="failed", why=why, result=None)
             self.log.warning("sweep %r: %s failed: %s", self.name, run.stage, why)
             return
+        peek = self._peek([run], final=True)[0]
         if self.rules["rungs"]:
-            self._judge(run, final=True)  # rungs passed before they were looked at (a fast or skipped trial)
+            self._judge(run, peek, final=True)  # rungs passed before they were looked at (a fast or skipped trial)
         stopped = result.get("stopped_at") if isinstance(result, Mapping) else None
         if stopped is not None:
             why = f"stopped at step {stopped} ({self._says(Decision(**t.decisions[-1]))})" if t.decisions else ""
             self.record.update(run.stage, state="stopped", step=stopped, result=result, why=why)
             return
-        steps_done, values = _history(_histories(run.stage_dir, final=True), self.rules["metric"])
         why = "finished before its cut reached it" if any(not d["keep"] for d in t.decisions) else ""
         self.record.update(run.stage, state="finished", step=self.rules["steps"], result=result, why=why,
-                           value=_rung_value(values, steps_done or 0, self.rules["window"]))
+                           value=rung_value(peek.values, peek.steps or 0, self.rules["window"]))
 
     def trial(self, stage: str) -> Trial:
         t = self.record.trials[stage]
@@ -183,45 +189,3 @@ def _launched(future: Any) -> bool:
     """Whether Parsl handed the trial's task to its executor (one waiting for a slot costs no file look)."""
     status = getattr(getattr(future, "app_future", future), "task_status", None)
     return status is None or status() in ("launched", "running", "running_ended")
-
-
-def _call(stage_dir: Path) -> str | None:
-    record = stagedir.read_or_none(stage_dir / stagedir.IDENTITY, stagedir.IdentityRecord)
-    return record.call_id if record else None
-
-
-def _histories(stage_dir: Path, final: bool) -> list[tuple[float, Path]]:
-    """The trial's history files, newest first (the partial one while it runs), with their mtimes."""
-    found = []
-    for path in stage_dir.glob("*.h5" if final else "*.h5*"):
-        if path.suffix in (".h5", ".partial"):
-            try:
-                found.append((path.stat().st_mtime, path))
-            except FileNotFoundError:  # (the partial file moved into place as it was listed)
-                continue
-    return sorted(found, reverse=True)
-
-
-def _history(files: list[tuple[float, Path]], metric: str) -> tuple[int | None, dict[int, float]]:
-    """(steps the newest history holds, step -> metric: the mean over ranks where recorded)."""
-    import h5py
-
-    from ..history.h5file import dataset_name
-
-    for _, path in files:
-        try:
-            with h5py.File(path, "r", locking=False) as f:
-                name = dataset_name(metric)
-                name = f"{name}_mean" if f"{name}_mean" in f else name
-                if name not in f:
-                    continue
-                steps, values = f["step"][:], f[name][:]
-        except (OSError, KeyError):
-            continue  # (replaced as it was opened: read at the next look)
-        return (int(steps.max()) + 1 if len(steps) else 0), dict(zip(steps.tolist(), values.tolist()))
-    return None, {}
-
-
-def _rung_value(values: dict[int, float], at: int, window: int) -> float:
-    got = [values[s] for s in range(at - window, at) if s in values and math.isfinite(values[s])]
-    return sum(got) / len(got) if len(got) == window else math.nan

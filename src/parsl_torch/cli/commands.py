@@ -242,7 +242,7 @@ def _compare(rows: list, metric: str, as_json: bool) -> int:
 
 
 def _endpoint_config(args: argparse.Namespace) -> int:
-    print(render_endpoint_config(_load_site(args).spec, args.python_env), end="")
+    print(render_endpoint_config(_load_site(args).spec, args.python_env, args.io), end="")
     return 0
 
 
@@ -346,6 +346,9 @@ def _add_sites(sub: Any) -> None:
         if action == "endpoint-config":
             cmd.add_argument("--python-env", default="$HOME/parsl-torch-env",
                              help="the environment on the machine that holds parsl-torch")
+            cmd.add_argument("--io", action="store_true",
+                             help="the endpoint beside it for a sweep's looks at its trials' files "
+                                  "(globus.io_endpoint_id)")
         cmd.set_defaults(func=func)
 
 

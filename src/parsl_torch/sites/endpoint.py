@@ -51,9 +51,22 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
     return {"display_name": f"parsl-torch-{spec.name}", "engine": engine}
 
 
-def render_endpoint_config(spec: SiteSpec, python_env: str) -> str:
+def io_endpoint_config(spec: SiteSpec) -> dict[str, Any]:
+    """The config of the endpoint beside a site's (``globus.io_endpoint_id``): threads of the endpoint's own
+    process, on the machine's login node, where a sweep's looks at its trials' files run at once (on the MPI
+    engine they would wait for a node, held by the trials)."""
+    return {"display_name": f"parsl-torch-{spec.name}-io", "engine": {"type": "ThreadPoolEngine", "max_workers": 2}}
+
+
+def render_endpoint_config(spec: SiteSpec, python_env: str, io: bool = False) -> str:
     import yaml
 
+    if io:
+        header = (f"# Globus Compute endpoint for the files of parsl-torch's stages on {spec.name}: a sweep's\n"
+                  f"# looks at its trials run here (globus.io_endpoint_id in the remote site's file).\n"
+                  f"# Start it on a login node from {python_env} (it runs in the endpoint's own process:\n"
+                  f"# parsl-torch must be installed there).\n")
+        return header + yaml.safe_dump(io_endpoint_config(spec), sort_keys=False)
     header = (f"# Globus Compute endpoint for parsl-torch on {spec.name}, made from its site file.\n"
               f"# worker_init activates {python_env}: it must hold parsl-torch, parsl, torch and\n"
               f"# globus-compute-endpoint of the same versions as the submitting side\n"

@@ -74,8 +74,9 @@ class LocalEndpoint:
 
         self.config_yaml = yaml.safe_dump(dict(config))
         engine = _load(self.config_yaml)  # a bad config fails here, in this process
-        self.description = (f"{type(engine).__name__} over {type(engine.executor.provider).__name__} "
-                            f"(mpi_launcher {engine.executor.mpi_launcher})")
+        provider = getattr(engine.executor, "provider", None)  # (a ThreadPoolEngine has none)
+        self.description = type(engine).__name__ if provider is None else \
+            f"{type(engine).__name__} over {type(provider).__name__} (mpi_launcher {engine.executor.mpi_launcher})"
         self.endpoint_id = str(uuid.uuid4())
         self.run_dir = Path(run_dir).absolute()
         self._conn: Connection | None = None

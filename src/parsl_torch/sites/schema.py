@@ -110,6 +110,10 @@ class GlobusSpec:
     #: the file system its stages see: the endpoint's own (None), or a name another site's may share;
     #: "local": the files of the machine the workflow runs on (an endpoint on the same cluster)
     file_system: str | None = None
+    #: a second endpoint on the same file system whose engine runs small tasks at once (a ThreadPoolEngine on a
+    #: login node: ``parsl-torch sites endpoint-config SITE --io``): a sweep reads its trials' histories and
+    #: leaves their verdicts through it when this machine cannot read the endpoint's files
+    io_endpoint_id: str | None = None
 
     #: settings of earlier versions that decided nothing, and why (a file that sets one is refused)
     RETIRED: ClassVar[Mapping[str, str]] = MappingProxyType({
@@ -187,6 +191,10 @@ def _check(spec: SiteSpec) -> None:
     if SCHEDULERS[spec.scheduler].remote != (spec.globus is not None):
         raise SiteError("globus: a site needs a globus section exactly when scheduler is globus "
                         "(endpoint_id, remote_run_dir)")
+    if spec.globus is not None and spec.globus.io_endpoint_id == spec.globus.endpoint_id:
+        raise SiteError("globus.io_endpoint_id: the site's own endpoint, whose MPI engine runs a task only on the "
+                        "nodes the trials hold: give the id of a thread-pool endpoint beside it "
+                        "(parsl-torch sites endpoint-config SITE --io)")
     if spec.mpi.launcher not in MPI_LAUNCHERS:
         raise SiteError(f"mpi.launcher: {spec.mpi.launcher!r} is not one of {', '.join(MPI_LAUNCHERS)}")
     for path, value, pattern in (("provider.account", spec.provider.account, _SCHEDULER_NAME),

@@ -29,10 +29,12 @@ from ..apps.sweepsample import Sampled
 from ..apps.sweepspace import expand, merged, trial_name
 from ..apps.sweepview import best_first, figure, table
 from ..apps.sweepwatch import ASKED_ALL, Run, Trial, Watch
+from ..apps.trialfiles import EndpointFiles, LocalFiles
 from ..apps.workflow import current_workflow
 from ..common import stagedir
 from ..core.log import get_logger
 from ..errors import ConfigError
+from ..sites import globus
 from .config import load_config
 
 SCHEDULERS = ("asha", "none")
@@ -64,21 +66,24 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     wf = current_workflow(name)
     log = get_logger("parsl_torch.workflow")
     record = SweepRecord.open(wf.run_dir, name, rules, log)
-    starts = _Starts(wf, name, rules, record, trial, call)
-    if sampled is None:
-        # submitted in the order of their names (digests: a fixed shuffle), so that a space listed from poor
-        # to good does not reach each rung best-last, where every trial would be the best so far and go on
-        configs.sort(key=lambda c: trial_name(name, c))
-        for config in configs:  # (every configuration checked, and where the trials go: now they start)
-            starts.place(config)
-        record.keep_only({trial_name(name, c) for c in configs})
-        runs, more = [starts.start(c) for c in configs], None
-    else:
-        sampled.replay([t.config for t in record.trials.values()])
-        runs, more = [], lambda: starts.ask(sampled, shared, steps if trial is None else None, metric)
-    log.info("sweep %r: %s trial(s), %s", name, sampled.trials if sampled else len(runs), _describe(rules))
-    watch = Watch(wf.run_dir, name, rules, record, log, on_end=_teller(sampled, record, rules))
-    watch.until_done(runs, more, sampled.concurrent if sampled else 0)
+    files = _trial_files(wf, name, call.get("site"))
+    try:
+        starts = _Starts(wf, name, rules, record, trial, call, files)
+        if sampled is None:
+            # submitted in the order of their names (digests: a fixed shuffle), so that a space listed from poor
+            # to good does not reach each rung best-last, where every trial would be the best so far and go on
+            configs.sort(key=lambda c: trial_name(name, c))
+            starts.prepare(configs)  # (every configuration checked, and where the trials go: now they start)
+            record.keep_only({trial_name(name, c) for c in configs})
+            runs, more = [starts.start(c) for c in configs], None
+        else:
+            sampled.replay([t.config for t in record.trials.values()])
+            runs, more = [], lambda: starts.ask(sampled, shared, steps if trial is None else None, metric)
+        log.info("sweep %r: %s trial(s), %s", name, sampled.trials if sampled else len(runs), _describe(rules))
+        watch = Watch(wf.run_dir, name, rules, record, log, on_end=_teller(sampled, record, rules), files=files)
+        watch.until_done(runs, more, sampled.concurrent if sampled else 0)
+    finally:
+        files.close()
     saved = record.as_dict()
     log.info("%s\nfigure: %s", table(wf.run_dir, name, saved), figure(wf.run_dir, name, saved))
     if starts.runs and all(saved["trials"][r.stage]["state"] == "failed" for r in starts.runs):
@@ -90,20 +95,25 @@ class _Starts:
     """Where each trial goes and its start: its stage directory (with the rungs), its record, its call."""
 
     def __init__(self, wf: Any, name: str, rules: dict[str, Any], record: SweepRecord,
-                 trial: Callable[..., Any] | None, call: dict[str, Any]) -> None:
+                 trial: Callable[..., Any] | None, call: dict[str, Any], files: LocalFiles | EndpointFiles) -> None:
         self.wf, self.name, self.rules, self.record, self.trial, self.call = wf, name, rules, record, trial, call
+        self.files = files
         self.runs: list[Run] = []
 
     def place(self, config: dict[str, Any]) -> Path:
         stage = trial_name(self.name, config)
-        return _stage_dir(self.wf, stage, self.call.get("site"), bool(self.rules["rungs"]))
+        return self.wf.placement(stage, self.call.get("site")).stage_dir(self.wf.run_dir, stage)
+
+    def prepare(self, configs: list[dict[str, Any]]) -> None:
+        """Each trial's stage directory, with the rungs its stage reads (one write for all through an endpoint)."""
+        dirs = [self.place(config) for config in configs]
+        if self.rules["rungs"]:
+            self.files.put([(d / stagedir.RUNGS, stagedir.RungsRecord(self.rules["rungs"])) for d in dirs])
 
     def start(self, config: dict[str, Any]) -> Run:
+        """The trial's stage submitted (its directory prepared)."""
         stage, stage_dir = trial_name(self.name, config), self.place(config)
         self.record.add(stage, config)
-        if self.rules["rungs"]:
-            stage_dir.mkdir(parents=True, exist_ok=True)
-            stagedir.write(stage_dir / stagedir.RUNGS, stagedir.RungsRecord(self.rules["rungs"]))
         self.runs.append(Run(stage, stage_dir, (self.trial or _train)(config, stage=stage, **self.call)))
         return self.runs[-1]
 
@@ -117,7 +127,10 @@ class _Starts:
         if steps is not None:
             config["steps"] = steps
             _check_train([config], metric, self.name)
-        return self.start(config) if sampled.asked(trial_name(self.name, config), optuna_trial) else None
+        if not sampled.asked(trial_name(self.name, config), optuna_trial):
+            return None
+        self.prepare([config])
+        return self.start(config)
 
 
 def _teller(sampled: Sampled | None, record: SweepRecord, rules: dict[str, Any]) -> Callable[[str], None] | None:
@@ -194,13 +207,19 @@ def _train(config: dict[str, Any], stage: str, **call: Any) -> Any:
     return train(config, stage=stage, **call)
 
 
-def _stage_dir(wf: Any, stage: str, site: str | None, judged: bool) -> Path:
-    placement = wf.placement(stage, site)
-    if judged and placement.file_system != LOCAL_FILES:
+def _trial_files(wf: Any, name: str, site: str | None) -> LocalFiles | EndpointFiles:
+    """Where the watcher reads the trials' histories (to judge them at their rungs, and to rank the finished
+    ones) and leaves their rungs and verdicts: here, or through the site's I/O endpoint when the trials'
+    files are an endpoint's that this machine cannot read."""
+    placement = wf.placement(name, site)
+    g = placement.site.spec.globus
+    if placement.file_system == LOCAL_FILES:
+        return LocalFiles()
+    if g is None or not g.io_endpoint_id:
         raise ConfigError(f"pt.sweep: site {placement.site.name!r} runs stages on a Globus Compute endpoint whose "
-                          f"files this process cannot read while a trial runs (it sees {placement.file_system!r}): "
-                          f"use scheduler='none' there, a site of this machine's, or an endpoint that sees this "
-                          f"machine's files (globus.file_system: local in its site file)")
-    return placement.stage_dir(wf.run_dir, stage)
-
-
+                          f"files this process cannot read (it sees {placement.file_system!r}), and a sweep reads "
+                          f"each trial's history to judge it and to rank the finished ones: give its site file "
+                          f"globus.io_endpoint_id (a thread-pool endpoint on the same file system: parsl-torch "
+                          f"sites endpoint-config {placement.site.name} --io), or use an endpoint that sees this "
+                          f"machine's files (globus.file_system: local)")
+    return EndpointFiles(globus.make_executor(g.io_endpoint_id), g.io_endpoint_id)
