@@ -132,6 +132,26 @@ def test_a_sampler_is_asked_for_points_and_told_each_trials_end_and_a_rerun_asks
             pt.Sampled(**{"study": study, "params": dists, "trials": 2, **bad})
 
 
+def test_an_io_endpoint_that_cannot_see_the_trials_or_does_not_answer_is_named(tmp_path, monkeypatch):
+    """Through an endpoint (``trialfiles.EndpointFiles``): an I/O endpoint on another file system would find no
+    trial and judge nothing (a slow grid, ranked at random): a trial that ran and is not there is its error;
+    one that does not answer a look in time is named, as is where to look."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from parsl_torch.apps import trialfiles
+
+    ran = trialfiles.Ask(str(tmp_path / "sweep-0a1b2c3d"), None, True, (3, 9))
+    with ThreadPoolExecutor(1) as elsewhere:
+        with pytest.raises(ConfigError, match=r"the I/O endpoint io-1 \(globus.io_endpoint_id\) does not see "
+                                              r".*sweep-0a1b2c3d, where the site's endpoint ran the trial"):
+            trialfiles.EndpointFiles(elsewhere, "io-1").peek([ran], "loss", 2)
+    monkeypatch.setattr(trialfiles, "IO_TIMEOUT_S", 0.2)
+    silent = type("Silent", (), {"submit": lambda self, fn, *args: Future()})()
+    with pytest.raises(ConfigError, match=r"the I/O endpoint io-1 .* did not run a look at the trials' files "
+                                          r"within 0.2 s: is it started"):
+        trialfiles.EndpointFiles(silent, "io-1").peek([ran], "loss", 2)
+
+
 def test_rank_zero_waits_at_a_rung_for_the_verdict_and_ranks_agree_on_a_cut_of_their_own_call_only(
         tmp_path, monkeypatch):
     from parsl_torch.core import deadline

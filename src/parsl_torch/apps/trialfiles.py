@@ -121,7 +121,7 @@ class LocalFiles:
     def peek(self, asks: Sequence[Ask], metric: str, window: int) -> list[Peek]:
         return peek_many(asks, metric, window)
 
-    def put(self, records: Iterable[tuple[Path, Any]], timeout: float = IO_TIMEOUT_S) -> None:
+    def put(self, records: Iterable[tuple[Path, Any]], timeout: float | None = None) -> None:
         put_many([(str(path), record) for path, record in records])
 
     def close(self) -> None:
@@ -138,13 +138,20 @@ class EndpointFiles:
         self.executor, self.endpoint_id = executor, endpoint_id
 
     def peek(self, asks: Sequence[Ask], metric: str, window: int) -> list[Peek]:
-        return self._run(peek_many, list(asks), metric, window) if asks else []
+        peeks = self._run(peek_many, list(asks), metric, window) if asks else []
+        for ask, seen in zip(asks, peeks):
+            if ask.final and ask.history and seen.call is None:  # (a trial that ran has its identity there)
+                raise ConfigError(f"pt.sweep: the I/O endpoint {self.endpoint_id} (globus.io_endpoint_id) does not "
+                                  f"see {ask.stage_dir}, where the site's endpoint ran the trial: give the id of an "
+                                  f"endpoint on the same file system (a sweep it cannot read would judge nothing)")
+        return peeks
 
-    def put(self, records: Iterable[tuple[Path, Any]], timeout: float = IO_TIMEOUT_S) -> None:
+    def put(self, records: Iterable[tuple[Path, Any]], timeout: float | None = None) -> None:
         if records := [(str(path), record) for path, record in records]:
             self._run(put_many, records, timeout=timeout)
 
-    def _run(self, fn: Any, *args: Any, timeout: float = IO_TIMEOUT_S) -> Any:
+    def _run(self, fn: Any, *args: Any, timeout: float | None = None) -> Any:
+        timeout = IO_TIMEOUT_S if timeout is None else timeout
         try:
             return self.executor.submit(fn, *args).result(timeout=timeout)
         except TimeoutError:
