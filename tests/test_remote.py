@@ -190,7 +190,7 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
                                                       r"site file globus.io_endpoint_id .*endpoint-config gcbare --io"):
                     pt.sweep({"lr": [5e-3]}, base=base, steps=15, min_steps=5, site="gcbare", ranks_per_node=1,
                              name="bare", scheduler=scheduler)
-            assert not (tmp_path / "remote").exists()
+            assert not (tmp_path / "remote").exists() and not list(wf.run_dir.glob(".sweep.bare*"))
             # (the order trials start in: 5e-3 and 2e-5 first, then the two poor ones, which are cut at step 5)
             trials = pt.sweep({"lr": [5e-3, 1e-5, 2e-5, 3e-5]}, base=base, steps=15, min_steps=5, eta=3, window=2,
                               site="gclab", ranks_per_node=1)

@@ -15,7 +15,7 @@ from typing import Any
 from ..common import stagedir
 from .asha import Asha, Decision
 from .sweeprecord import SweepRecord
-from .trialfiles import Ask, LocalFiles, Peek, rung_value
+from .trialfiles import Ask, EndpointFiles, LocalFiles, Peek, rung_value
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Watch:
     keeps the record."""
 
     def __init__(self, run_dir: Path, name: str, rules: dict[str, Any], record: SweepRecord, log: Any,
-                 on_end: Callable[[str], None] | None = None, files: Any = None) -> None:
+                 on_end: Callable[[str], None] | None = None, files: LocalFiles | EndpointFiles | None = None) -> None:
         self.run_dir, self.name, self.rules, self.record, self.log = run_dir, name, rules, record, log
         self.on_end = on_end  # told each trial's end (a sampler)
         self.files = files or LocalFiles()  # where the trials' directories are read and written (trialfiles)

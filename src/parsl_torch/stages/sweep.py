@@ -65,9 +65,9 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
         _check_train(configs, metric, name)
     wf = current_workflow(name)
     log = get_logger("parsl_torch.workflow")
-    record = SweepRecord.open(wf.run_dir, name, rules, log)
-    files = _trial_files(wf, name, call.get("site"))
+    files = _trial_files(wf, name, call.get("site"))  # (a site it cannot watch is refused before anything is written)
     try:
+        record = SweepRecord.open(wf.run_dir, name, rules, log)
         starts = _Starts(wf, name, rules, record, trial, call, files)
         if sampled is None:
             # submitted in the order of their names (digests: a fixed shuffle), so that a space listed from poor
