@@ -202,6 +202,7 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
         assert t.step == 5 and "stopped at step 5 (rung 0 at step 5: loss " in t.why and " > cut " in t.why, t.why
         assert checkpoint.read(stage_dir / "model.pt")["step"] == 5
     assert looks[0] == "put_many" and "peek_many" in looks, looks  # (the rungs first, in one task for all)
+    assert (wf.run_dir / "sweep-sweep.png").exists()  # (drawn from the trials' directories, which are here too)
 
 
 def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, monkeypatch):

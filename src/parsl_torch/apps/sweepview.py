@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,10 @@ def table(run_dir: Path, name: str, record: dict[str, Any]) -> str:
     return "\n".join([head, line(COLUMNS), line(["-" * w for w in widths]), *(line(r) for r in body)])
 
 
-def figure(run_dir: Path, name: str, record: dict[str, Any]) -> Path | None:
+def figure(run_dir: Path, name: str, record: dict[str, Any], dirs: Mapping[str, Path] | None = None) -> Path | None:
     """``<run_dir>/sweep-<name>.png``: every trial's metric by step, the stopped ones dashed and ending in
-    an x, the rungs as dotted lines. None when no trial has a history yet."""
+    an x, the rungs as dotted lines (``dirs``: each trial's directory where it is not ``<run_dir>/<trial>``:
+    a remote site's). None when no trial has a history here."""
     from matplotlib.figure import Figure  # object API: no pyplot state, no display
 
     from ..history.h5file import read_history
@@ -100,7 +102,7 @@ def figure(run_dir: Path, name: str, record: dict[str, Any]) -> Path | None:
     ax = fig.add_subplot()
     drawn = 0
     for stage, t in record["trials"].items():
-        histories = sorted((Path(run_dir) / stage).glob("*.h5"))
+        histories = sorted(Path((dirs or {}).get(stage, Path(run_dir) / stage)).glob("*.h5"))
         if not histories:
             continue
         data = read_history(histories[0])

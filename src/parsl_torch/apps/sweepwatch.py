@@ -17,6 +17,9 @@ from .asha import Asha, Decision
 from .sweeprecord import SweepRecord
 from .trialfiles import Ask, EndpointFiles, LocalFiles, Peek, rung_value
 
+#: seconds each of the last two tasks of a stopped sweep may take through an endpoint (Ctrl-C waits for them)
+LET_GO_S = 10.0
+
 
 @dataclass
 class Trial:
@@ -87,10 +90,10 @@ class Watch:
         """A verdict that lets each run go on past every rung (a cut one stops as decided)."""
         with contextlib.suppress(Exception):  # (best effort: the error being raised is the one to see)
             peeks = self.files.peek([Ask(str(run.stage_dir), None, True, (), history=False) for run in runs],
-                                    self.rules["metric"], self.rules["window"])
+                                    self.rules["metric"], self.rules["window"], timeout=LET_GO_S)
             self.files.put([(run.stage_dir / stagedir.VERDICT, stagedir.VerdictRecord(
                 peek.call, time.time(), self.rules["steps"], True, "the sweep stopped watching: going on"))
-                for run, peek in zip(runs, peeks)], timeout=10.0)
+                for run, peek in zip(runs, peeks)], timeout=LET_GO_S)
 
     def look(self, waiting: list[Run]) -> list[Run]:
         """One look at the trials not done: the finished ones recorded, the running ones judged where they

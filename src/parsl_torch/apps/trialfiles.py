@@ -118,7 +118,7 @@ class LocalFiles:
 
     poll_s = 0.2  # (five looks a second: a look at an unchanged history is one stat per file)
 
-    def peek(self, asks: Sequence[Ask], metric: str, window: int) -> list[Peek]:
+    def peek(self, asks: Sequence[Ask], metric: str, window: int, timeout: float | None = None) -> list[Peek]:
         return peek_many(asks, metric, window)
 
     def put(self, records: Iterable[tuple[Path, Any]], timeout: float | None = None) -> None:
@@ -137,8 +137,8 @@ class EndpointFiles:
     def __init__(self, executor: Any, endpoint_id: str) -> None:
         self.executor, self.endpoint_id = executor, endpoint_id
 
-    def peek(self, asks: Sequence[Ask], metric: str, window: int) -> list[Peek]:
-        peeks = self._run(peek_many, list(asks), metric, window) if asks else []
+    def peek(self, asks: Sequence[Ask], metric: str, window: int, timeout: float | None = None) -> list[Peek]:
+        peeks = self._run(peek_many, list(asks), metric, window, timeout=timeout) if asks else []
         for ask, seen in zip(asks, peeks):
             if ask.final and ask.history and seen.call is None:  # (a trial that ran has its identity there)
                 raise ConfigError(f"pt.sweep: the I/O endpoint {self.endpoint_id} (globus.io_endpoint_id) does not "

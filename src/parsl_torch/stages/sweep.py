@@ -85,7 +85,8 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
     finally:
         files.close()
     saved = record.as_dict()
-    log.info("%s\nfigure: %s", table(wf.run_dir, name, saved), figure(wf.run_dir, name, saved))
+    drawn = figure(wf.run_dir, name, saved, {run.stage: run.stage_dir for run in starts.runs})
+    log.info("%s\nfigure: %s", table(wf.run_dir, name, saved), drawn)
     if starts.runs and all(saved["trials"][r.stage]["state"] == "failed" for r in starts.runs):
         starts.runs[0].future.result()  # every trial failed: the first one's error is the sweep's
     return [watch.trial(stage) for stage in best_first(saved)]
