@@ -161,8 +161,11 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
     from parsl_torch.sites.endpoint import io_endpoint_config
     from parsl_torch.stages import checkpoint
 
+    from parsl_torch.stages.sweep import _trial_files
+
     io_id = "0c1d2e3f-0000-4000-8000-000000000000"
     gc_site(tmp_path, monkeypatch, name="gcbare")
+    gc_site(tmp_path, monkeypatch, name="gcnear", file_system="local")  # (on this machine's files: read here)
     gc_site(tmp_path, monkeypatch, io_endpoint_id=io_id)
     base = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16},
             "checkpoint_every": 5, "log_every": 50}
@@ -183,7 +186,9 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
             return inner
 
         monkeypatch.setattr(globus, "make_executor", executor)
-        with pt.workflow(sites=["gclab", "gcbare"], run_dir=tmp_path / "run", gc_executor=engine.executor()) as wf:
+        with pt.workflow(sites=["gclab", "gcbare", "gcnear"], run_dir=tmp_path / "run",
+                         gc_executor=engine.executor()) as wf:
+            assert isinstance(_trial_files(wf, "near", "gcnear"), trialfiles.LocalFiles)
             for scheduler in ("asha", "none"):  # (a grid too ranks its trials by their histories)
                 with pytest.raises(ConfigError, match=r"pt.sweep: site 'gcbare' runs stages on a Globus Compute "
                                                       r"endpoint whose files this process cannot read .* give its "
