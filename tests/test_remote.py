@@ -160,7 +160,6 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
     from parsl_torch.sites import globus
     from parsl_torch.sites.endpoint import io_endpoint_config
     from parsl_torch.stages import checkpoint
-
     from parsl_torch.stages.sweep import _trial_files
 
     io_id = "0c1d2e3f-0000-4000-8000-000000000000"

@@ -97,24 +97,28 @@ class Watch:
 
     def look(self, waiting: list[Run]) -> list[Run]:
         """One look at the trials not done: the finished ones recorded, the running ones judged where they
-        reached a rung; those still to finish."""
-        left, running = [], []
+        reached a rung; those still to finish. Their directories are read in one go (one task through an
+        endpoint), then each is taken in its order."""
+        ended = {id(run) for run in waiting if run.future.done()}
+        running = [run for run in waiting if id(run) not in ended and self.rules["rungs"] and _launched(run.future)]
+        ok = [run for run in waiting if id(run) in ended and _ended_well(run.future)]  # (a failed one is not read)
+        peeks = dict(zip(map(id, ok + running), self.files.peek(
+            [*self._asks(ok, final=True), *self._asks(running, final=False)], self.rules["metric"],
+            self.rules["window"])))
+        left = []
         for run in waiting:
-            if run.future.done():
-                self._finished(run)
+            if id(run) in ended:
+                self._finished(run, peeks.get(id(run)))
             else:
                 left.append(run)
-                if self.rules["rungs"] and _launched(run.future):
-                    running.append(run)
-        for run, peek in zip(running, self._peek(running, final=False)):
-            self._judge(run, peek, final=False)
+                if id(run) in peeks:
+                    self._judge(run, peeks[id(run)], final=False)
         return left
 
-    def _peek(self, runs: list[Run], final: bool) -> list[Peek]:
-        """One look at each run's directory, wherever its files are (one task for all through an endpoint)."""
-        asks = [Ask(str(run.stage_dir), run.read_at, final,
+    def _asks(self, runs: list[Run], final: bool) -> list[Ask]:
+        """What to read in each run's directory: its history, at the rungs it was not judged at yet."""
+        return [Ask(str(run.stage_dir), run.read_at, final,
                     tuple(self.rules["rungs"][len(self.record.trials[run.stage].decisions):])) for run in runs]
-        return self.files.peek(asks, self.rules["metric"], self.rules["window"])
 
     def _judge(self, run: Run, peek: Peek, final: bool) -> None:
         """Judge ``run`` at each rung its history reached and it was not judged at yet."""
@@ -156,12 +160,13 @@ class Watch:
     def _says(self, d: Decision) -> str:
         return d.says(self.rules["metric"], self.rules["mode"], self.rules["rungs"][d.rung])
 
-    def _finished(self, run: Run) -> None:
-        self._record_end(run)
+    def _finished(self, run: Run, peek: Peek | None) -> None:
+        self._record_end(run, peek)
         if self.on_end is not None:
             self.on_end(run.stage)
 
-    def _record_end(self, run: Run) -> None:
+    def _record_end(self, run: Run, peek: Peek | None) -> None:
+        """The trial's end in the journal; ``peek``: its directory read since it ended (None: it failed)."""
         t = self.record.trials[run.stage]
         try:
             result = run.future.result()
@@ -170,7 +175,7 @@ class Watch:
             self.record.update(run.stage, state="failed", why=why, result=None)
             self.log.warning("sweep %r: %s failed: %s", self.name, run.stage, why)
             return
-        peek = self._peek([run], final=True)[0]
+        assert peek is not None  # (read in the look that found it ended well)
         if self.rules["rungs"]:
             self._judge(run, peek, final=True)  # rungs passed before they were looked at (a fast or skipped trial)
         stopped = result.get("stopped_at") if isinstance(result, Mapping) else None
@@ -186,6 +191,14 @@ class Watch:
         t = self.record.trials[stage]
         return Trial(stage, t.config, t.state, t.step, [Decision(**d) for d in t.decisions], t.result, t.value,
                      t.why)
+
+
+def _ended_well(future: Any) -> bool:
+    """A done trial's future holds its result (not an error, nor a cancellation)."""
+    try:
+        return future.exception() is None
+    except Exception:  # noqa: BLE001 (cancelled: its record says why)
+        return False
 
 
 def _launched(future: Any) -> bool:
