@@ -125,7 +125,7 @@ def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
     assert "{'sum': 21.0, 'rank': 0, " in line  # (0 + 10) + (1 + 10): rank 0's return value
-    assert "'filepath': True, 'parsl_on_ranks': False}" in line
+    assert "'filepath': True, 'parsl_on_ranks': False, 'pools': [2.0, 4.0]}" in line  # forked and spawned
     assert line.endswith(" of 2")  # the output File, written by the ranks, read through its DataFuture
     assert (tmp_path / "r" / "rank_sum" / "sum.txt").exists()
     assert " 0 " in line.split("}")[1]  # the script stage's future: its exit code
@@ -319,6 +319,44 @@ def test_shipped_function_carries_the_package_by_reference():
     shipped = ShippedFunction.of(namespace["scale"])
     assert shipped.load()(3) == 3
     assert len(shipped.blob) < 4000, len(shipped.blob)
+
+
+SCRIPT = """
+import functools, json
+import parsl_torch as pt
+
+def helper(x): return x
+def unused(): pass
+class Data:
+    @staticmethod
+    def parse(text): return fmt(text)
+def fmt(text): return text.strip()
+def default(): pass
+
+def make(scale):
+    def inner(x): return x * scale
+    return inner
+
+doubling = make(2)
+
+def stage(path, on=default):
+    return [helper(Data.parse(path)), doubling(1), json.dumps([]), (lambda: 0)(), pt.get_rank(), on]
+"""
+
+
+def test_a_shipped_function_brings_the_scripts_definitions_it_reaches_to_the_ranks_main():
+    """What the rank puts in ``__main__`` for the call (``apps.rankmain``): the script's top-level functions and
+    classes that the function reaches through its globals, a class's members, closures and defaults, as they
+    arrive by value; nothing it does not reach, no module's, no nested function or lambda."""
+    from parsl_torch.apps.payload import ShippedFunction
+    from parsl_torch.apps.rankmain import definitions
+
+    namespace = {"__name__": "__main__"}
+    exec(SCRIPT, namespace)  # noqa: S102 - the workflow script
+    arrived = ShippedFunction.of(namespace["stage"]).load()
+    found = definitions(arrived)
+    assert sorted(found) == ["Data", "default", "fmt", "helper", "stage"]  # (doubling: make.<locals>.inner)
+    assert found["stage"] is arrived and found["fmt"]("  x ") == "x" and found["Data"].parse(" y") == "y"
 
 
 def test_run_lock_names_its_holder_and_a_stale_one_is_taken_over(tmp_path, monkeypatch):
@@ -693,7 +731,8 @@ def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and
     _, rows = status.read(tmp_path)
     by = {r.name: r for r in rows}
     assert by["lr0.1"].progress.startswith("result eval_acc=0.5705 eval_loss=1.2")
-    assert by["eval"].progress == "waits for train" and by["other"].progress == "waits for a free slot"
+    assert by["eval"].progress == "for train" and by["other"].progress == "for a free slot"
+    assert "[eval] waiting for train\n" in status.plain(*status.read(tmp_path))
     assert cli(["status", str(tmp_path), "--sort", "eval_acc"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == ["lr0.3", "lr0.1", "lr1", "lr9"] and "eval_acc=0.61" in lines[0]

@@ -1,13 +1,34 @@
 """A workflow whose distributed app lives in the script itself (shipped to the
-ranks by value), plus a script_app running an unmodified torchrun script.
+ranks by value; what it uses from the script is found by name there, as
+multiprocessing finds it), plus a script_app running an unmodified torchrun script.
 
 usage: custom_app.py RUN_DIR
 """
 
+import multiprocessing
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import parsl_torch as pt
+
+
+@dataclass
+class Point:
+    x: float
+
+
+def doubled(point):
+    return Point(point.x * 2)
+
+
+def in_pools():
+    """A Pool pickles its function and values by name: ``__main__.doubled``, ``__main__.Point``."""
+    done = []
+    for method in ("fork", "spawn"):
+        with multiprocessing.get_context(method).Pool(1) as pool:
+            done += pool.map(doubled, [Point(len(done) + 1.0)])
+    return [p.x for p in done]
 
 
 @pt.distributed_app(ranks_per_node=2)
@@ -20,7 +41,7 @@ def rank_sum(offset: float, outputs=()):
     Path(outputs[0]).write_text(f"rank {pt.get_rank()} of {pt.get_world_size()}\n")
     # an output File arrives as a path (Parsl's .filepath too), without importing Parsl on the rank
     return {"sum": t.item(), "rank": pt.get_rank(), "filepath": outputs[0].filepath == str(outputs[0]),
-            "parsl_on_ranks": "parsl" in sys.modules}
+            "parsl_on_ranks": "parsl" in sys.modules, "pools": in_pools() if pt.get_rank() == 0 else None}
 
 
 torchrun_script = pt.script_app(Path(__file__).parent.parent / "ranks" / "torchrun_style.py", ranks_per_node=2)

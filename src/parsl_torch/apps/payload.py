@@ -43,6 +43,15 @@ class ShippedFunction:
         return dill.loads(self.blob)
 
 
+def load_call(payload: str) -> tuple[Callable, tuple, dict[str, Any]]:
+    """The function, positional and keyword arguments of the call that a distributed app wrote to ``payload``."""
+    import dill
+
+    with open(payload, "rb") as f:
+        shipped, args, kwargs = dill.load(f)
+    return shipped.load(), args, kwargs
+
+
 @functools.lru_cache(maxsize=1)
 def _pickler_class() -> type:
     """dill's Pickler, but the package's own modules travel by reference.

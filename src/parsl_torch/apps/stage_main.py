@@ -1,7 +1,8 @@
 """``python -m parsl_torch.apps.stage_main PAYLOAD RESULT``: one rank of a distributed app.
 
 Sets up torch (device, process group), loads the call the app shipped
-(``dill``: a function from the workflow script travels by value), runs it,
+(``dill``: a function from the workflow script travels by value), runs it
+(with the script's definitions it brought as ``__main__``'s: ``apps.rankmain``),
 and rank 0 writes the return value to RESULT (atomically). An exception
 prints its traceback and exits 1, without collectives that could hang on
 ranks that are already gone.
@@ -21,6 +22,8 @@ from ..common.gcpause import paused_gc, rank_gc
 from ..common.metadata import argument_secrets, remember_secrets
 from ..common.raised import write_raised
 from ..core.dist import cleanup, exit_process, setup_torch
+from .payload import load_call
+from .rankmain import as_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,18 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     payload, result = argv
     rank_gc()
     with paused_gc(freeze=True):  # torch's, the payload's and its modules' imports (common.gcpause)
-        import dill
-
         rank = setup_torch()
         try:
-            with open(payload, "rb") as f:
-                shipped, args, kwargs = dill.load(f)
-            fn = shipped.load()
+            fn, args, kwargs = load_call(payload)
         except BaseException as exc:  # noqa: BLE001 - as the function's own failures, below
             _fail(exc)
     try:
         remember_secrets(argument_secrets(fn, args, kwargs))  # (kept out of the exception text its shim reports)
-        value = fn(*args, **kwargs)
+        with as_main(fn, payload):  # (its definitions from the workflow script found by name: apps.rankmain)
+            value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
         _fail(exc)
     if rank == 0:

@@ -127,9 +127,10 @@ def _result_text(result: dict[str, Any] | None) -> str:
 
 
 def _waiting(s: dict[str, Any], stages: dict[str, Any]) -> str:
-    """"waits for train" (a stage whose results it takes that has not finished), else "waits for a free slot"."""
+    """"for train" (a stage whose results it takes that has not finished), else "for a free slot": the
+    line reads ``[evaluate] waiting for train``."""
     pending = [w for w in s.get("waits_for", []) if stages.get(w, {}).get("state") not in ("done", "skipped")]
-    return f"waits for {', '.join(pending)}" if pending else "waits for a free slot"
+    return f"for {', '.join(pending)}" if pending else "for a free slot"
 
 
 @dataclass

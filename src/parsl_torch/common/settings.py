@@ -241,6 +241,9 @@ RAISED = _add(Setting("PARSL_TORCH_RAISED", "the node-local file where a rank wr
 FIRST_FAILURE = _add(Setting("PARSL_TORCH_FIRST_FAILURE", "RANK:FILE, set in a warm call's forks: the first rank "
                             "whose code raises makes FILE (once) before its process ends and its peers' "
                             "collectives break, so that rank is the call's cause", None, text, INTERNAL))
+RANK_PAYLOAD = _add(Setting("PARSL_TORCH_RANK_PAYLOAD", "the call's payload, set while a rank runs a function that "
+                           "brought definitions from the workflow script: a spawned child of the rank loads them from "
+                           "it as its `__main__` (`apps.rankmain`)", None, text, INTERNAL))
 KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "
                             "(its interchange, worker pools) readable, so the workflow's token stays in it", None,
                             text, INTERNAL))
