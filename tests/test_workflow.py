@@ -243,7 +243,18 @@ def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
         evaluate(SMALL_EVAL, inputs=[File(str(tmp_path / "missing.pt"))])
     with pytest.raises(ConfigError, match=r"stage 'train': num_nodes=2 but site 'local' runs on this machine only"):
         train(SMALL, num_nodes=2)
-    assert not (local_workflow.run_dir / "train").exists()
+
+    @pt.distributed_app(ranks_per_node=1)
+    def rollout(env="CartPole", seed=0, *, walltime=60):  # a parameter named like a stage option
+        return env, seed, walltime
+
+    with pytest.raises(ConfigError, match=r"stage 'rollout': env= is the stage's option \(its ranks' environment "
+                                          r"variables\), and rollout\(\) has a parameter 'env' too, which would not "
+                                          r"get it: rename that parameter \(e\.g\. env_\), or pass its value positionally"):
+        rollout(env="Pendulum")
+    with pytest.raises(ConfigError, match=r"walltime= is the stage's option \(its time limit\), and rollout\(\) has"):
+        rollout("Pendulum", walltime=5)
+    assert not (local_workflow.run_dir / "train").exists() and not (local_workflow.run_dir / "rollout").exists()
 
 
 @pytest.mark.slow

@@ -44,6 +44,12 @@ from .identity.usercode import rank_import_path
 from .workflow import current_workflow
 
 
+#: the keywords a stage's call takes for itself (``inputs``/``outputs`` are also passed to a function that takes them)
+STAGE_OPTIONS = {"stage": "the stage's name", "num_nodes": "its nodes", "ranks_per_node": "its ranks per node",
+                 "walltime": "its time limit", "env": "its ranks' environment variables", "site": "the site it runs on",
+                 "min_nodes": "the fewest nodes it may start on"}
+
+
 class DistributedApp:
     """A stage: ``fn`` on every rank (``fn=None``: a script or module via ``script``).
 
@@ -61,6 +67,8 @@ class DistributedApp:
         self.num_nodes, self.ranks_per_node, self.min_nodes = num_nodes, ranks_per_node, min_nodes
         self.walltime, self.env = walltime, dict(env or {})
         self.files = tuple(files)
+        #: the stage options that are also parameters of ``fn``: a call's keyword would reach only the stage
+        self.shadowed = tuple(o for o in STAGE_OPTIONS if o in _keyword_names(fn)) if fn is not None else ()
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -78,6 +86,9 @@ class DistributedApp:
                  **kwargs: Any) -> StageFuture:
         wf = current_workflow(self.name)
         asked = stage or self.name
+        if self.shadowed:
+            self._refuse_shadowed(asked, {"stage": stage, "num_nodes": num_nodes, "ranks_per_node": ranks_per_node,
+                                          "walltime": walltime, "env": env, "site": site, "min_nodes": min_nodes})
         placement = wf.placement(asked, site)
         nodes = num_nodes or self.num_nodes
         ppn = ranks_per_node or self.ranks_per_node or placement.ranks_per_node
@@ -120,12 +131,19 @@ class DistributedApp:
         command = script_command_length(self.script)
         return (*self.script[:command], *(script_word(a, outputs, stage_dir) for a in self.script[command:]))
 
+    def _refuse_shadowed(self, stage: str, options: dict[str, Any]) -> None:
+        """A stage option given by keyword that is also a parameter of the function: it would silently reach
+        only the stage, and the function would run with its default."""
+        if given := [o for o in self.shadowed if options[o] is not None]:
+            raise ConfigError(f"stage {stage!r}: {given[0]}= is the stage's option ({STAGE_OPTIONS[given[0]]}), and "
+                              f"{self.name}() has a parameter {given[0]!r} too, which would not get it: rename "
+                              f"that parameter (e.g. {given[0]}_), or pass its value positionally")
+
     def _check_script_call(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """A script takes its call's positional arguments on its command line; keywords have no place there."""
         if kwargs:
             raise ConfigError(f"stage {stage!r}: {', '.join(map(repr, kwargs))}: a script stage takes no keyword "
-                              f"arguments but its own (inputs, outputs, stage, num_nodes, ranks_per_node, walltime, "
-                              f"env, site, min_nodes): pass the script's options positionally, e.g. "
+                              f"arguments but its own (inputs, outputs, {', '.join(STAGE_OPTIONS)}): pass the script's options positionally, e.g. "
                               f"app('--{next(iter(kwargs)).replace('_', '-')}', value), or in script_app(args=[...])")
         for arg in args:
             check_script_argument(arg, f"stage {stage!r}")
@@ -220,6 +238,17 @@ def _remote(wf: Any, call: StageCall, fn: Callable | None, python: str | None, a
 
 def _absolute(value: Any) -> Any:
     return type(value)(os.path.abspath(value)) if isinstance(value, PurePath) else value
+
+
+def _keyword_names(fn: Callable) -> set[str]:
+    """The parameters of ``fn`` that a call can give by keyword."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _parameter_names(fn: Callable, n: int) -> list[str]:
