@@ -59,8 +59,9 @@ def _filled(cell: types.CellType) -> bool:
 
 @contextlib.contextmanager
 def as_main(fn: Callable, payload: str) -> Iterator[None]:
-    """``__main__`` is this module with ``fn``'s definitions while the block runs (nothing changes when the
-    function brought none); its spawned children find them through ``payload``."""
+    """``__main__`` is a module holding ``fn``'s definitions while the block runs, under this module's name,
+    which a spawned child imports as its main module, finding them through ``payload`` (nothing changes when
+    the function brought none)."""
     found = definitions(fn)
     if not found:
         yield
