@@ -148,6 +148,8 @@ def test_cli_site_errors_are_one_line_exit_2(args, needle, capsys):
      "add provider.survive_node_loss: true"),
     ("name: other\nscheduler: pbs\n", "name: 'other' differs from the file name; use name: mine"),
     ("name: mine\nscheduler: pbs\n  bad: indent\n", "is not valid YAML"),
+    ("name: mine\nscheduler: pbs\nprovider: {account: A}\nprovider: {queue: debug}\n",
+     "line 4: the key 'provider' is given a second time (first on line 3), and only the last would count"),
     ("- just\n- a list\n", "expected a mapping of settings at the top, got list"),
     ("name: mine\nscheduler: pbs\nenvironment:\n  'X=1; touch PWNED; Y': v\n",
      "environment.X=1; touch PWNED; Y: not a variable name"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +33,23 @@ from parsl_torch.stages.train import TrainConfig
 def test_bad_train_values_name_the_field(overrides, message):
     with pytest.raises(ConfigError, match=rf"stage 'train': config: {message}"):
         load_config(overrides, TrainConfig, "train")
+
+
+def test_a_setting_given_twice_in_a_config_file_is_refused_with_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys silently: a ``steps: 50`` pasted below ``steps: 200`` trained
+    50 steps, and an edit of the first changed nothing. A merge key (``<<``) may still be overridden."""
+    shipped = (Path(__file__).parent.parent / "configs" / "train.yaml").read_text()
+    line = shipped.splitlines().index("steps: 200") + 1
+    (tmp_path / "twice.yaml").write_text(shipped + "steps: 50\n")
+    with pytest.raises(ConfigError, match=rf"stage 'train': .*twice\.yaml is not valid YAML: line {shipped.count(chr(10)) + 1}: "
+                                          rf"the key 'steps' is given a second time \(first on line {line}\), and only "
+                                          rf"the last would count: keep one"):
+        load_config(tmp_path / "twice.yaml", TrainConfig, "train")
+    (tmp_path / "nested.yaml").write_text("model:\n  dim: 32\n  n_heads: 2\n  dim: 64\n")
+    with pytest.raises(ConfigError, match=r"line 4: the key 'dim' is given a second time \(first on line 2\)"):
+        load_config(tmp_path / "nested.yaml", TrainConfig, "train")
+    (tmp_path / "merged.yaml").write_text("model:\n  <<: {dim: 32, n_heads: 2}\n  dim: 64\n")
+    assert load_config(tmp_path / "merged.yaml", TrainConfig, "train").model.dim == 64
 
 
 def test_a_token_file_is_checked_before_any_rank_starts(tmp_path):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..common import settings
+from ..common import settings, yamlfile
 from ..errors import SiteError
 from ..launch.machines import binding_args, get_machine
 from ..launch.schedulers import Detection, detect_scheduler
@@ -54,7 +54,7 @@ def read_spec(path: Path) -> SiteSpec:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlfile.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -128,9 +128,7 @@ class Site:
     def provenance(self) -> dict[str, str]:
         """Every setting (dotted path) -> where its value comes from: an override,
         this site file, or the schema's default."""
-        import yaml
-
-        raw = yaml.safe_load(self.path.read_text()) or {}
+        raw = yamlfile.safe_load(self.path.read_text()) or {}
 
         def in_file(path: str) -> bool:
             node: Any = raw

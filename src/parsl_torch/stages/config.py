@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..common import yamlfile
 from ..common.records import build_dataclass
 from ..core.strategy import STRATEGIES, normalize_strategy
 from ..errors import ConfigError
@@ -122,7 +123,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, config_clas
 
         where = str(source)
         try:
-            source = yaml.safe_load(Path(source).read_text()) or {}
+            source = yamlfile.safe_load(Path(source).read_text()) or {}
         except OSError as exc:
             raise ConfigError(f"stage {stage!r}: config file {where}: {exc.strerror}") from None
         except UnicodeDecodeError as exc:

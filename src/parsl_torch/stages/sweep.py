@@ -31,7 +31,7 @@ from ..apps.sweepview import best_first, figure, table
 from ..apps.sweepwatch import ASKED_ALL, Run, Trial, Watch
 from ..apps.trialfiles import EndpointFiles, LocalFiles
 from ..apps.workflow import current_workflow
-from ..common import stagedir
+from ..common import stagedir, yamlfile
 from ..core.log import get_logger
 from ..errors import ConfigError
 from ..sites import globus
@@ -176,7 +176,7 @@ def _base(base: Mapping[str, Any] | str | os.PathLike | None) -> Mapping[str, An
     import yaml
 
     try:
-        loaded = yaml.safe_load(Path(base).read_text())
+        loaded = yamlfile.safe_load(Path(base).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"pt.sweep(base={str(base)!r}): {exc}: give a YAML file of settings or a mapping") from None
     if not isinstance(loaded, Mapping):
