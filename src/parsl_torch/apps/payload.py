@@ -43,6 +43,17 @@ class ShippedFunction:
         return dill.loads(self.blob)
 
 
+def closure_values(fn: types.FunctionType) -> list[Any]:
+    """What the closure of ``fn`` holds (a cell not yet set is left out)."""
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # (an empty cell)
+            continue
+    return values
+
+
 def load_call(payload: str) -> tuple[Callable, tuple, dict[str, Any]]:
     """The function, positional and keyword arguments of the call that a distributed app wrote to ``payload``."""
     import dill

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..common import settings
-from .payload import load_call
+from .payload import closure_values, load_call
 
 
 def definitions(fn: Callable) -> dict[str, Any]:
@@ -43,18 +43,10 @@ def definitions(fn: Callable) -> dict[str, Any]:
             todo.extend(vars(obj).values())
         else:
             todo.extend(obj.__globals__.values())
-            todo.extend(cell.cell_contents for cell in obj.__closure__ or () if _filled(cell))
+            todo.extend(closure_values(obj))
             todo.extend(obj.__defaults__ or ())
             todo.extend((obj.__kwdefaults__ or {}).values())
     return found
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 @contextlib.contextmanager

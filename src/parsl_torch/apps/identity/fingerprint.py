@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
+from ..payload import closure_values
 from .digests import sha
 from .bytecode import attributes_read, code_without_positions, global_names, imported_names
 from .usercode import is_user_file, user_files
@@ -236,8 +237,7 @@ class Fingerprinter:
         globals_ = [(n, self.token(fn.__globals__[n], f"global {n!r} of {fn.__qualname__}"))
                     for n in used if n in fn.__globals__]
         globals_ += self._module_state(code, fn.__globals__, fn.__qualname__)
-        cells = [self.token(c.cell_contents, f"a closure variable of {fn.__qualname__}")
-                 for c in fn.__closure__ or () if _cell_set(c)]
+        cells = [self.token(value, f"a closure variable of {fn.__qualname__}") for value in closure_values(fn)]
         for name in imported_names(code):  # ``import helpers`` inside the function: helpers is code it runs
             found = user_files(name, sys.path)
             self.roots.update(found)
@@ -310,14 +310,6 @@ def _plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, NAMESPACES):
         return _plain(vars(value), depth + 1)
     return False
-
-
-def _cell_set(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 def _is_array(value: Any) -> bool:
