@@ -249,8 +249,9 @@ def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
         return env, seed, walltime
 
     with pytest.raises(ConfigError, match=r"stage 'rollout': env= is the stage's option \(its ranks' environment "
-                                          r"variables\), and rollout\(\) has a parameter 'env' too, which would not "
-                                          r"get it: rename that parameter \(e\.g\. env_\), or pass its value positionally"):
+                                          r"variables\), and rollout\(\) has a parameter 'env' too, which would "
+                                          r"not get it: rename that parameter \(e\.g\. env_\), or pass its value "
+                                          r"positionally"):
         rollout(env="Pendulum")
     with pytest.raises(ConfigError, match=r"walltime= is the stage's option \(its time limit\), and rollout\(\) has"):
         rollout("Pendulum", walltime=5)

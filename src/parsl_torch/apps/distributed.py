@@ -143,7 +143,8 @@ class DistributedApp:
         """A script takes its call's positional arguments on its command line; keywords have no place there."""
         if kwargs:
             raise ConfigError(f"stage {stage!r}: {', '.join(map(repr, kwargs))}: a script stage takes no keyword "
-                              f"arguments but its own (inputs, outputs, {', '.join(STAGE_OPTIONS)}): pass the script's options positionally, e.g. "
+                              f"arguments but its own (inputs, outputs, {', '.join(STAGE_OPTIONS)}): pass the "
+                              f"script's options positionally, e.g. "
                               f"app('--{next(iter(kwargs)).replace('_', '-')}', value), or in script_app(args=[...])")
         for arg in args:
             check_script_argument(arg, f"stage {stage!r}")
