@@ -243,6 +243,15 @@ def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
         evaluate(SMALL_EVAL, inputs=[File(str(tmp_path / "missing.pt"))])
     with pytest.raises(ConfigError, match=r"stage 'train': num_nodes=2 but site 'local' runs on this machine only"):
         train(SMALL, num_nodes=2)
+    # Parsl's File reads a name as a URL: 'train#2.h5' was the file 'train', and two such outputs one file
+    with pytest.raises(ConfigError, match=r"stage 'train': output 'train#2\.h5': Parsl reads a file's name as a URL, "
+                                          r"in which '#' ends the path, so the file would be 'train': name it without"):
+        train(SMALL, outputs=["train#2.h5", "model.pt"])
+    with pytest.raises(ConfigError, match=r"output 'ckpt:3\.pt': Parsl reads 'ckpt:' as a URL's scheme: write "
+                                          r"'\./ckpt:3\.pt' for a file of that name"):
+        train(SMALL, outputs=["train.h5", "ckpt:3.pt"])
+    with pytest.raises(ConfigError, match=r"stage 'evaluate': input '.*model;v2\.pt': .* ';' ends the path"):
+        evaluate(SMALL_EVAL, inputs=[File(str(tmp_path / "model;v2.pt"))])
 
     @pt.distributed_app(ranks_per_node=1)
     def rollout(env="CartPole", seed=0, *, walltime=60):  # a parameter named like a stage option

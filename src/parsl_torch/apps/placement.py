@@ -113,8 +113,10 @@ class Placement:
                     raise ConfigError(self._unreachable(stage, f"the output of stage {producer!r} on site "
                                                                f"{there.site.name!r}", there.file_system))
                 continue
-            path = getattr(item, "filepath", None) if not isinstance(item, Future) else None
-            scheme = getattr(item, "scheme", "file")
+            if isinstance(item, Future):
+                continue
+            check_file_name(stage, "input", item)
+            path, scheme = getattr(item, "filepath", None), getattr(item, "scheme", "file")
             if path is None:
                 continue
             if scheme != "file":
@@ -139,3 +141,17 @@ def placements(default: sites.Site, others: list[sites.Site], users_config: bool
     prefixed = users_config or bool(others)
     return {s.name: Placement(s, executor_label(MPI_LABEL, s.name if prefixed else None), pool=not users_config)
             for s in (default, *others)}
+
+
+def check_file_name(stage: str, role: str, file: Any) -> None:
+    """A name that Parsl's ``File``, which reads it as a URL, would cut (``model#1.pt`` is ``model``: two
+    outputs could become one file) or take for a scheme (``ckpt:3.pt``): refused, saying what it would be."""
+    url, scheme = getattr(file, "url", None), getattr(file, "scheme", "file")
+    if not isinstance(url, str):
+        return
+    if scheme == "file" and (mark := next((m for m in ";?#" if m in url), None)):
+        raise ConfigError(f"stage {stage!r}: {role} {url!r}: Parsl reads a file's name as a URL, in which "
+                          f"{mark!r} ends the path, so the file would be {file.filepath!r}: name it without ; ? #")
+    if scheme != "file" and "://" not in url:
+        raise ConfigError(f"stage {stage!r}: {role} {url!r}: Parsl reads '{scheme}:' as a URL's scheme: write "
+                          f"'./{url}' for a file of that name")

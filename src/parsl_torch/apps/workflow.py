@@ -30,7 +30,7 @@ from ..launch.leanparsl import parsl_for_a_workflow
 from . import identity, status, watchdog
 from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
 from .stopping import Terminated, how_it_ended, terminate_cleanly
-from .placement import Placement, placements
+from .placement import Placement, check_file_name, placements
 from .request import WorkflowRequest, sites_checked
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
@@ -117,6 +117,7 @@ class Workflow:
         from parsl.data_provider.files import File
 
         file = item if isinstance(item, File) else File(os.fspath(item))
+        check_file_name(stage_dir.name, "output", file)
         if file.scheme != "file":
             return file
         path = Path(os.path.normpath(stage_dir / file.filepath))  # (an absolute filepath stays itself)
