@@ -11,6 +11,7 @@ import torch
 import parsl_torch as pt
 from parsl_torch.core.device import get_backend, get_torch_device_type
 from parsl_torch.core.models import MLP, Transformer
+from parsl_torch.core.strategy import normalize_strategy
 from parsl_torch.core.blocks import find_blocks
 from parsl_torch.errors import ConfigError
 
@@ -55,8 +56,9 @@ def test_bad_device_settings(monkeypatch, var, value, needle):
 
 def test_world_of_one_returns_the_model_unchanged():
     model = MLP()
-    for strategy in ("none", "ddp", "fsdp"):
+    for strategy in ("none", "ddp", "fsdp", "FSDP2"):  # (torch's name of the FSDP that fsdp is)
         assert pt.wrap_model(model, strategy=strategy) is model
+    assert normalize_strategy("fsdp2_tp") == "fsdp+tp"
     assert pt.wrap_model(model, use_fsdp=False) is model
 
 
