@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -29,7 +30,8 @@ def mean_losses(per_rank, key, ranks):
 
 @pytest.mark.parametrize("launcher", [pytest.param("mpiexec", marks=pytest.mark.lowest), "torchrun"])
 def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
-    ranks = run_suite(tmp_path, launcher, 2, "topology,ddp,fsdp,fsdp_bf16,fsdp_ac,tp")
+    extra = ",fsdp_float8" if launcher == "mpiexec" else ""
+    ranks = run_suite(tmp_path, launcher, 2, "topology,ddp,fsdp,fsdp_bf16,fsdp_ac,tp" + extra)
     expected = "mpich" if launcher == "mpiexec" else "torchrun"
     for r, res in enumerate(ranks):
         t = res["topology"]
@@ -50,6 +52,14 @@ def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
     assert mean_losses(ranks, "fsdp_bf16", [0, 1]) == pytest.approx(ref, rel=2e-2, abs=1e-2)
     # every block's activations recomputed in the backward pass: the same losses
     assert mean_losses(ranks, "fsdp_ac", [0, 1]) == pytest.approx(ref, rel=1e-4, abs=1e-5)
+
+    # float8 (torchao) under FSDP2: its linear layers but the head converted, it learns, the ranks agree, and
+    # its full state dict loads strictly into the model without float8, which computes the same loss
+    if extra and importlib.util.find_spec("torchao") is not None:
+        f8 = [r["fsdp_float8"] for r in ranks]
+        assert (f8[0]["layer"], f8[0]["head"]) == ("Float8Linear", "Linear")
+        assert f8[0]["losses"][-1] < f8[0]["losses"][0] - 0.3 and f8[1]["losses"][-1] < f8[1]["losses"][0] - 0.3
+        assert all(r["plain_loss"] == pytest.approx(r["loss"], abs=0.1) for r in f8), f8
 
     # a colwise/rowwise pair split over 2 ranks equals the unsharded layers
     for res in ranks:

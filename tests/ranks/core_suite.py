@@ -1,5 +1,5 @@
 """Runs on every rank of a real launch (mpiexec or torchrun) and records what
-the test then checks: topology, DDP, FSDP2 (fp32, bf16), TP, FSDP2 x TP.
+the test then checks: topology, DDP, FSDP2 (fp32, bf16, float8), TP, FSDP2 x TP.
 
 usage: core_suite.py OUT_DIR SCENARIO[,SCENARIO...]
 """
@@ -120,6 +120,41 @@ if "fsdp_tp" in scenarios:
 
     result["fsdp_tp"] = {"losses": lm_losses(model, True), "ref_losses": lm_losses(reference, False),
                          "dp": [dp_rank, dp_size]}
+
+if "fsdp_float8" in scenarios:  # FSDP2 over torchao's float8 linear layers, on CPUs: what an H100 runs
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        result["fsdp_float8"] = None  # (the lowest versions' run: no torchao for torch 2.8)
+    else:
+        import parsl_torch.core.wrap as wrap
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        wrap.check_precision = lambda precision, device_type: None  # (the CPU's refusal is test_precision's)
+        torch.manual_seed(0)
+        base = Transformer(64, 32, 2, 2, 16)
+        model = pt.wrap_model(base, strategy="fsdp", precision="float8")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        tokens = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+        mine = tokens.chunk(world)[rank]
+
+        def lm_loss(m, batch):
+            return torch.nn.functional.cross_entropy(m(batch[:, :-1]).reshape(-1, 64).float(), batch[:, 1:].reshape(-1))
+
+        losses = []
+        for _ in range(8):
+            loss = lm_loss(model, mine)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # (on every rank)
+        plain = Transformer(64, 32, 2, 2, 16)  # an evaluation without float8 loads the checkpoint
+        plain.load_state_dict(full, strict=True)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            result["fsdp_float8"] = {"losses": losses, "layer": type(base.blocks[0].attn.q).__name__,
+                                     "head": type(base.head).__name__, "plain_loss": lm_loss(plain, mine).item(),
+                                     "loss": lm_loss(model, mine).item()}
 
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
