@@ -241,7 +241,7 @@ def test_a_run_directory_parsl_cannot_use_is_refused_before_anything_is_made(tmp
     and format commands holding its path (a brace broke them)."""
     import parsl_torch as pt
 
-    for name in ("my runs", "runs$x", "runs{1}", "a;b"):
+    for name in ("my runs", "runs$x", "runs{1}", "a;b", "run#2", "runs?"):
         with pytest.raises(ConfigError, match=r"its path has .* which Parsl's providers pass to a shell unquoted"):
             with pt.workflow(site="local", run_dir=tmp_path / name):
                 pass

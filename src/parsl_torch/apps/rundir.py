@@ -29,8 +29,9 @@ def check_stage_name(name: Any, explicit: bool) -> None:
                           f"folder under the run directory)")
 
 
-#: characters of a run directory's path that Parsl's providers hand to a shell unquoted, or format away
-UNSAFE_PATH = re.compile(r"""[\s'"$`\\;&|<>(){}]""")
+#: characters of a run directory's path that Parsl's providers hand to a shell unquoted, or format away, and
+#: that its File reads as a URL's (``#``, ``?``: the stages' files would be cut there)
+UNSAFE_PATH = re.compile(r"""[\s'"$`\\;&|<>(){}#?]""")
 
 
 def check_ours(run_dir: Path) -> None:
@@ -39,7 +40,8 @@ def check_ours(run_dir: Path) -> None:
     left the workers unstarted and the workflow waiting forever)."""
     if bad := sorted(set(UNSAFE_PATH.findall(str(run_dir)))):
         raise ConfigError(f"run directory {str(run_dir)!r}: its path has {' '.join(map(repr, bad))}, which Parsl's "
-                          f"providers pass to a shell unquoted (its workers would never start): pick a path of "
+                          f"providers pass to a shell unquoted (its workers would never start) or its File reads "
+                          f"as part of a URL (the stages' files would be cut there): pick a path of "
                           f"letters, digits and . _ - + , @ = : % / (nothing was made)")
     if run_dir.is_symlink() and not run_dir.exists():
         raise ConfigError(f"run directory {run_dir} is a link to {os.readlink(run_dir)}, which does not exist: "
