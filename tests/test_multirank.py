@@ -59,7 +59,7 @@ def test_two_ranks_topology_ddp_fsdp_tp(tmp_path, launcher):
         f8 = [r["fsdp_float8"] for r in ranks]
         assert (f8[0]["layer"], f8[0]["head"]) == ("Float8Linear", "Linear")
         assert f8[0]["losses"][-1] < f8[0]["losses"][0] - 0.3 and f8[1]["losses"][-1] < f8[1]["losses"][0] - 0.3
-        assert all(r["plain_loss"] == pytest.approx(r["loss"], abs=0.1) for r in f8), f8
+        assert all(r["plain_loss"] == pytest.approx(r["loss"], abs=0.05) for r in f8), f8  # (bf16: 0.004 seen)
 
     # a colwise/rowwise pair split over 2 ranks equals the unsharded layers
     for res in ranks:
