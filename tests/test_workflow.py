@@ -353,6 +353,7 @@ class Data:
     def parse(text): return fmt(text)
 def fmt(text): return text.strip()
 def default(): pass
+class Config: pass
 
 def make(scale):
     def inner(x): return x * scale
@@ -367,16 +368,21 @@ def stage(path, on=default):
 
 def test_a_shipped_function_brings_the_scripts_definitions_it_reaches_to_the_ranks_main():
     """What the rank puts in ``__main__`` for the call (``apps.rankmain``): the script's top-level functions and
-    classes that the function reaches through its globals, a class's members, closures and defaults, as they
-    arrive by value; nothing it does not reach, no module's, no nested function or lambda."""
+    classes that the function reaches through its globals, a class's members, closures and defaults, and the
+    classes of its arguments, as they arrive by value; nothing it does not reach, no module's, no nested
+    function or lambda."""
+    import dill
+
     from parsl_torch.apps.payload import ShippedFunction
     from parsl_torch.apps.rankmain import definitions
 
     namespace = {"__name__": "__main__"}
     exec(SCRIPT, namespace)  # noqa: S102 - the workflow script
     arrived = ShippedFunction.of(namespace["stage"]).load()
-    found = definitions(arrived)
-    assert sorted(found) == ["Data", "default", "fmt", "helper", "stage"]  # (doubling: make.<locals>.inner)
+    assert sorted(definitions(arrived)) == ["Data", "default", "fmt", "helper", "stage"]  # (doubling: inner)
+    config = dill.loads(dill.dumps(namespace["Config"]()))  # an argument, as the rank gets it
+    found = definitions(arrived, ("data.txt",), {"config": config})
+    assert sorted(found) == ["Config", "Data", "default", "fmt", "helper", "stage"] and found["Config"] is type(config)
     assert found["stage"] is arrived and found["fmt"]("  x ") == "x" and found["Data"].parse(" y") == "y"
 
 

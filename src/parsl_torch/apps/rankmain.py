@@ -25,11 +25,12 @@ from ..common import settings
 from .payload import closure_values, load_call
 
 
-def definitions(fn: Callable) -> dict[str, Any]:
-    """The top-level functions and classes of the workflow script that ``fn`` reaches, by name (``fn`` too:
-    what its globals, closures and defaults hold, and so on through those and the classes' members)."""
+def definitions(fn: Callable, args: tuple = (), kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The top-level functions and classes of the workflow script that a call of ``fn`` reaches, by name
+    (``fn`` too: what its globals, closures and defaults hold, the classes of its arguments, and so on
+    through those and the classes' members)."""
     found: dict[str, Any] = {}
-    todo, seen = [fn], set()
+    todo, seen = [fn, *(type(a) for a in (*args, *(kwargs or {}).values()))], set()
     while todo:
         obj = todo.pop()
         obj = getattr(obj, "__func__", obj)  # (a staticmethod or classmethod in a class's members)
@@ -50,11 +51,11 @@ def definitions(fn: Callable) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def as_main(fn: Callable, payload: str) -> Iterator[None]:
-    """``__main__`` is a module holding ``fn``'s definitions while the block runs, under this module's name,
+def as_main(payload: str, fn: Callable, args: tuple, kwargs: dict[str, Any]) -> Iterator[None]:
+    """``__main__`` is a module holding the call's definitions while the block runs, under this module's name,
     which a spawned child imports as its main module, finding them through ``payload`` (nothing changes when
-    the function brought none)."""
-    found = definitions(fn)
+    the call brought none)."""
+    found = definitions(fn, args, kwargs)
     if not found:
         yield
         return
@@ -71,4 +72,4 @@ def as_main(fn: Callable, payload: str) -> Iterator[None]:
 
 
 if __name__ == "__mp_main__" and settings.RANK_PAYLOAD.get():  # a rank's spawned child, importing its main module
-    globals().update(definitions(load_call(settings.RANK_PAYLOAD.get())[0]))
+    globals().update(definitions(*load_call(settings.RANK_PAYLOAD.get())))

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             _fail(exc)
     try:
         remember_secrets(argument_secrets(fn, args, kwargs))  # (kept out of the exception text its shim reports)
-        with as_main(fn, payload):  # (its definitions from the workflow script found by name: apps.rankmain)
+        with as_main(payload, fn, args, kwargs):  # (its definitions from the workflow script found by name: apps.rankmain)
             value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
         _fail(exc)
