@@ -125,7 +125,8 @@ def test_app_defined_in_the_workflow_script_and_script_app(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
     assert "{'sum': 21.0, 'rank': 0, " in line  # (0 + 10) + (1 + 10): rank 0's return value
-    assert "'filepath': True, 'parsl_on_ranks': False, 'pools': [2.0, 4.0]}" in line  # forked and spawned
+    # pools forked and spawned on a rank, an input named by a string where the workflow runs
+    assert "'filepath': True, 'parsl_on_ranks': False, 'pools': [2.0, 4.0], 'input': 'read'}" in line
     assert line.endswith(" of 2")  # the output File, written by the ranks, read through its DataFuture
     assert (tmp_path / "r" / "rank_sum" / "sum.txt").exists()
     assert " 0 " in line.split("}")[1]  # the script stage's future: its exit code
@@ -241,6 +242,8 @@ def test_bad_requests_fail_before_anything_runs(tmp_path, local_workflow):
         from parsl.data_provider.files import File
 
         evaluate(SMALL_EVAL, inputs=[File(str(tmp_path / "missing.pt"))])
+    with pytest.raises(ConfigError, match=r"stage 'evaluate': input file /\S+/missing\.pt does not exist"):
+        evaluate(SMALL_EVAL, inputs=["missing.pt"])  # a name: the caller's, made absolute
     with pytest.raises(ConfigError, match=r"stage 'train': num_nodes=2 but site 'local' runs on this machine only"):
         train(SMALL, num_nodes=2)
     # Parsl's File reads a name as a URL: 'train#2.h5' was the file 'train', and two such outputs one file

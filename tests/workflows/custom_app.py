@@ -32,7 +32,7 @@ def in_pools():
 
 
 @pt.distributed_app(ranks_per_node=2)
-def rank_sum(offset: float, outputs=()):
+def rank_sum(offset: float, inputs=(), outputs=()):
     import torch
     import torch.distributed as dist
 
@@ -41,12 +41,14 @@ def rank_sum(offset: float, outputs=()):
     Path(outputs[0]).write_text(f"rank {pt.get_rank()} of {pt.get_world_size()}\n")
     # an output File arrives as a path (Parsl's .filepath too), without importing Parsl on the rank
     return {"sum": t.item(), "rank": pt.get_rank(), "filepath": outputs[0].filepath == str(outputs[0]),
-            "parsl_on_ranks": "parsl" in sys.modules, "pools": in_pools() if pt.get_rank() == 0 else None}
+            "parsl_on_ranks": "parsl" in sys.modules, "pools": in_pools() if pt.get_rank() == 0 else None,
+            "input": Path(inputs[0]).read_text()}
 
 
 torchrun_script = pt.script_app(Path(__file__).parent.parent / "ranks" / "torchrun_style.py", ranks_per_node=2)
 
 with pt.workflow(site="local", run_dir=sys.argv[1]):
-    f = rank_sum(10.0, outputs=["sum.txt"])
+    Path("note.txt").write_text("read")
+    f = rank_sum(10.0, inputs=["note.txt"], outputs=["sum.txt"])  # (a name where the workflow runs)
     s = torchrun_script()
     print("RESULT", f.result(), s.result(), Path(f.outputs[0].result().filepath).read_text().strip())

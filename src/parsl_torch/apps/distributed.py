@@ -99,11 +99,12 @@ class DistributedApp:
         self._check_world(asked, nodes, ppn)
         min_nodes = min_nodes if min_nodes is not None else self.min_nodes
         placement.check_min_nodes(asked, min_nodes, nodes)
-        placement.check_inputs(asked, list(inputs), wf.made_on)
         if not placement.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
             # a Path argument names a file where the workflow runs; the ranks start in the stage's directory
             args = tuple(_absolute(a) for a in args)
             kwargs = {k: _absolute(v) for k, v in kwargs.items()}
+            inputs = [_input_file(i) for i in inputs]
+        placement.check_inputs(asked, list(inputs), wf.made_on)
         if self.script is not None:
             self._check_script_call(asked, args, kwargs)
         self._check_arguments(asked, args, kwargs)
@@ -239,6 +240,17 @@ def _remote(wf: Any, call: StageCall, fn: Callable | None, python: str | None, a
 
 def _absolute(value: Any) -> Any:
     return type(value)(os.path.abspath(value)) if isinstance(value, PurePath) else value
+
+
+def _input_file(value: Any) -> Any:
+    """A file named in ``inputs=`` by a string or a Path, as the Parsl File of its absolute path: checked to
+    exist and compared by content as a File is (a relative name meant the caller's, where the ranks, which
+    start in the stage's directory, did not find it)."""
+    from parsl.data_provider.files import File
+
+    if isinstance(value, PurePath) or (isinstance(value, str) and "://" not in value):
+        return File(os.path.abspath(value))
+    return value
 
 
 def _keyword_names(fn: Callable) -> set[str]:
