@@ -253,25 +253,23 @@ def _input_file(value: Any) -> Any:
     return value
 
 
-def _keyword_names(fn: Callable) -> set[str]:
-    """The parameters of ``fn`` that a call can give by keyword."""
+def _parameters(fn: Callable) -> list[Any]:
+    """The ``inspect.Parameter``s of ``fn`` (none where it has no signature Python can read)."""
     import inspect
 
     try:
-        params = inspect.signature(fn).parameters.values()
+        return list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return set()
-    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return []
+
+
+def _keyword_names(fn: Callable) -> set[str]:
+    """The parameters of ``fn`` that a call can give by keyword."""
+    return {p.name for p in _parameters(fn) if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _parameter_names(fn: Callable, n: int) -> list[str]:
-    import inspect
-
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
+    return [p.name for p in _parameters(fn) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
 
 
 def _identifiable(stage: str, fp: Fingerprinter, value: Any, where: str) -> None:
