@@ -42,6 +42,19 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch):
+    """Stand-ins for the system's mpiexec and srun, so golden plans can be built
+    here; they are never run."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("mpiexec", "srun"):
+        (bindir / name).write_text("#!/bin/sh\nexit 99\n")
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return bindir
+
+
 def processes_under(directory: Path) -> dict[int, str]:
     """pid -> command line of every process (but this one) whose working directory is in ``directory``."""
     found = {}

@@ -29,19 +29,6 @@ SHIM = [PY, "-m", "parsl_torch.launch.shim", "--", PY, "train.py"]  # `python`: 
 CMD = ("python", "train.py")
 
 
-@pytest.fixture
-def fake_bin(tmp_path, monkeypatch):
-    """Stand-ins for the system's mpiexec and srun, so golden plans can be built
-    here; they are never run."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name in ("mpiexec", "srun"):
-        (bindir / name).write_text("#!/bin/sh\nexit 99\n")
-        (bindir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    return bindir
-
-
 def nodefile(tmp_path, *lines, name="nodefile"):
     path = tmp_path / name
     path.write_text("".join(f"{line}\n" for line in lines))
@@ -460,7 +447,7 @@ def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tm
     assert str(stage_error("train", ManagerLost(b"abc", "n1"), stderr)).startswith("stage 'train' failed: ManagerLost")
 
 
-def test_ranks_per_node_default_to_what_the_job_asked_for(tmp_path):
+def test_ranks_per_node_default_to_what_the_job_asked_for(tmp_path, fake_bin):
     nodefile = tmp_path / "nodes"
     nodefile.write_text("a\na\nb\nb\n")  # select=2:mpiprocs=2
     p = plan({"PBS_JOBID": "1", "PBS_NODEFILE": str(nodefile), "PATH": os.environ["PATH"]}, hostname="laptop")

@@ -126,7 +126,7 @@ def launch_env(site, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("site, var, value, source", RANK_ENV, ids=lambda v: str(v)[:30])
-def test_launch_exports_the_rank_environment(site, var, value, source, tmp_path, monkeypatch):
+def test_launch_exports_the_rank_environment(site, var, value, source, tmp_path, monkeypatch, fake_bin):
     env, _ = launch_env(site, tmp_path, monkeypatch)
     assert env[var] == value, source
 
