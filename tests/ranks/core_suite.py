@@ -133,26 +133,39 @@ if "fsdp_float8" in scenarios:  # FSDP2 over torchao's float8 linear layers, on 
         wrap.check_precision = lambda precision, device_type: None  # (the CPU's refusal is test_precision's)
         torch.manual_seed(0)
         base = Transformer(64, 32, 2, 2, 16)
-        model = pt.wrap_model(base, strategy="fsdp", precision="float8")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         tokens = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
         mine = tokens.chunk(world)[rank]
 
         def lm_loss(m, batch):
             return torch.nn.functional.cross_entropy(m(batch[:, :-1]).reshape(-1, 64).float(), batch[:, 1:].reshape(-1))
 
-        losses = []
-        for _ in range(8):
-            loss = lm_loss(model, mine)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        def float8_losses(model, forward):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            losses = []
+            for _ in range(8):
+                loss = lm_loss(forward, mine)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return losses
+
+        # compiled as the train stage compiles (the wrapped model whole), traced by dynamo and AOTAutograd
+        # through torchao's float8 tensors and FSDP2's hooks; aot_eager: inductor's CPU kernels (25 s to
+        # build) are not what a GPU runs
+        twin = pt.wrap_model(copy.deepcopy(base), strategy="fsdp", precision="float8")
+        compiled = float8_losses(twin, torch.compile(twin, backend="aot_eager"))
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]  # (none: compile fell back to eager, which proves nothing)
+        model = pt.wrap_model(base, strategy="fsdp", precision="float8")
+        losses = float8_losses(model, model)
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # (on every rank)
         plain = Transformer(64, 32, 2, 2, 16)  # an evaluation without float8 loads the checkpoint
         plain.load_state_dict(full, strict=True)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            result["fsdp_float8"] = {"losses": losses, "layer": type(base.blocks[0].attn.q).__name__,
+            result["fsdp_float8"] = {"losses": losses, "compiled_losses": compiled, "graphs": graphs,
+                                     "layer": type(base.blocks[0].attn.q).__name__,
                                      "head": type(base.head).__name__, "plain_loss": lm_loss(plain, mine).item(),
                                      "loss": lm_loss(model, mine).item()}
 
