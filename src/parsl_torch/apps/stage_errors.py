@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..common.blocks import CONTINUE_EXIT
+from ..common.diskspace import free_text, space_error
 from ..common.metadata import redact_text, secret_values
 from ..common.stagedir import ENV
 from ..common.outcome import Cause, read_outcome
@@ -34,6 +35,16 @@ def _known_secrets(stage_dir: Path) -> list[str]:
     return secret_values({**os.environ, **(given if isinstance(given, dict) else {})})
 
 
+def _unrecorded(stage_dir: Path | None) -> str:
+    """A failure the launch left no record of: its directory may have had no room for one."""
+    full = space_error(stage_dir) if stage_dir else None
+    if full is None:
+        return "a rank failed"
+    return (f"a rank failed, and there is no room in its directory {stage_dir} ({full.strerror}; "
+            f"{free_text(stage_dir)}) for what the stage writes (its outputs, its record, the end of stderr.txt): "
+            f"free space there (or have the quota raised), then run again")
+
+
 def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
     """One error that says which stage, which rank, what exit code, and shows stderr's tail."""
     from parsl.app.errors import BashExitFailure, MissingOutputs
@@ -56,7 +67,8 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
                 f"continues in the next block")
     elif isinstance(exc, BashExitFailure):
         # the supervisor's record names the cause (a lost node, not the ranks elsewhere it took down)
-        what = outcome.summary if outcome is not None and outcome.cause is not Cause.OK else "a rank failed"
+        what = outcome.summary if outcome is not None and outcome.cause is not Cause.OK else \
+            _unrecorded(stderr.parent if stderr else None)
         head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
     elif outcome is not None and outcome.cause is Cause.NODE_LOST:  # (the job ended under the supervisor)
         head = f"stage {stage!r} failed: {outcome.summary} (then {type(exc).__name__}: {exc})"

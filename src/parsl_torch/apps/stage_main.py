@@ -17,6 +17,7 @@ import traceback
 from typing import NoReturn
 
 from ..common import settings
+from ..common.diskspace import no_space
 from ..common.files import open_private
 from ..common.gcpause import paused_gc, rank_gc
 from ..common.metadata import argument_secrets, remember_secrets
@@ -71,13 +72,18 @@ def write_result(value: object, result: str) -> None:
         with open_private(tmp) as f:  # (0600: a returned value may hold a secret)
             dill.dump(value, f)
         os.replace(tmp, result)
-    except BaseException:  # noqa: BLE001 - as the function's own failures: reported, then the rank ends
+    except BaseException as exc:  # noqa: BLE001 - as the function's own failures: reported, then the rank ends
         traceback.print_exc()
-        print(f"parsl-torch: rank 0's return value ({type(value).__module__}.{type(value).__qualname__}) cannot be "
-              f"pickled: return plain data (numbers, strings, lists, dicts, arrays), or write it to a file in "
-              f"outputs= and return its path", file=sys.stderr, flush=True)
+        full = no_space(result, exc)  # (before the partial file is removed)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if full is not None:
+            print(f"parsl-torch: rank 0's return value: {full}", file=sys.stderr, flush=True)
+            write_raised(full, settings.RAISED.get())
+        else:
+            print(f"parsl-torch: rank 0's return value ({type(value).__module__}.{type(value).__qualname__}) "
+                  f"cannot be pickled: return plain data (numbers, strings, lists, dicts, arrays), or write it to "
+                  f"a file in outputs= and return its path", file=sys.stderr, flush=True)
         os._exit(1)
 
 

@@ -42,6 +42,7 @@ class StatusFile:
         self._earlier = _earlier_results(self.path)
         self.data: dict[str, Any] = {"site": site, "host": os.uname().nodename, "pid": os.getpid(),
                                      "started": _now(), "finished": None, "stages": {}}
+        self._unwritten = False
         self._write()
 
     def stage(self, name: str, **fields: Any) -> None:
@@ -66,7 +67,18 @@ class StatusFile:
             self._write()
 
     def _write(self) -> None:
-        write_atomic(self.path, json.dumps(self.data, indent=1))
+        """The record, rewritten; where it cannot be (a full file system), the run goes on without it
+        (what each stage writes fails and says why itself), said once, and written again when it can be."""
+        try:
+            write_atomic(self.path, json.dumps(self.data, indent=1))
+        except OSError as exc:
+            if not self._unwritten:
+                log.get_logger("parsl_torch.workflow").warning(
+                    "cannot write %s (%s): `parsl-torch status` shows the run as it was before", self.path,
+                    exc.strerror or exc)
+            self._unwritten = True
+        else:
+            self._unwritten = False
 
 
 def _earlier_results(path: Path) -> dict[str, dict[str, Any]]:

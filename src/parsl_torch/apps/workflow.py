@@ -24,7 +24,7 @@ from typing import Any
 from .. import sites
 from ..common import preload, settings, stagedir
 from ..common.runlock import RunLock
-from ..core.log import get_logger
+from ..core.log import get_logger, said_once_when_unwritable
 from ..errors import ConfigError
 from ..launch.leanparsl import parsl_for_a_workflow
 from . import identity, status, watchdog
@@ -332,10 +332,12 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
                 parsl_log = _file_handlers("parsl", parsl_dir)
                 for handler in parsl_log:
                     handler.addFilter(_without_task_arguments)
+                    said_once_when_unwritable(handler, wf.log)
                 yield dfk
         finally:
             for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:
-                handler.close()        # one fd more per workflow in a notebook or a sweep driver
+                with contextlib.suppress(OSError):  # one fd more per workflow in a notebook or a sweep driver
+                    handler.close()                 # (its last records lost where the disk is full: said)
 
 
 @contextlib.contextmanager

@@ -18,5 +18,9 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     (or a crash) never sees half a file. The temporary name is unique per process and thread."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full file system: the old file stays, and no half of a new one)
+        raise
     os.replace(tmp, path)

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ConfigError
+from .diskspace import NO_SPACE
 from .procs import proc_stat
 
 LOCK = ".lock"
@@ -104,8 +105,9 @@ class RunLock:
             try:
                 made = self._create(me)
             except OSError as exc:  # read-only, no permission, no space: the user's to fix
-                raise ConfigError(f"cannot write run directory {self.path.parent} ({exc.strerror}): make it "
-                                  f"writable or pick another --run-dir (nothing there was touched)") from None
+                fix = "free space there (or have the quota raised)" if exc.errno in NO_SPACE else "make it writable"
+                raise ConfigError(f"cannot write run directory {self.path.parent} ({exc.strerror}): {fix} or pick "
+                                  f"another --run-dir (nothing there was touched)") from None
             if not made:
                 holder, age = self._holder()
                 if holder is not None and holder.get("damaged") and not self._stale(holder, age):

@@ -120,3 +120,17 @@ def timeitlogit(func: F | None = None, *, rank: int | None = 0):
         return wrapper  # type: ignore[return-value]
 
     return decorate(func) if func is not None else decorate
+
+
+def said_once_when_unwritable(handler: logging.FileHandler, logger: logging.Logger) -> None:
+    """A log file that cannot be written (its file system full) is said once, on ``logger``, instead of
+    Python's traceback for every record (thousands on a full disk, burying the error that matters)."""
+    said = []
+
+    def handle_error(record: logging.LogRecord) -> None:
+        if not said:
+            said.append(True)
+            logger.warning("cannot write the log %s (%s): its records are dropped", handler.baseFilename,
+                           sys.exc_info()[1])
+
+    handler.handleError = handle_error  # type: ignore[method-assign]

@@ -18,11 +18,13 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
+from ..common.diskspace import no_space
 from ..core.dist import barrier
 from ..core.ranks import get_rank, get_world_size
 from . import faults
@@ -51,10 +53,28 @@ def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dic
     if get_rank() == 0:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save({**meta, "model": model_sd, "optimizer": optim_sd}, tmp)
+        try:
+            torch.save({**meta, "model": model_sd, "optimizer": optim_sd}, tmp)
+        except Exception as exc:
+            _failed_write(path, exc, tmp)
         os.replace(tmp, path)  # (replaces a sharded checkpoint's link too)
         shutil.rmtree(path.with_name(path.name + ".steps"), ignore_errors=True)
     barrier()
+
+
+def _failed_write(path: Path, exc: Exception, partial: Path | None) -> NoReturn:
+    """Raise ``exc``, or what says that ``path``'s file system is full, once what the failed save wrote
+    (``partial``: a file or a step's shards) is removed: the checkpoint saved before stays as it was."""
+    kept = "the checkpoint saved before is kept: a rerun resumes from it" if path.exists() else \
+        "no checkpoint of this call was saved before"
+    full = no_space(path, exc, kept)  # (before the partial file is removed: that frees room)
+    if partial is not None and partial.is_dir():
+        shutil.rmtree(partial, ignore_errors=True)
+    elif partial is not None:
+        partial.unlink(missing_ok=True)
+    if full is None:
+        raise exc
+    raise full from exc
 
 
 def _sharded(model) -> bool:
@@ -83,11 +103,22 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
         raise ValueError(f"checkpoint path {path} is a directory that parsl-torch did not write: pick another "
                          f"output name (nothing there was touched)")
     if get_rank() == 0:
-        shutil.rmtree(target, ignore_errors=True)  # a save of this step killed halfway before
+        linked = path.resolve() if path.is_symlink() else None
+        for old in steps.iterdir() if steps.is_dir() else ():
+            if old == target or old.resolve() != linked:  # saves killed or failed halfway: their room is
+                shutil.rmtree(old, ignore_errors=True)    # needed now
         target.mkdir(parents=True)
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
+    try:
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
+    except (Exception, dcp.CheckpointException) as exc:  # (a BaseException; raised on every rank once one
+        if get_rank() == 0:                                 # failed, after all wrote what they could)
+            _failed_write(path, exc, target)
+        deadline = time.monotonic() + 10  # the others end after rank 0, which said why and removed the failed
+        while target.exists() and time.monotonic() < deadline:  # step's shards (a full disk then has room for
+            time.sleep(0.05)                                     # the stage's record of it)
+        raise
     faults.in_save(get_rank(), meta["step"])  # (the resilience tests' PARSL_TORCH_FAULT)
     barrier()  # every rank's shards are on disk
     if get_rank() == 0:
