@@ -6,6 +6,7 @@ Each test mounts a small tmpfs of its own (root: CI runs as root)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,7 +97,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_full_disk_and_the_rerun_resume
             train(TRAIN, ranks_per_node=2, outputs=["train.h5", "model.pt"]).result()
     ckpt = run_dir / "train" / "model.pt"
     head = str(failed.value).splitlines()[0]
-    assert head.startswith("stage 'train' failed: rank 0 on ") and (
+    assert re.match(r"stage 'train' failed: rank [01] on ", head) and (
         f"raised OSError: [Errno 28] cannot write {ckpt}: No space left on device (its file system is full; "
         f"0 B free): free space there (or have the quota raised), then run again; the checkpoint saved before "
         f"is kept: a rerun resumes from it (exit code 1)") in head, head
@@ -112,7 +113,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_full_disk_and_the_rerun_resume
 
 
 @pytest.mark.slow
-def test_a_stage_that_fills_the_disk_fails_saying_so_without_a_flood_of_logging_errors(disk, monkeypatch, capsys):
+def test_a_stage_that_fills_the_disk_fails_saying_so_without_a_flood_of_logging_errors(disk, monkeypatch, capfd):
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
 
     @pt.distributed_app(ranks_per_node=2)
@@ -130,13 +131,25 @@ def test_a_stage_that_fills_the_disk_fails_saying_so_without_a_flood_of_logging_
     with pt.workflow(site="local", run_dir=disk / "runs"):
         with pytest.raises(StageError) as failed:
             fills(str(disk / "big.bin")).result()
+    os.truncate(disk / "big.bin", (disk / "big.bin").stat().st_size - 40_000)  # room to start, not to run a stage
+    with pt.workflow(site="local", run_dir=disk / "runs"):
+        with pytest.raises(StageError) as then:
+            fills(str(disk / "more.bin"), stage="then").result()
+    assert str(then.value) == (f"stage 'then' failed: No space left on device, writing its files in {disk}/runs/then "
+                               f"(0 B free): free space there (or have the quota raised), then run again")
+    os.truncate(disk / "big.bin", (disk / "big.bin").stat().st_size - 12_000)  # room for the run lock, not Parsl
+    with pytest.raises(ConfigError, match=rf"cannot start Parsl in {disk}/runs/parsl \(No space left on device; "
+                                          rf"0 B free\): free space there \(or have the quota raised\) or pick"):
+        with pt.workflow(site="local", run_dir=disk / "runs"):
+            pass
     stage_dir = disk / "runs" / "fills"
     # the launch could not write its record of which rank failed: the error says where the room is missing
     assert str(failed.value).startswith(
         f"stage 'fills' failed: a rank failed, and there is no room in its directory {stage_dir} (No space left "
         f"on device; 0 B free) for what the stage writes (its outputs, its record, the end of stderr.txt): free "
         f"space there (or have the quota raised), then run again (exit code 1)"), failed.value
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err  # (the interchange's too: another process, on this terminal)
     assert "Logging error" not in err, err[-3000:]  # (Python's traceback for each record: thousands)
-    assert err.count(f"cannot write the log {disk}/runs/parsl/000/parsl.log") == 1, err[-3000:]
-    assert err.count(f"cannot write {disk}/runs/status.json (No space left on device)") == 1, err[-3000:]
+    for run in ("000", "001"):
+        assert err.count(f"cannot write the log {disk}/runs/parsl/{run}/parsl.log") == 1, err[-3000:]
+    assert err.count(f"cannot write {disk}/runs/status.json (No space left on device)") == 3, err[-3000:]

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..common.blocks import CONTINUE_EXIT
-from ..common.diskspace import free_text, space_error
+from ..common.diskspace import NO_SPACE, free_text, space_error
 from ..common.metadata import redact_text, secret_values
 from ..common.stagedir import ENV
 from ..common.outcome import Cause, read_outcome
@@ -70,6 +70,9 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
         what = outcome.summary if outcome is not None and outcome.cause is not Cause.OK else \
             _unrecorded(stderr.parent if stderr else None)
         head = f"stage {stage!r} failed: {what} (exit code {exc.exitcode})"
+    elif isinstance(exc, OSError) and exc.errno in NO_SPACE and stderr:  # (Parsl's worker writing its files)
+        head = (f"stage {stage!r} failed: {exc.strerror}, writing its files in {stderr.parent} "
+                f"({free_text(stderr.parent)}): free space there (or have the quota raised), then run again")
     elif outcome is not None and outcome.cause is Cause.NODE_LOST:  # (the job ended under the supervisor)
         head = f"stage {stage!r} failed: {outcome.summary} (then {type(exc).__name__}: {exc})"
     else:

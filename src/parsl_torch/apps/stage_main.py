@@ -54,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(exc: BaseException) -> NoReturn:
-    """The traceback, the exception for the shim's report (the stage's error names it), exit 1: no
-    collective that could hang on ranks already gone."""
-    traceback.print_exc()
+    """The exception for the shim's report (the stage's error names it; node-local), the traceback, exit 1:
+    no collective that could hang on ranks already gone. A full disk under stderr.txt loses the traceback."""
     write_raised(exc, settings.RAISED.get())
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        traceback.print_exc()
+        sys.stderr.flush()
     os._exit(1)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 from .. import sites
 from ..common import preload, settings, stagedir
+from ..common.diskspace import NO_SPACE, free_text
 from ..common.runlock import RunLock
 from ..core.log import get_logger, said_once_when_unwritable
 from ..errors import ConfigError
@@ -328,16 +330,28 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
     parsl_log: list = []
     with _everything_ends_with_this_process():
         try:
-            with parsl.load(config) as dfk:
+            with _parsl_started(parsl, config, parsl_dir) as dfk:
                 parsl_log = _file_handlers("parsl", parsl_dir)
                 for handler in parsl_log:
                     handler.addFilter(_without_task_arguments)
                     said_once_when_unwritable(handler, wf.log)
                 yield dfk
         finally:
-            for handler in parsl_log:  # Parsl detaches it at the end but leaves the file open:
-                with contextlib.suppress(OSError):  # one fd more per workflow in a notebook or a sweep driver
-                    handler.close()                 # (its last records lost where the disk is full: said)
+            for handler in parsl_log or _file_handlers("parsl", parsl_dir):  # (a start that failed left it on)
+                logging.getLogger("parsl").removeHandler(handler)  # Parsl detaches it but leaves the file open:
+                with contextlib.suppress(OSError):                 # one fd more per workflow in a notebook
+                    handler.close()                                # (a full disk: its last records are lost)
+
+
+def _parsl_started(parsl: Any, config: Any, parsl_dir: Path) -> Any:
+    """Parsl loaded; a disk too full for its start (its certificates, its logs) refused as such."""
+    try:
+        return parsl.load(config)
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise ConfigError(f"cannot start Parsl in {parsl_dir} ({exc.strerror}; {free_text(parsl_dir)}): free "
+                              f"space there (or have the quota raised) or pick another --run-dir") from None
+        raise
 
 
 @contextlib.contextmanager
@@ -382,7 +396,5 @@ def _without_task_arguments(record: Any) -> bool:
 
 
 def _file_handlers(logger: str, under: Path) -> list:
-    import logging
-
     return [h for h in logging.getLogger(logger).handlers
             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(under)]

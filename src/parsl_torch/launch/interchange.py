@@ -4,6 +4,7 @@ interchange starts in every workflow, a rerun that skips every stage included.""
 
 from __future__ import annotations
 
+import logging
 import runpy
 import sys
 
@@ -18,6 +19,9 @@ def main() -> None:
     if sys.argv[1:]:
         sys.exit(f"usage: python -m {INTERCHANGE} < CONFIG  (Parsl's executor starts it, its configuration pickled "
                  f"on standard input; not for use by hand)")
+    # its log is in the run directory: where that disk is full, Python would print a traceback for every
+    # record on the workflow's terminal (the workflow says once that Parsl's log cannot be written)
+    logging.raiseExceptions = False
     with lean_imports():
         runpy.run_module(INTERCHANGE_MODULE, run_name="__main__", alter_sys=True)
 

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -62,16 +61,21 @@ def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dic
     barrier()
 
 
-def _failed_write(path: Path, exc: Exception, partial: Path | None) -> NoReturn:
+def _failed_write(path: Path, exc: BaseException, partial: Path, collective: bool = False) -> NoReturn:
     """Raise ``exc``, or what says that ``path``'s file system is full, once what the failed save wrote
-    (``partial``: a file or a step's shards) is removed: the checkpoint saved before stays as it was."""
+    (``partial``: a file, or a step's shards that every rank wrote: ``collective``) is removed, by rank 0: the
+    checkpoint saved before stays as it was."""
     kept = "the checkpoint saved before is kept: a rerun resumes from it" if path.exists() else \
         "no checkpoint of this call was saved before"
-    full = no_space(path, exc, kept)  # (before the partial file is removed: that frees room)
-    if partial is not None and partial.is_dir():
+    full = no_space(path, exc, kept)  # (before what it wrote is removed: that frees room)
+    if collective:
+        barrier()  # every rank has looked
+    if get_rank() == 0 and partial.is_dir():
         shutil.rmtree(partial, ignore_errors=True)
-    elif partial is not None:
+    elif get_rank() == 0:
         partial.unlink(missing_ok=True)
+    if collective:
+        barrier()  # no rank ends before the room for the stage's record of why is made
     if full is None:
         raise exc
     raise full from exc
@@ -112,13 +116,8 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
-    except (Exception, dcp.CheckpointException) as exc:  # (a BaseException; raised on every rank once one
-        if get_rank() == 0:                                 # failed, after all wrote what they could)
-            _failed_write(path, exc, target)
-        deadline = time.monotonic() + 10  # the others end after rank 0, which said why and removed the failed
-        while target.exists() and time.monotonic() < deadline:  # step's shards (a full disk then has room for
-            time.sleep(0.05)                                     # the stage's record of it)
-        raise
+    except (Exception, dcp.CheckpointException) as exc:  # (a BaseException; DCP raises it on every rank
+        _failed_write(path, exc, target, collective=True)  # once one failed, after all wrote what they could)
     faults.in_save(get_rank(), meta["step"])  # (the resilience tests' PARSL_TORCH_FAULT)
     barrier()  # every rank's shards are on disk
     if get_rank() == 0:
