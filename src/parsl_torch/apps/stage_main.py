@@ -74,17 +74,18 @@ def write_result(value: object, result: str) -> None:
             dill.dump(value, f)
         os.replace(tmp, result)
     except BaseException as exc:  # noqa: BLE001 - as the function's own failures: reported, then the rank ends
-        traceback.print_exc()
         full = no_space(result, exc)  # (before the partial file is removed)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if full is not None:
-            print(f"parsl-torch: rank 0's return value: {full}", file=sys.stderr, flush=True)
-            write_raised(full, settings.RAISED.get())
-        else:
-            print(f"parsl-torch: rank 0's return value ({type(value).__module__}.{type(value).__qualname__}) "
-                  f"cannot be pickled: return plain data (numbers, strings, lists, dicts, arrays), or write it to "
-                  f"a file in outputs= and return its path", file=sys.stderr, flush=True)
+            write_raised(full, settings.RAISED.get())  # (node-local: stderr.txt may be on the full disk)
+        why = f"rank 0's return value: {full}" if full else (
+            f"rank 0's return value ({type(value).__module__}.{type(value).__qualname__}) cannot be pickled: return "
+            f"plain data (numbers, strings, lists, dicts, arrays), or write it to a file in outputs= and return its "
+            f"path")
+        with contextlib.suppress(OSError):
+            traceback.print_exc()
+            print(f"parsl-torch: {why}", file=sys.stderr, flush=True)
         os._exit(1)
 
 

@@ -63,4 +63,3 @@ def no_space(path: str | os.PathLike, exc: BaseException, kept: str = "") -> OSE
     return OSError(cause.errno, f"cannot write {path}: {os.strerror(cause.errno)} ({what}; "
                                 f"{free_text(directory)}): free space there (or have the quota raised), then run "
                                 f"again{'; ' + kept if kept else ''}")
-

@@ -61,18 +61,18 @@ def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dic
     barrier()
 
 
-def _failed_write(path: Path, exc: BaseException, partial: Path, collective: bool = False) -> NoReturn:
+def _failed_write(path: Path, exc: BaseException, partial: Path | None, collective: bool = False) -> NoReturn:
     """Raise ``exc``, or what says that ``path``'s file system is full, once what the failed save wrote
-    (``partial``: a file, or a step's shards that every rank wrote: ``collective``) is removed, by rank 0: the
-    checkpoint saved before stays as it was."""
+    (``partial``: a file, or a step's shards that every rank wrote and saw fail: ``collective``) is removed,
+    by rank 0: the checkpoint saved before stays as it was. (Shards left are removed by the next save.)"""
     kept = "the checkpoint saved before is kept: a rerun resumes from it" if path.exists() else \
         "no checkpoint of this call was saved before"
     full = no_space(path, exc, kept)  # (before what it wrote is removed: that frees room)
     if collective:
         barrier()  # every rank has looked
-    if get_rank() == 0 and partial.is_dir():
+    if get_rank() == 0 and partial is not None and partial.is_dir():
         shutil.rmtree(partial, ignore_errors=True)
-    elif get_rank() == 0:
+    elif get_rank() == 0 and partial is not None:
         partial.unlink(missing_ok=True)
     if collective:
         barrier()  # no rank ends before the room for the stage's record of why is made
@@ -116,8 +116,9 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
-    except (Exception, dcp.CheckpointException) as exc:  # (a BaseException; DCP raises it on every rank
-        _failed_write(path, exc, target, collective=True)  # once one failed, after all wrote what they could)
+    except (Exception, dcp.CheckpointException) as exc:  # (a BaseException, which DCP raises on every rank
+        collective = isinstance(exc, dcp.CheckpointException)  # once one failed, after all wrote what they could;
+        _failed_write(path, exc, target if collective else None, collective)  # else a rank's own: others write)
     faults.in_save(get_rank(), meta["step"])  # (the resilience tests' PARSL_TORCH_FAULT)
     barrier()  # every rank's shards are on disk
     if get_rank() == 0:
