@@ -18,6 +18,7 @@ import parsl_torch as pt
 from parsl_torch.common.files import write_atomic
 from parsl_torch.errors import ConfigError, StageError
 from parsl_torch.history.h5file import H5Writer, read_history
+from parsl_torch.stages import checkpoint
 from parsl_torch.stages.train import train
 
 from .conftest import BIN
@@ -111,6 +112,12 @@ def test_a_checkpoint_that_does_not_fit_names_the_full_disk_and_the_rerun_resume
     assert result["steps"] == 30 and list(history.steps) == list(range(30))  # every step once
     assert history.attrs["segments"] == [[0, 2], [10, 2]]  # resumed at step 10
 
+    # its export to one file, where that file does not fit (torch's own 'unexpected pos' there too)
+    fill(disk, 2 * MB)
+    with pytest.raises(OSError, match=rf"cannot write {disk}/one.pt: No space left on device .*; {ckpt} is as it was"):
+        checkpoint.export(ckpt, disk / "one.pt")
+    assert not (disk / "one.pt.tmp").exists() and ckpt.resolve().name == "000000030"
+
 
 @pytest.mark.slow
 def test_a_stage_that_fills_the_disk_fails_saying_so_without_a_flood_of_logging_errors(disk, monkeypatch, capfd):
@@ -118,13 +125,14 @@ def test_a_stage_that_fills_the_disk_fails_saying_so_without_a_flood_of_logging_
 
     @pt.distributed_app(ranks_per_node=2)
     def fills(path):
+        import contextlib
+        import time
+
         if pt.get_rank() == 0:
-            with open(path, "wb") as f, __import__("contextlib").suppress(OSError):
+            with open(path, "wb") as f, contextlib.suppress(OSError):
                 while True:
                     f.write(b"\0" * (1 << 20))
                     f.flush()
-        import time
-
         time.sleep(3)  # (Parsl logs while it waits: to a file on the full disk)
         return "its return value cannot be written either"
 

@@ -193,10 +193,17 @@ def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
         raise ValueError(f"{path} is already a single-file checkpoint")
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    dcp_to_torch_save(meta["dir"], tmp)
-    tensors = torch.load(tmp, map_location="cpu", weights_only=True)
-    meta = {k: v for k, v in meta.items() if k != "dir"}
-    torch.save({**meta, "format": FORMAT, "model": tensors["model"], "optimizer": tensors.get("optimizer", {})},
-               tmp)
+    try:
+        dcp_to_torch_save(meta["dir"], tmp)
+        tensors = torch.load(tmp, map_location="cpu", weights_only=True)
+        meta = {k: v for k, v in meta.items() if k != "dir"}
+        torch.save({**meta, "format": FORMAT, "model": tensors["model"], "optimizer": tensors.get("optimizer", {})},
+                   tmp)
+    except Exception as exc:
+        full = no_space(out, exc, f"{path} is as it was")  # (torch's 'unexpected pos': a full disk)
+        tmp.unlink(missing_ok=True)
+        if full is None:
+            raise
+        raise full from exc
     os.replace(tmp, out)
     return out
