@@ -9,10 +9,12 @@ error then says what to do.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 #: a full file system; a spent quota (Lustre's and NFS's user and project quotas)
@@ -63,3 +65,17 @@ def no_space(path: str | os.PathLike, exc: BaseException, kept: str = "") -> OSE
     return OSError(cause.errno, f"cannot write {path}: {os.strerror(cause.errno)} ({what}; "
                                 f"{free_text(directory)}): free space there (or have the quota raised), then run "
                                 f"again{'; ' + kept if kept else ''}")
+
+
+@contextlib.contextmanager
+def said_when_full(path: str | os.PathLike, partial: Path, kept: str = "") -> Iterator[None]:
+    """The block writes ``path`` through ``partial`` (a temporary file): where it fails, ``partial`` is removed,
+    and a failure for want of space is raised as ``no_space``'s error (``kept``: what stays intact)."""
+    try:
+        yield
+    except Exception as exc:
+        full = no_space(path, exc, kept)  # (before the partial file is removed: that frees room)
+        partial.unlink(missing_ok=True)
+        if full is None:
+            raise
+        raise full from exc

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common.diskspace import no_space
+from ..common.diskspace import said_when_full
 from ..errors import ConfigError
 from .blocks import MISSING, MISSING_BITS, is_missing
 
@@ -96,18 +96,12 @@ class H5Writer:
     def _swap(self, fresh: bool = False):
         """The partial file, open for writing as a copy that replaces it only once complete."""
         work = self.partial.with_name(self.partial.name + ".tmp")
-        try:
+        kept = "" if fresh else f"the file keeps the history as it was before this write ({self.rows} rows)"
+        with said_when_full(self.partial, work, kept):
             if not fresh:
                 shutil.copyfile(self.partial, work)
             with self._h5py.File(work, "w" if fresh else "a") as f:
                 yield f
-        except Exception as exc:
-            full = no_space(self.partial, exc, "" if fresh else f"the file keeps the history as it was before "
-                                                               f"this write ({self.rows} rows)")
-            work.unlink(missing_ok=True)  # (after the look at the room it took)
-            if full is None:
-                raise
-            raise full from exc
         os.replace(work, self.partial)
 
     def _reopen(self) -> None:

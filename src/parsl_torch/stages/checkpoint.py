@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..common.diskspace import no_space
+from ..common.diskspace import no_space, said_when_full
 from ..core.dist import barrier
 from ..core.ranks import get_rank, get_world_size
 from . import faults
@@ -52,29 +52,28 @@ def save(path: str | os.PathLike, model, optimizer, step: int, model_config: dic
     if get_rank() == 0:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        try:
+        with said_when_full(path, tmp, _kept(path)):
             torch.save({**meta, "model": model_sd, "optimizer": optim_sd}, tmp)
-        except Exception as exc:
-            _failed_write(path, exc, tmp)
         os.replace(tmp, path)  # (replaces a sharded checkpoint's link too)
         shutil.rmtree(path.with_name(path.name + ".steps"), ignore_errors=True)
     barrier()
 
 
-def _failed_write(path: Path, exc: BaseException, partial: Path | None, collective: bool = False) -> NoReturn:
-    """Raise ``exc``, or what says that ``path``'s file system is full, once what the failed save wrote
-    (``partial``: a file, or a step's shards that every rank wrote and saw fail: ``collective``) is removed,
-    by rank 0: the checkpoint saved before stays as it was. (Shards left are removed by the next save.)"""
-    kept = "the checkpoint saved before is kept: a rerun resumes from it" if path.exists() else \
+def _kept(path: Path) -> str:
+    """What a failed save leaves of the checkpoint before it (said with a full disk's error)."""
+    return "the checkpoint saved before is kept: a rerun resumes from it" if path.exists() else \
         "no checkpoint of this call was saved before"
-    full = no_space(path, exc, kept)  # (before what it wrote is removed: that frees room)
+
+
+def _failed_sharded_save(path: Path, exc: BaseException, target: Path, collective: bool) -> NoReturn:
+    """Raise ``exc``, or what says that ``path``'s file system is full. Where DCP raised on every rank
+    (``collective``: its ``CheckpointException``), every rank first looks at the room, then rank 0 removes the
+    step's shards, then all end; a rank's own failure (its peers still writing) leaves them to the next save."""
+    full = no_space(path, exc, _kept(path))  # (before the shards are removed: that frees room)
     if collective:
         barrier()  # every rank has looked
-    if get_rank() == 0 and partial is not None and partial.is_dir():
-        shutil.rmtree(partial, ignore_errors=True)
-    elif get_rank() == 0 and partial is not None:
-        partial.unlink(missing_ok=True)
-    if collective:
+        if get_rank() == 0:
+            shutil.rmtree(target, ignore_errors=True)
         barrier()  # no rank ends before the room for the stage's record of why is made
     if full is None:
         raise exc
@@ -117,8 +116,7 @@ def _save_sharded(path: Path, model, optimizer, meta: dict[str, Any]) -> None:
     try:
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(target))
     except (Exception, dcp.CheckpointException) as exc:  # (a BaseException, which DCP raises on every rank
-        collective = isinstance(exc, dcp.CheckpointException)  # once one failed, after all wrote what they could;
-        _failed_write(path, exc, target if collective else None, collective)  # else a rank's own: others write)
+        _failed_sharded_save(path, exc, target, isinstance(exc, dcp.CheckpointException))  # once one failed)
     faults.in_save(get_rank(), meta["step"])  # (the resilience tests' PARSL_TORCH_FAULT)
     barrier()  # every rank's shards are on disk
     if get_rank() == 0:
@@ -193,17 +191,11 @@ def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
         raise ValueError(f"{path} is already a single-file checkpoint")
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    try:
+    with said_when_full(out, tmp, f"{path} is as it was"):
         dcp_to_torch_save(meta["dir"], tmp)
         tensors = torch.load(tmp, map_location="cpu", weights_only=True)
         meta = {k: v for k, v in meta.items() if k != "dir"}
         torch.save({**meta, "format": FORMAT, "model": tensors["model"], "optimizer": tensors.get("optimizer", {})},
                    tmp)
-    except Exception as exc:
-        full = no_space(out, exc, f"{path} is as it was")  # (torch's 'unexpected pos': a full disk)
-        tmp.unlink(missing_ok=True)
-        if full is None:
-            raise
-        raise full from exc
     os.replace(tmp, out)
     return out
