@@ -102,3 +102,122 @@ def test_a_new_call_moves_every_file_aside_and_a_cut_short_move_is_finished(tmp_
     assert start_fresh(stage, "third") == [ENV, "model.pt"]
     assert sorted(p.name for p in (stage / PREVIOUS).iterdir()) == [ENV, "history.h5", "model.pt"]
     assert not (stage / PREVIOUS_PARTIAL).exists()
+
+
+# a function stage that keeps a snapshot in its directory and resumes from it, as every training loop does;
+# it reads data.txt by its path (not given in inputs=: observed, not part of its identity), and dies once
+# after its first step where the test leaves a "crash-once" file
+RESUMING_STAGE = '''
+import json, os
+import parsl_torch as pt
+
+@pt.distributed_app(ranks_per_node=1)
+def resumable(data: str) -> dict:
+    state = {"step": 0, "total": 0.0}
+    if os.path.exists("snap.json"):
+        state = json.load(open("snap.json"))
+    resumed_from = state["step"]
+    for step in range(state["step"], 3):
+        state = {"step": step + 1, "total": state["total"] + float(open(data).read())}
+        json.dump(state, open("snap.json", "w"))
+        flag = os.path.join(os.environ["FLAGS"], "crash-once")
+        if step == 0 and os.path.exists(flag):
+            os.unlink(flag)
+            raise RuntimeError("dies once after its first step")
+    return {"total": state["total"], "resumed_from": resumed_from}
+
+with pt.workflow(site="local", run_dir="runs", warm=WARM):
+    try:
+        print("RESULT", json.dumps(resumable(os.path.abspath("data.txt")).result()), flush=True)
+    except pt.StageError:
+        print("RESULT", json.dumps("failed"), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_rerun_for_a_changed_read_is_a_new_computation_and_only_an_unchanged_one_resumes(tmp_path, warm):
+    """Issue 86's worst case: a stage rerun because what it read changed resumed the old computation's
+    snapshot and returned its result. Separate processes, other hash seeds, edits between runs."""
+    (tmp_path / "flags").mkdir()
+    wf = tmp_path / "wf.py"
+    wf.write_text(RESUMING_STAGE.replace("WARM", str(warm)))
+    data, crash = tmp_path / "data.txt", tmp_path / "flags" / "crash-once"
+    runs = iter(range(10))
+
+    def run(value: str) -> tuple[object, str]:
+        if not data.exists() or data.read_text() != value:
+            data.write_text(value)
+        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                             env=clean_env(PYTHONHASHSEED=str(next(runs)), FLAGS=str(tmp_path / "flags")))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.split("RESULT ", 1)[1]), out.stderr
+
+    crash.touch()
+    assert run("1")[0] == "failed"  # its snapshot at step 1 left behind
+    with wf.open("a") as f:
+        f.write("# a comment: no change of its code\n")
+    result, log = run("1")  # nothing it read changed: the same computation resumes
+    assert result == {"total": 3.0, "resumed_from": 1}, log
+    assert "a new computation" not in log and "a new call" not in log, log
+    result, log = run("2")  # what it read changed: a new computation from step 0 (it resumed step 3 before)
+    assert result == {"total": 6.0, "resumed_from": 0}, log
+    assert "[resumable] runs again: input " in log and "a new computation (the last one finished)" in log, log
+    assert json.loads((tmp_path / "runs" / "resumable" / PREVIOUS / "snap.json").read_text())["total"] == 3.0
+    crash.touch()
+    assert run("5")[0] == "failed"  # a new computation (5 is read), dead after its first step
+    result, log = run("7")  # its input edited since the dead one read it: not resumed (it gave 19.0 before)
+    assert result == {"total": 21.0, "resumed_from": 0}, log
+    assert f"a new computation ({data} changed since the unfinished one read it)" in log, log
+    result, log = run("7")
+    assert result == {"total": 21.0, "resumed_from": 0} and "[resumable] skipped" in log, log
+
+
+# a stage in two blocks: the first reads a.txt and stops for its block's end; the next reads b.txt
+TWO_BLOCKS = '''
+import os, sys
+import parsl_torch as pt
+
+HERE = os.getcwd()
+
+@pt.distributed_app(ranks_per_node=1)
+def two_blocks() -> str:
+    if not os.path.exists("first.txt"):
+        open("first.txt", "w").write(open(os.path.join(HERE, "a.txt")).read())
+        pt.to_be_continued(step=1)
+    return open("first.txt").read() + open(os.path.join(HERE, "b.txt")).read()
+
+@pt.distributed_app(ranks_per_node=1)
+def exits_99() -> None:
+    os._exit(99)  # (a library that ends the process with 99)
+
+with pt.workflow(site="local", run_dir="runs", warm=WARM):
+    print("RESULT", two_blocks().result(), flush=True)
+    try:
+        exits_99().result()
+    except pt.StageError as exc:
+        print("EXIT99", exc, flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_what_every_block_of_a_stage_read_is_compared_and_an_unasked_exit_99_fails(tmp_path, warm):
+    """A warm stage's record of reads was its last block's: an edit of what only its first block read was
+    skipped. And a warm exit 99 was a continuation, asked for or not (cold: a failure)."""
+    (tmp_path / "wf.py").write_text(TWO_BLOCKS.replace("WARM", str(warm)))
+    (tmp_path / "a.txt").write_text("A")
+    (tmp_path / "b.txt").write_text("B")
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                             env=clean_env())
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "exited with code 99 (exit code 99 continues a stage in its next block only at its block's end or " \
+               "through pt.to_be_continued(): neither happened)" in out.stdout.split("EXIT99 ", 1)[1], out.stdout
+        return out.stdout.split("RESULT ", 1)[1].split()[0] + ("/skipped" if "[two_blocks] skipped" in out.stderr else "")
+
+    assert run() == "AB"
+    assert run() == "AB/skipped"
+    (tmp_path / "a.txt").write_text("A2")  # read by its first block only
+    assert run() == "A2B"

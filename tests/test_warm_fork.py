@@ -66,14 +66,14 @@ def test_a_failed_warm_call_names_the_rank_that_failed_first_not_the_ranks_it_to
     stopped by its parent: the call's error is rank 1's, as a cold supervisor's would be."""
     reports = [WarmReport(1, "n1", "RuntimeError: Connection closed by peer"),
                WarmReport(1, "n1", "ValueError: rank one gives up"), WarmReport(-15, "n2", stopped="peer")]
-    outcome = call_outcome(reports, None, first=1)
+    outcome = call_outcome(reports, None, first=1, continues=False)
     assert (outcome.cause, outcome.exit_code, outcome.rank, outcome.host) == (Cause.RANK_FAILED, 1, 1, "n1")
     assert outcome.summary == "rank 1 on n1 raised ValueError: rank one gives up"
-    killed = call_outcome([WarmReport(0, "n1"), WarmReport(-9, "n2")], None, first=1)
+    killed = call_outcome([WarmReport(0, "n1"), WarmReport(-9, "n2")], None, first=1, continues=False)
     assert killed.summary == "rank 1 on n2 was killed by SIGKILL"
     # rank 1 SIGKILLed: rank 0's collective broke at once, and its parent reported first (seen on two nodes)
     peer_first = call_outcome([WarmReport(1, "n1", "RuntimeError: Connection closed by peer [10.77.0.12]:63203"),
-                               WarmReport(-9, "n2")], None, first=0)
+                               WarmReport(-9, "n2")], None, first=0, continues=False)
     assert peer_first.summary == "rank 1 on n2 was killed by SIGKILL"
 
 
@@ -118,13 +118,18 @@ def test_the_fork_that_raised_claims_the_first_failure_before_its_peers_collecti
 
 
 def test_a_warm_call_that_finished_timed_out_or_stopped_for_its_blocks_end_ends_as_a_cold_one():
-    assert call_outcome([WarmReport(0, "n1"), WarmReport(0, "n1")], None, first=None) is None
+    assert call_outcome([WarmReport(0, "n1"), WarmReport(0, "n1")], None, first=None, continues=False) is None
     timed_out = call_outcome([WarmReport(-15, "n1", stopped="walltime"), WarmReport(-15, "n1", stopped="walltime")],
-                             3.0, first=None)
+                             3.0, first=None, continues=False)
     assert (timed_out.cause, timed_out.exit_code, timed_out.summary) == (Cause.TIMED_OUT, 124,
                                                                          "timed out after 3 s")
-    continued = call_outcome([WarmReport(CONTINUE_EXIT, "n1"), WarmReport(CONTINUE_EXIT, "n2")], None, first=None)
+    continued = call_outcome([WarmReport(CONTINUE_EXIT, "n1"), WarmReport(CONTINUE_EXIT, "n2")], None, first=None,
+                             continues=True)
     assert (continued.cause, continued.exit_code) == (Cause.CONTINUED, CONTINUE_EXIT)
+    # an exit 99 that no block's end and no pt.to_be_continued() asked for is a rank's failure, as cold
+    unasked = call_outcome([WarmReport(CONTINUE_EXIT, "n1"), WarmReport(0, "n2")], None, first=None, continues=False)
+    assert (unasked.cause, unasked.rank, unasked.exit_code) == (Cause.RANK_FAILED, 0, CONTINUE_EXIT)
+    assert "neither happened" in unasked.summary
 
 
 def _answer(x: int) -> int:

@@ -1,11 +1,15 @@
-"""A new call of a stage starts in an empty stage directory.
+"""A new computation of a stage starts in an empty stage directory: the one decision "new computation, or
+a continuation of the one whose files are here", for every route (cold, warm, remote).
 
-A stage that runs because its identity changed must not find the previous
-call's files: a resumable script would resume that call's snapshot and return
-its result as this one's. Its files go to ``<stage>/.previous/`` (the latest
-call's only). A continuation or retry of the *same* call (a lost node, the
-next batch block, a Parsl retry) keeps its directory. The directory's owner
-is the call named in its ``.env.json``, which every attempt writes when it starts.
+A stage that runs again for any change (its code, arguments or options: its identity; or anything it read)
+must not find the previous computation's files: a resumable script would resume that computation's snapshot
+and return its result as this one's. Its files go to ``<stage>/.previous/`` (the latest one's only). Only a
+continuation of the *same* computation keeps its directory: the next batch block, a retry (a lost node, a
+Parsl retry), a rerun after a kill, a sweep's promotion; that is, the same identity, not finished, and
+nothing it was seen to read changed since it read it. A computation's id is its call's identity (the memo
+key), with ``~N`` after it for the N-th new computation of the same identity; the directory's owner is the
+id named in its ``.env.json``, which every attempt writes when it starts, and the id the ranks resume a
+checkpoint under (``PARSL_TORCH_CALL_ID``).
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..common import settings
-from ..common.stagedir import ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, RUNGS, SOURCES
+from ..common.stagedir import CALL, ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, RUNGS, SOURCES
+from .identity import call_id
+from .identity.reads import RunFiles, changed_while_running, recorded
 
 #: kept where they are: this attempt's own (its identity, a remote stage's shipped modules and a sweep's
 #: rungs are left before it starts)
@@ -30,6 +37,36 @@ def owner(stage_dir: str | os.PathLike) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None
+
+
+def identity_of(computation: str) -> str:
+    """The call's identity (memo key) a computation's id is of."""
+    return computation.partition("~")[0]
+
+
+def computation(stage_dir: str | os.PathLike, parts: Mapping[str, str]) -> tuple[str, str | None]:
+    """The computation an attempt of the call whose identity is ``parts`` runs: (its id, None) when it
+    continues the one whose files the directory holds, else (a new id, why the old one is not continued: None
+    where its identity differs, or no attempt started). A module of its identity's (``module <path>``) is
+    judged there, by its syntax tree: a comment edited in it is no change. Reads only."""
+    held, key = owner(stage_dir), call_id(parts)
+    if held is None or identity_of(held) != key:
+        return key, None
+    judged = RunFiles(os.fspath(stage_dir))
+    if Path(stage_dir, CALL).exists():
+        why = "the last one finished"
+    elif changed := changed_while_running(_reads(stage_dir), lambda p: judged(p) or f"module {p}" in parts):
+        why = f"{changed[0]}{' (and more)' if len(changed) > 1 else ''} changed since the unfinished one read it"
+    else:
+        return held, None
+    number = held.partition("~")[2]
+    return f"{key}~{int(number) + 1 if number.isdigit() else 1}", why
+
+
+def _reads(stage_dir: str | os.PathLike) -> list[str]:
+    """What the directory's unfinished computation was seen to read so far (its earlier launches')."""
+    record = recorded(stage_dir)
+    return record.reads if record is not None else []
 
 
 def is_new_call(stage_dir: str | os.PathLike, call_id: str) -> bool:

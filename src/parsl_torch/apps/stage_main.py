@@ -21,6 +21,7 @@ from ..common.diskspace import no_space
 from ..common.files import open_private
 from ..common.gcpause import paused_gc, rank_gc
 from ..common.metadata import argument_secrets, remember_secrets
+from ..common.observe import unobserved
 from ..common.raised import write_raised
 from ..core.dist import cleanup, exit_process, setup_torch
 from .payload import load_call
@@ -57,7 +58,7 @@ def _fail(exc: BaseException) -> NoReturn:
     """The exception for the shim's report (the stage's error names it; node-local), the traceback, exit 1:
     no collective that could hang on ranks already gone. A full disk under stderr.txt loses the traceback."""
     write_raised(exc, settings.RAISED.get())
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError), unobserved():  # (the sources it quotes are not the stage's reads)
         traceback.print_exc()
         sys.stderr.flush()
     os._exit(1)
@@ -83,7 +84,7 @@ def write_result(value: object, result: str) -> None:
             f"rank 0's return value ({type(value).__module__}.{type(value).__qualname__}) cannot be pickled: return "
             f"plain data (numbers, strings, lists, dicts, arrays), or write it to a file in outputs= and return its "
             f"path")
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), unobserved():
             traceback.print_exc()
             print(f"parsl-torch: {why}", file=sys.stderr, flush=True)
         os._exit(1)

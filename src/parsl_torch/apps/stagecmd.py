@@ -30,7 +30,7 @@ from ..core.log import get_logger
 from ..errors import StageError
 from . import identity
 from .call import StageCall
-from .freshdir import start_fresh
+from .freshdir import computation, start_fresh
 from .payload import ShippedFunction, StageOptions, plain_files
 from .scriptargs import command_text
 
@@ -82,7 +82,10 @@ def attempt_identity(call: StageCall, args: tuple, kwargs: dict[str, Any]) -> Id
     if call.identify_on_worker:
         parts = identity.stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(
             Path(call.opts.stage_dir).parent))
-        return IdentityRecord(identity.call_id(parts))
+        running, anew = computation(call.opts.stage_dir, parts)
+        if anew:
+            get_logger("parsl_torch.workflow").info("[%s] a new computation (%s)", call.stage, anew)
+        return IdentityRecord(running)
     record = read_record(Path(call.opts.stage_dir) / IDENTITY, IdentityRecord)
     if record is None:
         raise StageError(f"stage {call.stage!r}: no verdict left its identity in {call.opts.stage_dir} (it was "

@@ -33,11 +33,12 @@ runs at every interpreter's start (about 10 ms).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 try:
     from . import observe_more as _more
@@ -53,6 +54,8 @@ except ImportError:  # loaded by its path (a rank's sitecustomize, before any pa
 MANY = 256
 #: an audit event of our own: a warm rank starts its next call (what the recorder saw so far is the last call's)
 BEGIN = "parsl-torch: observe: begin"
+#: the audit event that tells the recorder that this thread reads for parsl-torch itself (True) or no longer
+QUIET = "parsl-torch: observe: quiet"
 #: the ``sitecustomize.py`` of a rank's processes (``boot_folder``): the standard library and this file only
 BOOT = """# parsl-torch: observe what this process reads (common/observe.py), then the sitecustomize this one hides
 import importlib.machinery, importlib.util, os, sys
@@ -109,7 +112,7 @@ def package_setting(name: str) -> bool:
 
 
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir", "sqlite3.connect", "subprocess.Popen", "os.exec",
-                     "os.posix_spawn", BEGIN})
+                     "os.posix_spawn", BEGIN, QUIET})
 
 
 def skipped_places() -> tuple[str, ...]:
@@ -137,6 +140,18 @@ def _both(places: list[str]) -> tuple[str, ...]:
     return tuple({os.path.join(f(p), "") for p in places for f in (os.path.realpath, os.path.abspath)})
 
 
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+    """What this thread reads meanwhile is parsl-torch's, not the stage's: a failed rank's traceback reads
+    the sources it quotes (``linecache``), which must not make the workflow script an input of the stage.
+    (An audit event: the recorder is a copy of this module loaded by its path, with state of its own.)"""
+    sys.audit(QUIET, True)
+    try:
+        yield
+    finally:
+        sys.audit(QUIET, False)
+
+
 class Recorder:
     """One process's reads: each new one appended at once to ``<folder>/<pid>.txt``."""
 
@@ -158,7 +173,10 @@ class Recorder:
             return
         if event in ("os.listdir", "os.scandir"):
             self.below.lists(args[0])  # (the preloaded observer leaves Python's listings to this one)
-        if getattr(self.local, "busy", False):
+        if event == QUIET:
+            self.local.quiet = bool(args[0])
+            self.below.quiet(int(self.local.quiet))
+        if getattr(self.local, "busy", False) or getattr(self.local, "quiet", False):
             return
         if event == BEGIN:
             self.begin()

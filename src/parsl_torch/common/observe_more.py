@@ -30,6 +30,7 @@ class Below:
             library = ctypes.CDLL(None)
             library.parsl_torch_observe_lists.argtypes = [ctypes.c_char_p]
             library.parsl_torch_observe_begin.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double]
+            library.parsl_torch_observe_quiet.argtypes = [ctypes.c_int]
             library.parsl_torch_observe_python()
             self.library = library
         except (OSError, AttributeError):  # (asked for and not loaded: what compiled code reads here is unseen)
@@ -45,6 +46,11 @@ class Below:
                 None if isinstance(path, int) else os.fsencode(os.fspath(path if path is not None else ".")))
         except TypeError:
             pass
+
+    def quiet(self, on: int) -> None:
+        """This thread reads for parsl-torch itself (1) or for the stage again (0)."""
+        if self.library is not None:
+            self.library.parsl_torch_observe_quiet(on)
 
     def begin(self, skipped: tuple[str, ...], temp: tuple[str, ...], since: float) -> None:
         """A warm rank's next call: the library forgets what it saw and takes the call's places."""

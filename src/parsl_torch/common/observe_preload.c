@@ -45,6 +45,7 @@ static long long since_ns;   /* when the call began: scratch in the temporary pl
 static int in_python;        /* a Python: its lookups are the Python observer's to judge */
 static int python_ready;     /* the Python observer runs: listings it did not announce are compiled code's */
 static __thread int busy;    /* this thread is inside this library */
+static __thread int quiet;   /* this thread reads for parsl-torch itself (a traceback's sources): no input */
 static __thread char python_lists[PT_MAX];  /* the folder Python is about to list ("": none) */
 static __thread int python_lists_fd;        /* Python is about to list a folder by its descriptor */
 
@@ -318,7 +319,7 @@ static int line_path(int dirfd, const char *path, char *full) {
  * the interpreter's own start; and a Python whose observer never starts must leave no file of its own,
  * which would say that it was observed) */
 static int active(void) {
-    return folder[0] && !busy && (!in_python || python_ready);
+    return folder[0] && !busy && !quiet && (!in_python || python_ready);
 }
 
 static void opened(int dirfd, const char *path, int flags, int fd, int error) {
@@ -778,6 +779,9 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 
 /* the Python observer runs in this process (from now on, Python announces its listings) */
 EXPORT void parsl_torch_observe_python(void) { in_python = python_ready = 1; }
+
+/* what this thread reads from now on (until called with 0) is parsl-torch's own, not the stage's */
+EXPORT void parsl_torch_observe_quiet(int on) { quiet = on; }
 
 /* Python is about to list this folder (NULL: by a descriptor): the Python observer judges that listing */
 EXPORT void parsl_torch_observe_lists(const char *path) {

@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from ..errors import ParslTorchError
@@ -76,8 +77,9 @@ class IdentityRecord:
 
 @dataclass(frozen=True)
 class ReadsRecord:
-    """Written by the supervisor when every rank finished: what they read (``f``/``F``/``d``/``e`` lines,
-    ``common.observe``), and how many of its ``expected`` ranks told it (fewer: not all was seen)."""
+    """What a call's ranks read (``f``/``F``/``d``/``e`` lines, ``common.observe``), over every launch of the
+    call (``add_reads``), and how many of the last launch's ``expected`` ranks told it (fewer: not all was
+    seen)."""
 
     ranks: int
     expected: int
@@ -230,3 +232,12 @@ def forget(path: str | os.PathLike) -> None:
     """An earlier attempt's record must not pass for this one's."""
     with contextlib.suppress(FileNotFoundError):
         Path(path).unlink()
+
+
+def add_reads(stage_dir: str | os.PathLike, lines: Iterable[str], ranks: int, expected: int) -> None:
+    """A launch's reads added to the call's (``READS``): a call continued over blocks, retried or resumed read
+    on from its earlier launches, so its record keeps every one's (the one merge of a cold supervisor's and a
+    warm group's)."""
+    path = Path(stage_dir, READS)
+    earlier = read_or_none(path, ReadsRecord)
+    write(path, ReadsRecord(ranks, expected, sorted({*lines, *(earlier.reads if earlier else ())})))

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from ..common import preload, settings
-from ..common.blocks import CONTINUE_EXIT, deadline_from_env
+from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..common.pmi import finish_pmi
 from ..common.observe import boot_folder, observed_any, reads_of, skipped_places, temp_folders
@@ -286,14 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     if code == 0:  # (CMD has not hydra's PMI socket: a rank it orphaned would keep a killed shim's launch up)
         finish_pmi()  # else the node's hydra proxy spins a core from this rank's end to the last rank's
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
-    if reads and address and code in (0, CONTINUE_EXIT):  # (a block's end: the next block reads on)
-        _report_reads(address, topo.rank, reads)
-    elif reads:
-        shutil.rmtree(reads, ignore_errors=True)
-    if code != 0 and not stopping:
+    if code != 0 and not stopping:  # (first: the failure is named before anything else is told)
         report = RankReport(topo.rank, topo.hostname, code, raised=said)
         if not (address and notify_failure(address, asdict(report))):
             print(f"parsl-torch: {report}", file=sys.stderr, flush=True)
+    if reads and address:  # (whatever the exit: a block's end, a retry or a rerun reads on from it)
+        _report_reads(address, topo.rank, reads)
+    elif reads:
+        shutil.rmtree(reads, ignore_errors=True)
     if heartbeat is not None:
         heartbeat.close()  # after the report: a failed rank is named as such, not as a lost node
     return code if code >= 0 else 128 - code

@@ -91,15 +91,15 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     if warning := short_queue(len(plan.nodes)):
         _say(warning)
     try:
-        watch = _Watch(plan, timeout, grace, owner, lambda: _continues(plan, stage_dir, started))
+        watch = _Watch(plan, timeout, grace, owner, lambda: asked_to_continue({**os.environ, **plan.env}, stage_dir, started))
     except TopologyError as exc:  # (too few open files for one connection per node: nothing started)
         _say(str(exc))
         if stage_dir:
             write_outcome(stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, str(exc)))
         return 1
     outcome = watch.run()
-    if stage_dir and outcome.cause in (Cause.OK, Cause.CONTINUED) and settings.OBSERVE.get(plan.env):
-        _record_reads(stage_dir, watch.listener, plan.num_ranks)
+    if stage_dir and settings.OBSERVE.get(plan.env):  # (a failed launch's too: what its retry resumes read it)
+        stagedir.add_reads(stage_dir, watch.listener.reads, len(watch.listener.read_ranks), plan.num_ranks)
     if outcome.cause is Cause.OK and result and not os.path.exists(result):
         outcome = no_result(result)
         _say(outcome.summary)
@@ -245,18 +245,11 @@ class _Watch:
         return None
 
 
-def _record_reads(stage_dir: str, listener: RankListener, expected: int) -> None:
-    """What the ranks read, with what the call's earlier blocks read (a continuation reads on)."""
-    path = os.path.join(stage_dir, stagedir.READS)
-    earlier = stagedir.read_or_none(path, stagedir.ReadsRecord)
-    reads = listener.reads | set(earlier.reads if earlier else ())
-    stagedir.write(path, stagedir.ReadsRecord(len(listener.read_ranks), expected, sorted(reads)))
-
-
-def _continues(plan: LaunchPlan, stage_dir: str | None, since: float) -> bool:
-    """Exit 99 is a continuation where the block has an end, or where the stage said so itself
-    (``pt.to_be_continued()`` recorded its step during this launch)."""
-    if deadline_from_env({**os.environ, **plan.env}) is not None:
+def asked_to_continue(env: Mapping[str, str], stage_dir: str | None, since: float) -> bool:
+    """Whether an exit 99 of a launch (cold) or a call (warm) that began at ``since`` continues the stage in
+    its next block: where the block has an end (``env``), or where the stage said so itself
+    (``pt.to_be_continued()`` recorded its step since then); else it is a rank's failure."""
+    if deadline_from_env(env) is not None:
         return True
     record = stagedir.read_or_none(Path(stage_dir, stagedir.CONTINUATION), stagedir.ContinuationRecord) \
         if stage_dir else None

@@ -16,7 +16,7 @@ from typing import Any
 from ...common import stagedir
 from ...common.stagedir import CallRecord
 from ..call import StageCall
-from ..freshdir import is_new_call
+from ..freshdir import computation, is_new_call
 from . import call_id, read_call
 from .digests import DigestCache
 from .outputs import set_aside, spoiled_files
@@ -28,15 +28,18 @@ from .usercode import display_name
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """``why`` a call runs (None: it skips); its ``key`` and ``parts``, written with it when it finishes; the
-    record of the call whose files are in its directory, and the outputs of it changed since."""
+    record of the call whose files are in its directory, and the outputs of it changed since; the
+    ``computation`` it runs (``freshdir.computation``: its id, and why it is a new one of the same call)."""
 
     key: str
     parts: Mapping[str, str]
     before: CallRecord | None
     why: str | None = None
     changed: tuple[str, ...] = ()
-    new_call: bool = False  # the directory holds another call's files: they go to .previous/ when it runs
+    new_call: bool = False  # the directory holds another computation's files: they go to .previous/ when it runs
     again: bool = False  # a call of it finished before (its record, or the cache's result)
+    computation: str = ""
+    anew: str | None = None  # why the computation in its directory, of the same call, is not continued
 
     @property
     def skips(self) -> bool:
@@ -45,6 +48,8 @@ class Verdict:
     def said(self, stage: str) -> list[str]:
         """What the log says of a call that runs: why, and that a new call's directory starts empty."""
         new = [f"a new call: the previous call's files go to {stage}/{stagedir.PREVIOUS}/"] if self.new_call else []
+        if self.new_call and self.anew:
+            new = [f"a new computation ({self.anew}): the previous one's files go to {stage}/{stagedir.PREVIOUS}/"]
         return [str(self.why), *new]
 
 
@@ -64,7 +69,9 @@ def decide(call: StageCall, parts: Mapping[str, str], outputs: Sequence[Any], ca
         return Verdict(key, parts, before)
     why = spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
         why_rerun(call.stage, call.name, before, parts, cached)
-    return Verdict(key, parts, before, why, tuple(changed), is_new_call(stage_dir, key), before is not None or cached)
+    running, anew = computation(stage_dir, parts)
+    return Verdict(key, parts, before, why, tuple(changed), is_new_call(stage_dir, running), before is not None or cached,
+                   running, anew)
 
 
 def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: DigestCache) -> list[str]:
@@ -72,7 +79,7 @@ def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: Di
     since its call wrote them set aside (read as they are, a damaged one could fail the rerun, and every
     rerun after it); the names set aside."""
     Path(call.opts.stage_dir).mkdir(parents=True, exist_ok=True)  # (made when it was called; removed since?)
-    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.key))
+    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.computation))
     if not verdict.changed:
         return []
     return set_aside(call.opts.stage_dir, outputs, verdict.before, cache)

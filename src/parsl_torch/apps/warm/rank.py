@@ -38,14 +38,14 @@ from ...common.blocks import CONTINUE_EXIT
 from ...common.entrypoints import stage_module
 from ...common.files import write_atomic
 from ...common.gcpause import paused_gc
-from ...common.observe import begin_call, begin_reads, observed_any, reads_of
+from ...common.observe import begin_call, begin_reads, observed_any, reads_of, unobserved
 from ...common.outcome import Cause, Outcome
 from ...common.raised import claim_first, first_claimed, read_raised
 from ...core.dist import exit_process
 from ...core.topology import env_topology, free_port
 from ...launch.events import RankReport
 from ...launch.shim import catches
-from ...launch.supervise import no_result, rank_outcome
+from ...launch.supervise import asked_to_continue, no_result, rank_outcome
 from ..stage_main import main as stage_main
 
 #: what the parent imports before its first fork (with this module's own imports: the rank's start,
@@ -122,9 +122,10 @@ class _Parent:
             if taken is None:
                 return 0
             job, port = taken
+            since = time.time()
             self._report(n, job, *self._run(n, job, port))
             if self.rank == 0:
-                _finish(self.dir, n, job, self.world)
+                _finish(self.dir, n, job, self.world, since)
             if self.ending is not None:
                 return 128 + self.ending
             n += 1
@@ -221,7 +222,8 @@ def _child(job: stagedir.WarmJob, port: int, handlers: dict) -> NoReturn:
     except BaseException:  # noqa: BLE001 - anything before the call's own code: reported, then the child ends
         import traceback
 
-        traceback.print_exc()
+        with unobserved():
+            traceback.print_exc()
     finally:
         exit_process(code)
 
@@ -253,9 +255,9 @@ def _start_as_a_cold_rank(job: stagedir.WarmJob, port: int, handlers: dict) -> N
         os.close(target)
 
 
-def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int) -> None:
-    """Rank 0, once every rank reported call ``n``: the reads in the stage's directory (as a cold stage's
-    supervisor writes them), then the call's outcome (``<n>.done``: empty when every rank finished)."""
+def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int, since: float) -> None:
+    """Rank 0, once every rank reported call ``n`` (begun at ``since``): the reads added to the stage's (as a
+    cold stage's supervisor adds them), then the call's outcome (``<n>.done``: empty when every rank finished)."""
     reports: list[stagedir.WarmReport] = []
     pause = POLL_S
     for rank in range(world):
@@ -266,10 +268,10 @@ def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int) -> None:
         reports.append(report)
     told = [r.reads for r in reports if r.reads is not None]
     if told or settings.READS_DIR.get() is not None:
-        merged = sorted({line for reads in told for line in reads})
-        stagedir.write(job.file(stagedir.READS), stagedir.ReadsRecord(len(told), world, merged))
+        stagedir.add_reads(job.stage_dir, (line for reads in told for line in reads), len(told), world)
     first = job_path(group_dir, n, "failed")
-    outcome = call_outcome(reports, job.walltime, first_claimed(first))
+    continues = asked_to_continue(os.environ, job.stage_dir, since)
+    outcome = call_outcome(reports, job.walltime, first_claimed(first), continues)
     if outcome is None and not os.path.exists(job.file(stagedir.RESULT)):
         outcome = no_result(job.file(stagedir.RESULT))
     if outcome is not None:
@@ -278,15 +280,17 @@ def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int) -> None:
     write_atomic(job_path(group_dir, n, "done"), outcome.to_json() if outcome is not None else "")
 
 
-def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, first: int | None) -> Outcome | None:
+def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, first: int | None,
+                 continues: bool) -> Outcome | None:
     """How a call ended, from its ranks' reports (``first``: the rank that failed first), worded as a cold
-    launch's supervisor words it; None: every rank finished."""
+    launch's supervisor words it; None: every rank finished. ``continues``: an exit 99 was asked for
+    (``launch.supervise.asked_to_continue``); else it is a rank's failure, as in a cold launch."""
     if all(r.code == 0 for r in reports):
         return None
     if any(r.stopped == "walltime" for r in reports):
         return Outcome(Cause.TIMED_OUT, 124, f"timed out after {walltime:g} s")
     if first is None:
-        if all(r.code in (0, CONTINUE_EXIT) for r in reports):
+        if continues and all(r.code in (0, CONTINUE_EXIT) for r in reports):
             return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end")
         first = next(i for i, r in enumerate(reports) if r.code != 0)  # (a signal from outside: no failure first)
     # a rank killed by a signal its parent did not send (SIGKILL, the OOM killer) makes its peers raise at
