@@ -264,3 +264,22 @@ def test_a_sweep_stops_cut_trials_keeps_their_files_and_a_killed_sweep_reruns_to
     assert "sweep 'sweep': loss (min), 80 steps, rungs at 5, 15, 45" in status.stdout, status.stdout
     assert f"{stopped[0]}  stopped at step " in status.stdout
     assert (run_dir / "sweep-sweep.png").stat().st_size > 0
+
+
+def test_a_space_whose_keys_collide_or_that_is_too_large_is_refused_and_the_callers_objects_are_not_changed():
+    """A section and a dotted key into it silently became one trial (or, in the other order, "a stage name
+    already used"); the caller's dict was changed; a grid of 10**6 points took 18 s before a refusal."""
+    for space in ({"model.dim": [16, 32], "model": [{"dim": 8}]}, {"model": [{"dim": 8}], "model.dim": [16, 32]}):
+        with pytest.raises(ConfigError, match=r"its space sets both 'model' and 'model.dim', and one would "
+                                              r"overwrite the other: give 'model.dim' alone, or the whole 'model'"):
+            expand(space, {"model": {"dim": 4}})
+    with pytest.raises(ConfigError, match=r"space\[1\] sets both 'model' and 'model.dim'"):
+        expand([{"lr": 0.1}, {"model": {"dim": 8}, "model.dim": 16}], {})
+    section = {"dim": 8, "layers": [1, 2]}
+    configs = expand({"model": [section], "lr": [0.1, 0.2]}, {})
+    configs[0]["model"]["dim"] = 99
+    configs[1]["model"]["layers"].append(3)
+    assert section == {"dim": 8, "layers": [1, 2]}  # copied, not shared with the trials
+    with pytest.raises(ConfigError, match=r"its space holds 1,000,000 configurations \(10 x 10 x 10 x 10 x 10 x 10\), "
+                                          r"more than a sweep runs \(at most 10,000 trials"):
+        expand({f"k{i}": list(range(10)) for i in range(6)}, {})
