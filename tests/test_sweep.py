@@ -283,3 +283,48 @@ def test_a_space_whose_keys_collide_or_that_is_too_large_is_refused_and_the_call
     with pytest.raises(ConfigError, match=r"its space holds 1,000,000 configurations \(10 x 10 x 10 x 10 x 10 x 10\), "
                                           r"more than a sweep runs \(at most 10,000 trials"):
         expand({f"k{i}": list(range(10)) for i in range(6)}, {})
+
+
+OWN_TRIAL_JOB = """
+import sys
+import parsl_torch as pt
+
+@pt.distributed_app
+def own_trial(config: dict) -> float:
+    history = pt.History()  # at its defaults: in the trial's own directory
+    loss = float("nan")
+    for step in range(config["steps"]):
+        loss = config["lr"] * 10 + 1.0 / (step + 1)
+        history.update({"loss": loss}, step=step)
+        if pt.should_checkpoint():  # (a real loop saves its checkpoint here)
+            if pt.stop_requested():
+                break
+            pt.to_be_continued(step)
+    history.finalize(plot=False)
+    return loss
+
+def trial(config, stage, **call):
+    return own_trial(config, stage=stage, **call)
+
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    trials = pt.sweep({"lr": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}, base={"steps": 18}, steps=18, min_steps=2, eta=3,
+                      trial=trial, ranks_per_node=1)
+for t in trials:
+    print("TRIAL", t.name, t.config["lr"], t.state, t.step, t.value)
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_function_of_your_own_with_a_history_at_its_defaults_is_judged_and_its_poor_trials_cut(tmp_path):
+    """The manual's recipe: its History at its defaults wrote one file for every trial (the run's
+    outputs/history/history.h5), so no trial was judged: all ran to the end, every value NaN."""
+    job, run_dir = tmp_path / "own_trial.py", tmp_path / "run"
+    job.write_text(OWN_TRIAL_JOB)
+    out = _run(job, run_dir)
+    trials = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("TRIAL ")]
+    assert len(trials) == 6 and not (run_dir / "outputs").exists(), out.stdout
+    assert trials[0][1:4] == ["0.1", "finished", "18"] and abs(float(trials[0][4]) - (1 + 1 / 18)) < 1e-9, trials
+    stopped = [t for t in trials if t[2] == "stopped"]
+    assert stopped and all(float(t[1]) > 0.3 and int(t[3]) < 18 for t in stopped), trials  # the poor ones, cut
+    for name, *_ in trials:  # each trial's history in its own directory, whole
+        assert (run_dir / name / "history.h5").exists()

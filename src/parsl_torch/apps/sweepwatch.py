@@ -179,6 +179,8 @@ class Watch:
         if self.rules["rungs"]:
             self._judge(run, peek, final=True)  # rungs passed before they were looked at (a fast or skipped trial)
         stopped = result.get("stopped_at") if isinstance(result, Mapping) else None
+        if stopped is None and t.decisions and not t.decisions[-1]["keep"] and (peek.steps or 0) < self.rules["steps"]:
+            stopped = peek.steps  # (a stage of your own, cut: where its history ends)
         if stopped is not None:
             why = f"stopped at step {stopped} ({self._says(Decision(**t.decisions[-1]))})" if t.decisions else ""
             self.record.update(run.stage, state="stopped", step=stopped, result=result, why=why)

@@ -27,6 +27,7 @@ import numpy as np
 from ..common import settings, stagedir
 from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..core.device import get_torch_device_type
+from ..core.deadline import await_verdict, sweep_rungs
 from ..core.dist import collective_timeout
 from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
@@ -45,7 +46,11 @@ PROGRESS_S = 2.0
 
 
 def default_history_path(name: str) -> Path:
-    """``$PARSL_TORCH_RUN_DIR/outputs/<name>/history.h5`` (run dir: current directory)."""
+    """Inside a stage, ``<its stage directory>/<name>.h5``: one file per call, never shared with another call
+    or stage (and where a sweep reads a trial's history); elsewhere ``$PARSL_TORCH_RUN_DIR/outputs/<name>/
+    history.h5`` (run dir: the current directory)."""
+    if stage_dir := settings.STAGE_DIR.raw():
+        return Path(stage_dir) / f"{name}.h5"
     return Path(settings.RUN_DIR.get()) / "outputs" / name / "history.h5"
 
 
@@ -100,6 +105,7 @@ class History:
         self._segments: list[list[int]] = []  # [first step, world size] of each run that recorded rows
         self._sinks = make_sinks(sinks, self._target(None).with_suffix(".csv"), self.name, self.config) \
             if self._rank == 0 else None
+        self._rungs = sweep_rungs()  # (a sweep's trial: judged at these steps from this history)
 
     # -- recording ---------------------------------------------------------
     def update(self, metrics: Mapping[str, Any], step: int | None = None) -> str:
@@ -148,7 +154,11 @@ class History:
         self._next_step = step + 1
         unread = [k for k, _ in self._defer(step, n, late)] if late or self._deferred else []
         line = self._row_done(step, n, recorded, unread)
-        if self.sync_every and n + 1 >= self.sync_every:
+        if self._rungs and step + 1 in self._rungs:  # a sweep judges the call here: the rows on disk, its verdict
+            self.sync()
+            self.flush()
+            await_verdict(step + 1)
+        elif self.sync_every and n + 1 >= self.sync_every:
             self.sync()
         return f"step={step} {line}"
 

@@ -25,7 +25,7 @@ from typing import Any
 from ..apps.distributed import distributed_app, submit_builtin
 from ..apps.request import BuiltinCall
 from ..common import settings
-from ..core.deadline import await_verdict, note_checkpoint, should_checkpoint, stop_requested, sweep_rungs
+from ..core.deadline import note_checkpoint, should_checkpoint, stop_requested
 from ..core.deadline import to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
@@ -251,17 +251,12 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
         check_world(cfg, world, env_topology().local_world_size)
     loss, compile_s = torch.tensor(float("nan")), None
     reads = _Reads(time.perf_counter(), start)
-    rungs = sweep_rungs()
     for step in range(start, cfg.steps):
         tokens = batch(cfg.data, cfg.model, step, coords.dp, coords.dp_size).to(run.device)
         loss = _step(run, tokens[:, :-1], tokens[:, 1:])
         # this rank's share of the step's tokens; a pipeline's bubble is time without useful FLOPs
         dt = _record(run, step, loss, reads, tokens[:, :-1].numel() * coords.dp_size // world,
                      step in (start, cfg.steps - 1) or step % cfg.log_every == 0)  # (a line logged shows the loss)
-        if step + 1 in rungs:  # a sweep judges the call here: its history on disk at once, then its verdict
-            run.history.sync()
-            run.history.flush()
-            await_verdict(step + 1)
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
         saving = time.perf_counter()
