@@ -61,6 +61,15 @@ def test_a_stage_name_is_one_safe_folder_name_and_arguments_need_an_identity(tmp
                 train({**small, "data": {"batch_size": size}}, ranks_per_node=2)
         with pytest.raises(ConfigError, match=r"parallel: tp=3 does not fill the 2 ranks launched"):
             train({**small, "parallel": {"tp": 3, "dp_shard": 1}}, ranks_per_node=2)
+        # these three were refused only on the ranks, seconds later
+        with pytest.raises(ConfigError, match=r"stage 'train' on 1 node\(s\) x 2 rank\(s\): pp_split: \[5\] names "
+                                              r"block 5, but the model has 2 \(0 to 1\)"):
+            train({**small, "parallel": {"pp": 2, "pp_split": [5]}}, ranks_per_node=2)
+        with pytest.raises(ConfigError, match=r"parallel.tp: tp=2 does not divide the model's 1 attention heads"):
+            train({**small, "model": {**small["model"], "n_heads": 1}, "parallel": {"tp": 2}}, ranks_per_node=2)
+        with pytest.raises(ConfigError, match=r"parallel.cp: torch's context-parallel attention runs on CUDA GPUs "
+                                              r"only, and the site's nodes have none: use cp: 1 here"):
+            train({**small, "parallel": {"cp": 2}}, ranks_per_node=2)
         assert set(os.listdir(wf.run_dir)) == before  # nothing made, nothing renamed
     assert set(os.listdir(tmp_path)) == outside | {"runs"}
 

@@ -870,7 +870,8 @@ def test_a_workflow_stopped_by_a_signal_says_how_and_leaves_nothing_running(tmp_
 @pytest.mark.slow
 def test_a_damaged_output_is_set_aside_and_the_rerun_writes_it_anew(tmp_path):
     """train.h5 overwritten with garbage: the rerun was triggered, then failed reading it, and so did every
-    later rerun. Now it is set aside (said in the log) and the rerun succeeds; the next run skips."""
+    later rerun. Now it is set aside (said in the log: with every file of the finished call, in .previous/)
+    and the rerun succeeds; the next run skips."""
     run_dir = tmp_path / "run"
     args = ["--run-dir", str(run_dir), *small_configs(tmp_path)]
     first = run_script(REPO / "workflows" / "train_eval.py", *args)
@@ -880,9 +881,9 @@ def test_a_damaged_output_is_set_aside_and_the_rerun_writes_it_anew(tmp_path):
     again = run_script(REPO / "workflows" / "train_eval.py", *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[train] runs again: the output train.h5 of its finished run was changed" in again.stderr
-    assert "[train] set aside, so that the rerun starts without them: output train.h5 -> train.h5.changed" \
+    assert "[train] a new computation (the last one finished): the previous one's files go to train/.previous/" \
         in again.stderr, again.stderr[-3000:]
-    assert (run_dir / "train" / "train.h5.changed").read_bytes() == b"not an HDF5 file, overwritten by hand"
+    assert (run_dir / "train" / ".previous" / "train.h5").read_bytes() == b"not an HDF5 file, overwritten by hand"
     with h5py.File(history) as f:
         assert f.attrs["status"] == "complete"
     last = run_script(REPO / "workflows" / "train_eval.py", *args)

@@ -59,9 +59,9 @@ class DistributedApp:
     def __init__(self, fn: Callable | None, *, script: Sequence[str] | None = None, name: str | None = None,
                  num_nodes: int = 1, ranks_per_node: int | None = None, walltime: float | None = None,
                  env: dict[str, str] | None = None, files: Sequence[str] = (), python: str | None = None,
-                 min_nodes: int | None = None, check: Callable[[int, int], None] | None = None) -> None:
+                 min_nodes: int | None = None, check: Callable[[int, int, bool], None] | None = None) -> None:
         self.fn, self.script = fn, tuple(script) if script else None
-        self.check = check  # (world, ranks per node): what of its arguments needs the call's ranks
+        self.check = check  # (world, ranks per node, CPUs only): what of its arguments needs the call's ranks
         self.python = python  # a script's Python as given (None: the one the stage runs under)
         self.name = name or fn.__name__  # a script's name is given by script_app
         self.num_nodes, self.ranks_per_node, self.min_nodes = num_nodes, ranks_per_node, min_nodes
@@ -72,7 +72,7 @@ class DistributedApp:
         if fn is not None:
             functools.update_wrapper(self, fn)
 
-    def reading(self, files: Sequence[str], check: Callable[[int, int], None] | None = None) -> DistributedApp:
+    def reading(self, files: Sequence[str], check: Callable[[int, int, bool], None] | None = None) -> DistributedApp:
         """This stage, also identified by the content of ``files``; ``check(world, ranks_per_node)`` raises
         at the call what its arguments cannot do on its ranks."""
         return DistributedApp(self.fn, script=self.script, name=self.name, num_nodes=self.num_nodes,
@@ -96,7 +96,7 @@ class DistributedApp:
         stage_env = {**self.env, **(env or {})}  # per call over the decorator's
         check_env(asked, stage_env)
         placement.check_resources(asked, nodes, ppn)  # before anything is named or made
-        self._check_world(asked, nodes, ppn)
+        self._check_world(asked, nodes, ppn, placement.site.cpus_only)
         min_nodes = min_nodes if min_nodes is not None else self.min_nodes
         placement.check_min_nodes(asked, min_nodes, nodes)
         if not placement.remote:  # (on an endpoint, paths name the endpoint's files: they are read there)
@@ -172,11 +172,12 @@ class DistributedApp:
         return StageCall(opts, placement.mpi_label, tuple(resources.items()), fn, script or (),
                          identify_on_worker=not wf.memoize and not placement.remote)
 
-    def _check_world(self, stage: str, nodes: int, ppn: int) -> None:
-        """What of its arguments needs the call's ranks (``reading(check=)``), refused at the call."""
+    def _check_world(self, stage: str, nodes: int, ppn: int, cpus_only: bool) -> None:
+        """What of its arguments needs the call's ranks and their nodes (``reading(check=)``), refused at the
+        call."""
         if self.check is not None:
             try:
-                self.check(nodes * ppn, ppn)
+                self.check(nodes * ppn, ppn, cpus_only)
             except ConfigError as exc:
                 raise ConfigError(f"stage {stage!r} on {nodes} node(s) x {ppn} rank(s): {exc}") from None
 
@@ -377,7 +378,7 @@ def script_app(script: str | os.PathLike, *, module: bool = False, args: Sequenc
                           python=python, min_nodes=min_nodes)
 
 
-def submit_builtin(call: BuiltinCall, app: DistributedApp, check: Callable[[int, int], None] | None = None
+def submit_builtin(call: BuiltinCall, app: DistributedApp, check: Callable[[int, int, bool], None] | None = None
                    ) -> StageFuture:
     """A built-in stage: ``app`` (its function, by reference) with the files its config names; ``check``:
     what of its config needs the call's ranks (``DistributedApp.reading``)."""

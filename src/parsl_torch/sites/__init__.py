@@ -25,7 +25,7 @@ from typing import Any
 from ..common import settings, yamlfile
 from ..errors import SiteError
 from ..launch.machines import binding_args, get_machine
-from ..launch.schedulers import Detection, detect_scheduler
+from ..launch.schedulers import Detection, detect_scheduler, get_scheduler
 from . import build
 from .capacity import node_accelerators
 from .schema import SiteSpec, checked, parse_site
@@ -159,6 +159,12 @@ class Site:
     def accelerated(self) -> bool:
         """Its nodes have accelerators (as ``ranks_per_node`` counts them)."""
         return bool(node_accelerators(self.spec)[0])
+
+    @property
+    def cpus_only(self) -> bool:
+        """Its nodes are known to have no accelerator: its node is this host, which sees none (elsewhere a
+        site that names none may still have them)."""
+        return not self.accelerated and get_scheduler(self.spec.scheduler).one_machine
 
     def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
         """Flags after ``$PARSL_MPI_PREFIX``: ``launch.extra_args``, else the machine's binding."""

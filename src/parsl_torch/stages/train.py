@@ -110,12 +110,20 @@ class TrainConfig:
             check_parallel(self)
 
 
-def check_world(cfg: TrainConfig, world: int, local_world: int) -> None:
+def check_world(cfg: TrainConfig, world: int, local_world: int, cpus_only: bool = False) -> None:
     """What needs the call's ranks, checked at the call (not 3 to 5 s later on them): the ``parallel:``
-    sizes fill ``world`` ranks of ``local_world`` per node, and ``data.batch_size`` splits evenly over
-    the data-parallel ranks (1 on 2 ranks failed deep in the model; 3 trained on unequal shards)."""
+    sizes fill ``world`` ranks of ``local_world`` per node and the model's blocks (``pp_split``), tensor
+    parallelism splits its attention heads, context parallelism has GPUs (``cpus_only``: the nodes are known
+    to have none), and ``data.batch_size`` splits evenly over the data-parallel ranks (1 on 2 ranks failed
+    deep in the model; 3 trained on unequal shards)."""
     layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
-    layout.check(world, local_world)
+    layout.check(world, local_world, cfg.model.n_layers)
+    if layout.tp > 1 and cfg.model.kind == "transformer" and cfg.model.n_heads % layout.tp:
+        raise ConfigError(f"parallel.tp: tp={layout.tp} does not divide the model's {cfg.model.n_heads} attention "
+                          f"heads (model.n_heads): use a tp that divides it, or more heads")
+    if layout.cp > 1 and cpus_only:
+        raise ConfigError(f"parallel.cp: torch's context-parallel attention runs on CUDA GPUs only, and the site's "
+                          f"nodes have none: use cp: 1 here")
     shards = layout.coords(0, world).dp_size
     per = shards * (layout.microbatches if layout.pp > 1 else 1)
     if cfg.data.batch_size % per:

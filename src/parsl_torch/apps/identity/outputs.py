@@ -44,12 +44,15 @@ ASIDE_SUFFIX = ".changed"
 
 def set_aside(stage_dir: str | os.PathLike, outputs: Sequence[Any], before: stagedir.CallRecord,
               cache: Any) -> list[str]:
-    """Rename each output that differs from what its finished call left to ``<name>.changed`` (an
-    older one replaced): the rerun then starts without it (a train stage would otherwise resume
-    from a damaged checkpoint of its own call, and fail the same way at every rerun). Returns
-    what was moved, as ``spoiled_files`` names it."""
-    moved = []
+    """Rename each output outside the stage's directory that differs from what its finished call left to
+    ``<name>.changed`` (an older one replaced): the rerun then starts without it (a train stage would otherwise
+    resume from a damaged checkpoint of its own call, and fail the same way at every rerun); those inside go
+    to ``.previous/`` with the rest of the finished call's files (``freshdir``). Returns what was moved, as
+    ``spoiled_files`` names it."""
+    moved, inside = [], os.path.join(os.path.abspath(stage_dir), "")
     for output in filter(_local, outputs):
+        if os.path.abspath(output.filepath).startswith(inside):
+            continue
         left = before.outputs.get(output.filepath)
         if left is not None and os.path.exists(output.filepath) and cache.file_digest(output.filepath) != left:
             os.replace(output.filepath, output.filepath + ASIDE_SUFFIX)
