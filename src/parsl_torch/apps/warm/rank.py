@@ -309,10 +309,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import importlib
 
+    before = dict(os.environ)
     with paused_gc(freeze=True):  # (common.gcpause; frozen, they are not copied into a child by a collection)
         for name in PRELOAD:
             importlib.import_module(name)
+    _as_before(before)
     return _Parent(argv[0]).serve()
+
+
+def _as_before(environ: dict[str, str]) -> None:
+    """The environment as it was before the preloaded imports, which set some of it (torch's inductor its
+    ``TORCHINDUCTOR_CACHE_DIR``): a call's fork starts with what a cold rank starts with."""
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    os.environ.update((k, v) for k, v in environ.items() if os.environ.get(k) != v)
 
 
 if __name__ == "__main__":
