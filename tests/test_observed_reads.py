@@ -603,7 +603,8 @@ def test_compiled_loaders_tools_and_shell_stages_rerun_when_what_they_read_chang
     final, log = _run(tmp_path, "4", CC="no-such-cc", PARSL_TORCH_CACHE_DIR=str(tmp_path / "empty-cache"))
     assert ran(log) == {"tok", "spm", "tool", "count", "static_count"}, log
     assert final == {**result, "tok": [0, 5], "spm": 32, "tool": "a\nb\nc\n", "count": "3", "static_count": "3"}
-    assert f"[count] runs again: input {data / 'words.txt'} changed" in log, log
+    # (CC is new in the environment, which a program other than Python reads whole: said beside the input)
+    assert f"input {data / 'words.txt'} changed" in _why(log, "count"), log
     assert f"[tok] runs again: input {data / 'tok.json'} changed" in log, log
     why = "CC=no-such-cc is not a program found on PATH, to build the observer of compiled code"
     assert log.count(f"{why}: what stages read through compiled code is not observed") == 1, log
@@ -756,3 +757,46 @@ def test_configs_hydra_and_an_include_chain_are_seen_by_what_the_stage_read(tmp_
                  "[hyd2] runs again: environment variable MYAPP_EXTRA changed",
                  "[envcopy] runs again: the environment's variables changed"):
         assert said in log, (said, log)
+
+
+def _why(log: str, stage: str) -> str:
+    """Why the log says ``stage`` runs again ("" where it does not)."""
+    return next((line.split(" runs again: ", 1)[1] for line in log.splitlines() if f"[{stage}] runs again: " in line), "")
+
+
+PROGRAMS_ENVIRONMENT = """
+import subprocess
+import parsl_torch as pt
+
+@pt.distributed_app(ranks_per_node=1)
+def via_shell() -> str:
+    return subprocess.run(["bash", "-c", "echo $MYAPP_SCALE"], capture_output=True, text=True).stdout.strip()
+
+with pt.workflow(site="local", run_dir="runs"):
+    shell = pt.script_app("scale.sh", ranks_per_node=1)("out.txt", outputs=["out.txt"])
+    child = via_shell()
+    shell.result()
+    print("RESULT", open(shell.outputs[0].result().filepath).read().strip(), child.result(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_program_other_than_python_reads_its_whole_environment(tmp_path):
+    """A shell stage, and a shell a Python stage starts, that use $MYAPP_SCALE were skipped with their old
+    answer when it changed (a program reads its environment without a call to observe)."""
+    (tmp_path / "wf.py").write_text(PROGRAMS_ENVIRONMENT)
+    (tmp_path / "scale.sh").write_text('#!/bin/bash\necho "scale=$MYAPP_SCALE" > "$1"\n')
+    (tmp_path / "scale.sh").chmod(0o755)
+
+    def run(scale: str, seed: str) -> tuple[str, str]:
+        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                             env=clean_env(MYAPP_SCALE=scale, PYTHONHASHSEED=seed, SSH_TTY=f"/dev/pts/{seed}"))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.split("RESULT ", 1)[1].strip(), out.stderr
+
+    assert run("1", "1")[0] == "scale=1 1"
+    result, log = run("1", "2")  # the session's own variables (a terminal's) changed: no input
+    assert result == "scale=1 1" and "[scale] skipped" in log and "[via_shell] skipped" in log, log
+    result, log = run("2", "3")
+    assert result == "scale=2 2", log
+    assert _why(log, "scale") == _why(log, "via_shell") == "environment variable MYAPP_SCALE changed", log

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .observe import unobserved
+
 REDACTED = "***"
 #: words that make a name secret (the name is split at _ - . / and camelCase)
 _SECRET_WORDS = {"secret", "secrets", "token", "tokens", "password", "passwd", "passphrase", "pwd", "pass",
@@ -179,7 +181,8 @@ def package_versions() -> dict[str, str]:
 def git_commit() -> str:
     """HEAD of the git repository around the current directory, or ''."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        with unobserved():  # (parsl-torch's own look, not the stage's reads: git reads its environment)
+            out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""

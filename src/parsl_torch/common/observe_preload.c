@@ -689,14 +689,19 @@ static void unseen_why(const char *program, char *const argv[], char *const envp
 }
 
 /* before a program replaces this process (or starts as its child): the program is read (an edited
- * tool or script is a change), and what it would read unseen is said */
+ * tool or script is a change), what it would read unseen is said, and a program other than Python reads
+ * its whole environment (it needs no call to read a variable: "e *"; a Python's observer sees its reads) */
 static void starting(const char *file, int search, char *const argv[], char *const envp[]) {
     char program[PT_MAX], why[PT_MAX + 100];
-    if (!folder[0] || busy || (in_python && !python_ready) || file == NULL || !program_path(file, search, program))
+    if (!folder[0] || busy || quiet || (in_python && !python_ready) || file == NULL ||
+        !program_path(file, search, program))
         return;
     unseen_why(program, argv, envp, why, sizeof why);
     if (why[0])
         emit_now("x", why);
+    const char *name = strrchr(program, '/');
+    if (strncmp(name ? name + 1 : program, "python", 6) != 0 && !system_tool(program))
+        emit_now("e", "*");
     if (!ignored(program)) {
         struct stat st;
         if (syscall(SYS_newfstatat, AT_FDCWD, program, &st, 0) == 0) {

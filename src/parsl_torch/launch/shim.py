@@ -107,11 +107,13 @@ def observing_env(folder: str, environ: Mapping[str, str], cmd: list[str]) -> di
     if library is not None:
         extra.update(preload.preload_env(library, environ, skipped_places(), temp_folders(environ), time.time()))
     program = shutil.which(cmd[0], path=environ.get("PATH")) or cmd[0]
-    why = None if preload.python_program(program) else \
+    python = preload.python_program(program)
+    why = None if python else \
         preload.unobservable(program) if library is not None else f"{preload.why_not()}: {program}"
-    if why:
+    said = ([] if python else ["e *"]) + ([f"x {why}"] if why else [])  # (a program reads its whole environment)
+    if said:
         with open(os.path.join(folder, "shim.txt"), "w") as f:
-            f.write(f"x {why}\n")
+            f.write("".join(f"{line}\n" for line in said))
     return extra
 
 
