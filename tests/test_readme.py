@@ -46,6 +46,7 @@ EXAMPLES = {
     "def trial(lr: float) -> float": ("python", "[20.0, 10.0, 4.0]", ()),
     '"model.dim": [16, 32]}, base="configs/train.yaml"': ("python", "best: ", ()),
     'space = pt.Sampled(study, {"lr": FloatDistribution': ("python", "told 4 trials; best lr ", ()),
+    "def own_trial(config: dict) -> float:": ("python", "0.6 stopped 2", ()),
     'evaluate(t.outputs[0], "--scale", 2': ("python", '"sum": 6.0', ()),
     "meter = pt.Throughput(net": ("launch", "tflops=", ()),
     'run_dir="runs/packed"': ("python", "'lr=0.1 on GPU ", ()),
