@@ -496,7 +496,7 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
         folder = tmp_path / f"stage-{program.name}"  # (a stage whose command is the program: its shim says it)
         folder.mkdir()
         observing_env(str(folder), os.environ, [str(program)])
-        assert reads_of(str(folder)) == {f"x {unseen}: {program}"}
+        assert reads_of(str(folder)) == {f"x {unseen}: {program}", "e *"}  # (a program reads its environment)
 
 
 BELOW_PYTHON = '''
@@ -800,3 +800,169 @@ def test_a_program_other_than_python_reads_its_whole_environment(tmp_path):
     result, log = run("2", "3")
     assert result == "scale=2 2", log
     assert _why(log, "scale") == _why(log, "via_shell") == "environment variable MYAPP_SCALE changed", log
+
+
+UNDER_TMP = """
+import os, tempfile
+import parsl_torch as pt
+
+HERE = os.getcwd()
+
+@pt.distributed_app(ranks_per_node=1)
+def optional() -> str:
+    path = os.path.join(HERE, "extra.yaml")  # (the project is under /tmp, the default TMPDIR)
+    return open(path).read().strip() if os.path.exists(path) else "none"
+
+@pt.distributed_app(ranks_per_node=1)
+def scratch() -> str:
+    fd, path = tempfile.mkstemp()  # its own scratch: made during the call, no input
+    os.write(fd, b"made")
+    os.close(fd)
+    with tempfile.NamedTemporaryFile("w+") as f:
+        f.write("more")
+        f.flush()
+        more = open(f.name).read()
+    made = open(path).read()
+    os.unlink(path)
+    return made + more
+
+with pt.workflow(site="local", run_dir="runs"):
+    print("RESULT", optional().result(), scratch().result(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_lookup_under_tmpdir_is_an_input_and_the_stages_own_scratch_there_is_not(tmp_path):
+    """A project under /tmp (the default TMPDIR): a stage that looked for an optional file there and did not
+    find it was skipped after the file appeared (lookups under TMPDIR were taken for scratch)."""
+    assert str(tmp_path).startswith(tempfile.gettempdir())
+    (tmp_path / "wf.py").write_text(UNDER_TMP)
+
+    def run(seed: str) -> tuple[str, str]:
+        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                             env=clean_env(PYTHONHASHSEED=seed))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.split("RESULT ", 1)[1].strip(), out.stderr
+
+    assert run("1")[0] == "none mademore"
+    result, log = run("2")
+    assert result == "none mademore" and "[optional] skipped" in log and "[scratch] skipped" in log, log
+    (tmp_path / "extra.yaml").write_text("extra\n")
+    result, log = run("3")
+    assert result == "extra mademore" and "[scratch] skipped" in log, log
+    assert f"[optional] runs again: {tmp_path / 'extra.yaml'}, which it looked for and did not find, exists now" \
+        in log, log
+
+
+METADATA_AND_LISTINGS = {  # a stage each: what it learns of a file's metadata, or of a folder listed in C
+    "sized": '[ -s "$D/flag" ] && echo full || echo empty',
+    "exists": '[ -e "$D/marker" ] && echo yes || echo no',
+    "statsize": 'stat -c %s "$D/data.bin"',
+    "listing": 'ls -l "$D/dir" | grep "^-" | awk \'{print $9, $5}\'',
+    "du": 'du -sb "$D/dir/a.txt" | cut -f1',
+    "findsize": 'find "$D/dir" -size +3c -type f | sort | xargs -n1 basename | tr "\\n" " "',
+    "newer": '[ "$D/a" -nt "$D/b" ] && echo newer || echo older',
+    "link": 'readlink "$D/lnk"',
+    "upandover": 'cat "$D/dir/lnk/../e.txt"',
+    "runparts": 'run-parts --test "$D/parts" | wc -l',
+    "walks": '"$D/walk" "$D/tree"',  # nftw, glob(3) and scandir(3), in a program of its own
+}
+
+WALK_C = r"""
+#define _XOPEN_SOURCE 700
+#include <dirent.h>
+#include <ftw.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int files;
+static int one(const char *p, const struct stat *s, int kind, struct FTW *f) { files += kind == FTW_F; return 0; }
+int main(int argc, char **argv) {
+    char pattern[4096];
+    struct dirent **names;
+    glob_t g;
+    nftw(argv[1], one, 8, FTW_PHYS);
+    snprintf(pattern, sizeof pattern, "%s/*.txt", argv[1]);
+    int globbed = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    int scanned = scandir(argv[1], &names, NULL, alphasort);
+    printf("%d %d %d\n", files, globbed, scanned);
+    return 0;
+}
+"""
+
+METADATA_WORKFLOW = """
+import os
+import parsl_torch as pt
+
+@pt.distributed_app(ranks_per_node=1)
+def sizes() -> str:  # Python's: a size looked at, a file looked for that was there
+    d = os.environ["D"]
+    return f"{os.path.getsize(os.path.join(d, 'data.bin'))} {os.path.exists(os.path.join(d, 'marker'))}"
+
+with pt.workflow(site="local", run_dir="runs"):
+    futures = {name: pt.script_app(f"{name}.sh", ranks_per_node=1)("out.txt", outputs=["out.txt"])
+               for name in NAMES}
+    found = {name: open(f.outputs[0].result().filepath).read().strip() for name, f in futures.items()}
+    print("RESULT", json.dumps({**found, "sizes": sizes().result()}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_what_programs_learn_of_files_metadata_and_of_folders_listed_in_the_c_library_reruns_them(tmp_path):
+    """Shell stages were skipped with their old answer after the input changed: `[ -s flag ]`, `[ -e f ]` on a
+    file since deleted, `stat -c %s`, `ls -l`, `du -sb`, `find -size`, `[ a -nt b ]`, `readlink`, a path through
+    a link and `..`, folders listed by scandir(3), glob(3), nftw(3) and run-parts; in Python,
+    `os.path.getsize` and `os.path.exists` on a file since deleted. Each reruns now, with its new answer, and
+    nothing reruns when nothing changed."""
+    d = tmp_path / "data"
+    for folder in ("dir/sub", "parts", "tree/deep", "elsewhere/x"):
+        (d / folder).mkdir(parents=True)
+    (d / "flag").write_text("x")
+    (d / "marker").write_text("m")
+    (d / "data.bin").write_bytes(b"1234")
+    (d / "dir" / "a.txt").write_text("ab")
+    (d / "a").write_text("a")
+    (d / "b").write_text("b")
+    os.utime(d / "b", (1, 1))  # b older than a
+    (d / "lnk").symlink_to("dir")
+    (d / "dir" / "lnk").symlink_to(d / "elsewhere" / "x")
+    (d / "e.txt").write_text("not read")  # (where the path would lead lexically)
+    (d / "elsewhere" / "e.txt").write_text("e1")
+    (d / "parts" / "one").write_text("#!/bin/sh\n")
+    (d / "parts" / "one").chmod(0o755)
+    (d / "tree" / "t1.txt").write_text("t")
+    (d / "tree" / "deep" / "t2").write_text("t")
+    subprocess.run(["cc", "-o", str(d / "walk"), "-x", "c", "-"], input=WALK_C, text=True, check=True)
+    for name, line in METADATA_AND_LISTINGS.items():
+        (tmp_path / f"{name}.sh").write_text(f'#!/bin/bash\n{{ {line}; }} > "$1"\n')
+        (tmp_path / f"{name}.sh").chmod(0o755)
+    (tmp_path / "wf.py").write_text("import json\nNAMES = " + repr(list(METADATA_AND_LISTINGS)) + METADATA_WORKFLOW)
+
+    def run(seed: str) -> tuple[dict, str]:
+        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=400, cwd=tmp_path,
+                             env=clean_env(D=str(d), PYTHONHASHSEED=seed))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.split("RESULT ", 1)[1]), out.stderr
+
+    first, _ = run("1")
+    assert first == {"sized": "full", "exists": "yes", "statsize": "4", "listing": "a.txt 2", "du": "2",
+                     "findsize": "", "newer": "newer", "link": "dir", "upandover": "e1", "runparts": "1",
+                     "walks": "2 1 4", "sizes": "4 True"}, first
+    again, log = run("2")
+    assert again == first and " runs again" not in log, log
+    (d / "flag").write_text("")
+    (d / "marker").unlink()
+    (d / "data.bin").write_bytes(b"123456")
+    (d / "dir" / "a.txt").write_text("abcdef")
+    os.utime(d / "b", None)  # b now newer
+    (d / "lnk").unlink()
+    (d / "lnk").symlink_to("parts")
+    (d / "elsewhere" / "e.txt").write_text("e2")
+    (d / "parts" / "two").write_text("#!/bin/sh\n")
+    (d / "parts" / "two").chmod(0o755)
+    (d / "tree" / "t3.txt").write_text("t")
+    last, log = run("3")
+    assert last == {"sized": "empty", "exists": "no", "statsize": "6", "listing": "a.txt 6", "du": "6",
+                    "findsize": "a.txt", "newer": "older", "link": "parts", "upandover": "e2", "runparts": "2",
+                    "walks": "3 2 5", "sizes": "6 False"}, last

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .observe import unobserved
+from .preload import without_observer
 
 REDACTED = "***"
 #: words that make a name secret (the name is split at _ - . / and camelCase)
@@ -181,8 +182,9 @@ def package_versions() -> dict[str, str]:
 def git_commit() -> str:
     """HEAD of the git repository around the current directory, or ''."""
     try:
-        with unobserved():  # (parsl-torch's own look, not the stage's reads: git reads its environment)
-            out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        with unobserved():  # (parsl-torch's own look, not the stage's reads)
+            out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                 env=without_observer(os.environ))
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""

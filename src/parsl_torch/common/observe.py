@@ -9,7 +9,8 @@ nothing:
 * ``f PATH``: a file opened for reading (``open``, ``os.open``, ``io.open_code``: code too;
   ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python),
   or looked for by the user's code and not found (``os.path.exists``: its appearing is a change);
-* ``d PATH``: a directory listed (``os.listdir``, ``os.scandir``, ``glob``);
+* ``s PATH``/``k PATH``: a path whose metadata (size, time, kind) or kind alone (``os.path.exists``) the
+  user's code looked at; ``d PATH``: a directory listed (``os.listdir``, ``os.scandir``, ``glob``);
 * ``e NAME``: an environment variable read by name by the user's code, or by a package it called
   (OmegaConf's ``${oc.env:X}``; not a package's own settings, read while it is imported, nor the
   session's variables a package reads: ``PATH``, ``HOME``...); ``e *``: the whole environment read
@@ -25,7 +26,8 @@ nothing:
 Not recorded, being compared otherwise or being no input: the standard library, installed
 packages, parsl-torch itself, the compilers' and matplotlib's caches, ``/proc``, ``/sys``, ``/dev``,
 and in the temporary folders (``$TMPDIR``, else ``/tmp``; ``/var/tmp``) what was made or changed
-since the call began (its scratch: a file there from before is an input like any other). The shim merges a
+since the call began (its scratch: a file there from before, or one looked for and not found, is an input
+like any other). The shim merges a
 rank's files (``reads_of``); the workflow keeps what a stage read (``apps.identity.reads``).
 It imports the standard library only, and is loaded by its path, not through the package: it
 runs at every interpreter's start (about 10 ms).
@@ -207,17 +209,18 @@ class Recorder:
                 self.note("f", text)
 
     def child(self, program: object, argv: object, env: object) -> None:
-        """A Python child that the user's code starts without this observer: what it reads is unseen."""
-        why = _more.drops_observer(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
-        if why and _reader(self, 2) == "user":
-            self.line(f"x {why}")
+        """A child the user's code starts: a Python without this observer reads unseen, a program other than
+        Python reads its whole environment."""
+        said = _more.child_lines(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
+        if said and _reader(self, 2) == "user":
+            self.line(said)
 
     def note(self, kind: str, path: object) -> None:
         try:
             text = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
         except TypeError:
             return
-        text = os.path.abspath(text)
+        text = _more.resolved(text)
         if kind == "w" and _in_cache_folder(text):
             return  # a module's cache (or its temporary) written is Python's doing: no write of its source
         full = _source_of(text)
@@ -280,11 +283,12 @@ def _in_cache_folder(path: str) -> bool:
 
 
 def _made_since(path: str, since: float) -> bool:
-    """A file or folder the call made or changed itself (or that is gone): scratch, not an input."""
+    """A file or folder the call made or changed itself: scratch, not an input (one that is not there is
+    looked for: an input, as elsewhere)."""
     try:
         return os.stat(path).st_ctime >= since
     except OSError:
-        return True
+        return False
 
 
 def file_state(path: str) -> str | None:
@@ -361,7 +365,7 @@ def _folded(lines: Iterable[str]) -> set[str]:
     """Folders with more than ``MANY`` files read kept as the folder (``F``: their files' states go), and
     with more than ``MANY`` files written as the folder (``W``)."""
     lines = set(lines)
-    many = {kind: _crowded(lines, kind) for kind in "fw"}
+    many = {kind: _crowded(lines, kind) for kind in "fw"}  # (a file's metadata looked at counts as read: ``s``)
     return {line for line in lines if _folder_of(line) not in many.get("w" if line[0] == "w" else "f", ())} | \
         {f"F {folder}" for folder in many["f"]} | {f"W {folder}" for folder in many["w"]}
 
@@ -369,14 +373,14 @@ def _folded(lines: Iterable[str]) -> set[str]:
 def _crowded(lines: set[str], kind: str) -> set[str]:
     by_folder: dict[str, int] = {}
     for line in lines:
-        if line[0] == kind:
+        if line[0] == kind or (kind == "f" and line[0] in "sk"):
             by_folder[_folder_of(line)] = by_folder.get(_folder_of(line), 0) + 1
     return {folder for folder, n in by_folder.items() if n > MANY}
 
 
 def _folder_of(line: str) -> str | None:
     """The folder of a file line's path (``f``, ``w``, ``t``); None for the others."""
-    if line[:2] in ("f ", "w "):
+    if line[:2] in ("f ", "w ", "s ", "k "):
         return os.path.dirname(line[2:])
     return os.path.dirname(line.split(" ", 2)[2]) if line.startswith("t ") else None
 

@@ -60,16 +60,41 @@ class Below:
                                                os.fsencode("\n".join(temp)), since)
 
 
+#: the standard library's checks of a path's existence and kind, which learn nothing of its size or time
+_EXISTENCE = frozenset({"exists", "lexists", "isfile", "isdir", "islink", "is_file", "is_dir", "is_symlink"})
+
+
+def _existence(frame: Any) -> bool:
+    """Whether the ``os.stat`` called from ``frame`` is an existence check (``os.path.exists``,
+    ``Path.is_file``: through ``Path.stat``, one frame more)."""
+    for _ in range(2):
+        if frame is None or frame.f_code.co_name in _EXISTENCE:
+            return frame is not None
+        frame = frame.f_back
+    return False
+
+
+def resolved(path: str) -> str:
+    """``path`` absolute, as the kernel resolves it: where it goes up (``..``) after a link, from the link's
+    target (``d/lnk/../e.txt`` is not ``d/e.txt``); elsewhere lexically, as ``os.path.abspath``."""
+    joined = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    if ".." not in joined.split(os.sep):
+        return os.path.normpath(joined)
+    head, tail = os.path.split(joined)
+    return os.path.realpath(joined) if tail == ".." else os.path.join(os.path.realpath(head), tail)
+
+
 def access(mode: object, flags: object) -> tuple[bool, bool]:
-    """Whether an ``open`` audit event's mode (or ``os.open``'s flags) reads, and whether it writes: one
-    call per open of every observed process."""
+    """Whether an ``open`` audit event's mode (or ``os.open``'s flags) reads what was there, and whether it
+    writes: one call per open of every observed process. A file opened emptied or new (``w+``, ``x+``,
+    ``O_TRUNC``, ``O_EXCL``: ``tempfile.mkstemp``) is written, not read: nothing of before is read there."""
     if isinstance(mode, str):
-        plus = "+" in mode
-        return "r" in mode or plus, plus or "w" in mode or "a" in mode or "x" in mode
+        plus, fresh = "+" in mode, "w" in mode or "x" in mode
+        return "r" in mode or (plus and not fresh), plus or fresh or "a" in mode
     if not isinstance(flags, int):
         return False, False
     how = flags & os.O_ACCMODE
-    return how != os.O_WRONLY, how != os.O_RDONLY
+    return how != os.O_WRONLY and not flags & (os.O_TRUNC | os.O_EXCL), how != os.O_RDONLY
 
 
 #: a Python's options that drop the observer (its ``sitecustomize`` on ``PYTHONPATH``): isolated, no site, no PYTHON*
@@ -94,6 +119,20 @@ def _options(args: list[str]) -> set[str]:
                 takes_value = i == len(arg) - 2  # (-X dev: the next argument; -Xdev: this one)
                 break
     return letters
+
+
+def child_lines(program: object, argv: object, env: object, boot: str) -> str | None:
+    """What a child started as ``program argv`` with ``env`` makes the stage's reads: ``x WHY`` a Python that
+    will not load this observer, ``e *`` a program other than Python (it reads its environment without a
+    call: the whole of it is read); None: a Python that observes itself."""
+    if (why := drops_observer(program, argv, env, boot)) is not None:
+        return f"x {why}"
+    try:
+        name = os.fsdecode(program if program is not None else
+                           ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))[0])
+    except (TypeError, IndexError):
+        return None
+    return None if os.path.basename(name).startswith("python") else "e *"
 
 
 def drops_observer(program: object, argv: object, env: object, boot: str) -> str | None:
@@ -167,7 +206,9 @@ def watch_h5py(recorder: Any) -> None:
 def watch_lookups(recorder: Any, by_user: Callable[[int], bool]) -> None:
     """A path the user's code looks for and does not find (``os.path.exists(override)`` is False,
     ``Path.is_file()``, ``os.stat`` raising) is recorded as a read of it: its digest is "missing", so the file
-    appearing later is a change. ``os.stat`` and ``os.lstat`` are wrapped where the user's code and the
+    appearing later is a change; one it finds, as its metadata looked at (``s``: ``os.path.getsize``, sizes
+    summed over a listing), or only its kind where that is all the check learns (``k``: ``os.path.exists``,
+    ``Path.is_file``: a file since deleted is a change, a file rewritten is not). ``os.stat`` and ``os.lstat`` are wrapped where the user's code and the
     standard library call them (the import system calls its own: its misses are not recorded); ``by_user(n)``:
     whether the code ``n`` frames above the caller is the user's (a package's lookups are its own business)."""
 
@@ -175,11 +216,14 @@ def watch_lookups(recorder: Any, by_user: Callable[[int], bool]) -> None:
         @functools.wraps(real)
         def looked_up(path: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                return real(path, *args, **kwargs)
+                found = real(path, *args, **kwargs)
             except FileNotFoundError:
                 if not isinstance(path, int) and not getattr(recorder.local, "busy", False) and by_user(1):
                     recorder.note("f", path)
                 raise
+            if not isinstance(path, int) and not getattr(recorder.local, "busy", False) and by_user(1):
+                recorder.note("k" if _existence(sys._getframe(1)) else "s", path)  # (found: its metadata, or kind)
+            return found
 
         for supports in (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks):  # (shutil asks them)
             if real in supports:

@@ -3,8 +3,11 @@
  * Preloaded (LD_PRELOAD) into every process of an observed rank, Python or not, it appends a line per new
  * thing read to <PARSL_TORCH_READS_DIR>/<pid>.txt, the file and format the Python observer uses
  * (common/observe.py): "f PATH" a file opened to read or looked for and not found, "t STATE PATH" its
- * state at that first read, "w PATH" opened to write, "d PATH" a folder listed, "x WHY" a program started
- * that this library cannot see into (static, set-user-ID, or given an environment without it).
+ * state at that first read, "s PATH" a path whose metadata was looked at (stat, access: its kind, size and
+ * time), "w PATH" opened to write, "d PATH" a folder listed (opendir, and the C library's own listings:
+ * scandir, glob, nftw/ftw, fts, getdents64), "e *" the whole environment read (a program other than Python
+ * started), "x WHY" a program started that this library cannot see into (static, set-user-ID, or given an
+ * environment without it). Paths are made absolute as the kernel resolves them: a link, then "..".
  * In a Python, opens are recorded by both (the same lines); Python's listings and the paths it looks up
  * and does not find are left to the Python observer, which tells the import system's (no input) from the
  * user's code's.
@@ -14,6 +17,9 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fts.h>
+#include <ftw.h>
+#include <glob.h>
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -221,7 +227,7 @@ static int absolute(int dirfd, const char *path, char *out) {
         } else {
             char link[64];
             snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
-            n = readlink(link, base, sizeof base - 1);
+            n = (long)syscall(SYS_readlinkat, AT_FDCWD, link, base, sizeof base - 1);  /* (not the wrapper below) */
             if (n <= 0) return 0;
             base[n] = 0;
         }
@@ -237,6 +243,14 @@ static int absolute(int dirfd, const char *path, char *out) {
         size_t len = (size_t)(e - p);
         if (len == 0 || (len == 1 && p[0] == '.')) {
         } else if (len == 2 && p[0] == '.' && p[1] == '.') {
+            /* as the kernel: the path so far resolved (a link in it followed) before ".." leaves it */
+            char resolved[PT_MAX];
+            out[o] = 0;
+            if (o > 0 && realpath(out, resolved) != NULL && strlen(resolved) < PT_MAX) {
+                strcpy(out, resolved);
+                o = strlen(out);
+                if (o == 1) o = 0;  /* ("/": its parent is itself) */
+            }
             while (o > 0 && out[o - 1] != '/') o--;
             if (o > 0) o--;
         } else {
@@ -257,7 +271,8 @@ static int starts(const char *path, const char *prefix) {
     return strncmp(path, prefix, n) == 0 || (strlen(path) + 1 == n && strncmp(path, prefix, n - 1) == 0);
 }
 
-/* whether a path is no input: the skipped places, this library's folder, scratch made since the call began */
+/* whether a path is no input: the skipped places, this library's folder, scratch made since the call began
+ * (a path there that is not there is looked for: an input, as elsewhere) */
 static int ignored(const char *path) {
     if (starts(path, folder))
         return 1;
@@ -266,7 +281,7 @@ static int ignored(const char *path) {
     for (int i = 0; i < n_temps; i++)
         if (starts(path, temps[i])) {
             struct stat st;
-            return syscall(SYS_newfstatat, AT_FDCWD, path, &st, 0) != 0 ||
+            return syscall(SYS_newfstatat, AT_FDCWD, path, &st, 0) == 0 &&
                    st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec >= since_ns;
         }
     return 0;
@@ -357,13 +372,15 @@ static void opened(int dirfd, const char *path, int flags, int fd, int error) {
     busy = 0;
 }
 
-static void missing(int dirfd, const char *path, int result) {
-    if (result != 0 && errno == ENOENT && active() && !in_python) {
+/* a path looked up (stat, access) outside a Python (whose lookups are the Python observer's to judge): not
+ * found, it is read ("f": its appearing later is a change); found, its metadata was read ("s") */
+static void looked_up(int dirfd, const char *path, int result, const char *found) {
+    if ((result == 0 || errno == ENOENT) && active() && !in_python) {
         int saved = errno;
         char full[PT_MAX];
         if (line_path(dirfd, path, full) && !ignored(full)) {
             busy = 1;
-            emit("f", full);
+            emit(result == 0 ? found : "f", full);
             busy = 0;
         }
         errno = saved;
@@ -467,7 +484,7 @@ __attribute__((noinline)) static int named(const char *path, int flags) {
     EXPORT int name(const char *path, type *st) {                          \
         REAL(int, name, (const char *, type *));                           \
         int r = real_##name(path, st);                                     \
-        missing(AT_FDCWD, path, r);                                        \
+        looked_up(AT_FDCWD, path, r, "s");                                        \
         return r;                                                          \
     }
 STAT_LIKE(stat, struct stat)
@@ -478,13 +495,13 @@ STAT_LIKE(lstat64, struct stat64)
 EXPORT int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
     REAL(int, fstatat, (int, const char *, struct stat *, int));
     int r = real_fstatat(dirfd, path, st, flags);
-    if (named(path, flags)) missing(dirfd, path, r);
+    if (named(path, flags)) looked_up(dirfd, path, r, "s");
     return r;
 }
 EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
     REAL(int, fstatat64, (int, const char *, struct stat64 *, int));
     int r = real_fstatat64(dirfd, path, st, flags);
-    if (named(path, flags)) missing(dirfd, path, r);
+    if (named(path, flags)) looked_up(dirfd, path, r, "s");
     return r;
 }
 /* binaries built against glibc before 2.33 call these */
@@ -492,7 +509,7 @@ EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) 
     EXPORT int name(int ver, const char *path, type *st) {                 \
         REAL(int, name, (int, const char *, type *));                      \
         int r = real_##name(ver, path, st);                                \
-        missing(AT_FDCWD, path, r);                                        \
+        looked_up(AT_FDCWD, path, r, "s");                                        \
         return r;                                                          \
     }
 XSTAT_LIKE(__xstat, struct stat)
@@ -503,19 +520,33 @@ XSTAT_LIKE(__lxstat64, struct stat64)
 EXPORT int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *st) {
     REAL(int, statx, (int, const char *, int, unsigned int, struct statx *));
     int r = real_statx(dirfd, path, flags, mask, st);
-    if (named(path, flags)) missing(dirfd, path, r);
+    if (named(path, flags)) looked_up(dirfd, path, r, "s");
     return r;
 }
 EXPORT int access(const char *path, int how) {
     REAL(int, access, (const char *, int));
     int r = real_access(path, how);
-    missing(AT_FDCWD, path, r);
+    looked_up(AT_FDCWD, path, r, "k");
     return r;
 }
 EXPORT int faccessat(int dirfd, const char *path, int how, int flags) {
     REAL(int, faccessat, (int, const char *, int, int));
     int r = real_faccessat(dirfd, path, how, flags);
-    missing(dirfd, path, r);
+    looked_up(dirfd, path, r, "k");
+    return r;
+}
+
+/* a link read (readlink): its target is metadata the program now knows */
+EXPORT ssize_t readlink(const char *path, char *buf, size_t size) {
+    REAL(ssize_t, readlink, (const char *, char *, size_t));
+    ssize_t r = real_readlink(path, buf, size);
+    looked_up(AT_FDCWD, path, r >= 0 ? 0 : -1, "s");
+    return r;
+}
+EXPORT ssize_t readlinkat(int dirfd, const char *path, char *buf, size_t size) {
+    REAL(ssize_t, readlinkat, (int, const char *, char *, size_t));
+    ssize_t r = real_readlinkat(dirfd, path, buf, size);
+    if (named(path, 0)) looked_up(dirfd, path, r >= 0 ? 0 : -1, "s");
     return r;
 }
 
@@ -534,13 +565,162 @@ EXPORT DIR *fdopendir(int fd) {
     if (d != NULL && active()) {
         char link[64], path[PT_MAX];
         snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t n = readlink(link, path, sizeof path - 1);
+        ssize_t n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, link, path, sizeof path - 1);
         if (n > 0) {
             path[n] = 0;
             listed(path, 1);
         }
     }
     return d;
+}
+
+/* the C library lists folders through its own internal functions, not opendir: its listing calls are
+ * taken at their entry points (run-parts, find's and du's walks, a tool's globs) */
+static void listed_at(int dirfd, const char *path) {
+    char full[PT_MAX];
+    if (path != NULL && active() && line_path(dirfd, path, full))
+        listed(full, 0);
+}
+
+#define SCANDIR_LIKE(name, entry)                                                                          \
+    EXPORT int name(const char *path, struct entry ***list, int (*keep)(const struct entry *),               \
+                    int (*order)(const struct entry **, const struct entry **)) {                           \
+        REAL(int, name, (const char *, struct entry ***, int (*)(const struct entry *),                     \
+                         int (*)(const struct entry **, const struct entry **)));                           \
+        int r = real_##name(path, list, keep, order);                                                       \
+        if (r >= 0) { int saved = errno; listed_at(AT_FDCWD, path); errno = saved; }                       \
+        return r;                                                                                           \
+    }
+SCANDIR_LIKE(scandir, dirent)
+SCANDIR_LIKE(scandir64, dirent64)
+
+#define SCANDIRAT_LIKE(name, entry)                                                                        \
+    EXPORT int name(int dirfd, const char *path, struct entry ***list, int (*keep)(const struct entry *),   \
+                    int (*order)(const struct entry **, const struct entry **)) {                           \
+        REAL(int, name, (int, const char *, struct entry ***, int (*)(const struct entry *),                \
+                         int (*)(const struct entry **, const struct entry **)));                           \
+        int r = real_##name(dirfd, path, list, keep, order);                                                \
+        if (r >= 0) { int saved = errno; listed_at(dirfd, path); errno = saved; }                          \
+        return r;                                                                                           \
+    }
+SCANDIRAT_LIKE(scandirat, dirent)
+SCANDIRAT_LIKE(scandirat64, dirent64)
+
+/* the folders a pattern's wildcards list: each folder before a component with a wildcard, for the
+ * pattern itself (nothing matched there yet is a listing too) and for each match */
+static int wild(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '*' || s[i] == '?' || s[i] == '[') return 1;
+    return 0;
+}
+static void globbed(const char *pattern, const char *match) {
+    char folder_of[PT_MAX];
+    const char *p = pattern, *m = match;
+    size_t o = 0;
+    if (*p == '/') { folder_of[o++] = '/'; p++; m += (*m == '/'); }
+    while (*p && *m && o < PT_MAX - 2) {
+        const char *pe = strchr(p, '/'), *me = strchr(m, '/');
+        size_t pn = pe ? (size_t)(pe - p) : strlen(p), mn = me ? (size_t)(me - m) : strlen(m);
+        if (wild(p, pn)) {
+            folder_of[o ? o : 0] = 0;
+            listed_at(AT_FDCWD, o ? folder_of : ".");
+        }
+        if (o + mn + 2 >= PT_MAX) return;
+        if (o && folder_of[o - 1] != '/') folder_of[o++] = '/';
+        memcpy(folder_of + o, m, mn);
+        o += mn;
+        if (!pe || !me) break;
+        p = pe + 1, m = me + 1;
+    }
+}
+#define GLOB_LIKE(name, type)                                                                              \
+    EXPORT int name(const char *pattern, int flags, int (*err)(const char *, int), type *found) {           \
+        REAL(int, name, (const char *, int, int (*)(const char *, int), type *));                            \
+        size_t before = (flags & GLOB_APPEND) ? found->gl_pathc : 0;                                          \
+        int r = real_##name(pattern, flags, err, found);                                                      \
+        if (pattern != NULL && active() && (r == 0 || r == GLOB_NOMATCH)) {                                   \
+            int saved = errno;                                                                                \
+            globbed(pattern, pattern);                                                                        \
+            for (size_t i = before; r == 0 && i < found->gl_pathc; i++)                                       \
+                globbed(pattern, found->gl_pathv[found->gl_offs + i]);                                        \
+            errno = saved;                                                                                    \
+        }                                                                                                     \
+        return r;                                                                                             \
+    }
+GLOB_LIKE(glob, glob_t)
+GLOB_LIKE(glob64, glob64_t)
+
+/* a walk (nftw, ftw): each folder it enters is listed, each file's metadata read; the caller's function is
+ * called as it was (one walk at a time per thread: a walk inside a walk's function is not seen into) */
+static __thread int (*walk_nftw)(const char *, const struct stat *, int, struct FTW *);
+static __thread int (*walk_ftw)(const char *, const struct stat *, int);
+static void walked(const char *path, int kind) {
+    char full[PT_MAX];
+    if (!active() || !line_path(AT_FDCWD, path, full) || ignored(full))
+        return;
+    busy = 1;
+    emit(kind == FTW_D || kind == FTW_DP || kind == FTW_DNR ? "d" : "s", full);
+    busy = 0;
+}
+static int nftw_step(const char *path, const struct stat *st, int kind, struct FTW *at) {
+    int saved = errno;
+    walked(path, kind);
+    errno = saved;
+    return walk_nftw(path, st, kind, at);
+}
+static int ftw_step(const char *path, const struct stat *st, int kind) {
+    int saved = errno;
+    walked(path, kind);
+    errno = saved;
+    return walk_ftw(path, st, kind);
+}
+EXPORT int nftw(const char *dir, int (*fn)(const char *, const struct stat *, int, struct FTW *), int fds, int flags) {
+    REAL(int, nftw, (const char *, int (*)(const char *, const struct stat *, int, struct FTW *), int, int));
+    if (!active() || walk_nftw != NULL)
+        return real_nftw(dir, fn, fds, flags);
+    walk_nftw = fn;
+    int r = real_nftw(dir, nftw_step, fds, flags);
+    walk_nftw = NULL;
+    return r;
+}
+EXPORT int ftw(const char *dir, int (*fn)(const char *, const struct stat *, int), int fds) {
+    REAL(int, ftw, (const char *, int (*)(const char *, const struct stat *, int), int));
+    if (!active() || walk_ftw != NULL)
+        return real_ftw(dir, fn, fds);
+    walk_ftw = fn;
+    int r = real_ftw(dir, ftw_step, fds);
+    walk_ftw = NULL;
+    return r;
+}
+
+/* fts (the C library's): each folder it enters is listed, each file's metadata read */
+EXPORT FTSENT *fts_read(FTS *walk) {
+    REAL(FTSENT *, fts_read, (FTS *));
+    FTSENT *e = real_fts_read(walk);
+    if (e != NULL && e->fts_info != FTS_DP && active()) {  /* (a folder's second visit, on the way out: said) */
+        int saved = errno;
+        walked(e->fts_path, e->fts_info == FTS_D ? FTW_D : FTW_F);
+        errno = saved;
+    }
+    return e;
+}
+
+/* a folder listed by its descriptor through the system call's own wrapper */
+EXPORT ssize_t getdents64(int fd, void *buf, size_t size) {
+    REAL(ssize_t, getdents64, (int, void *, size_t));
+    ssize_t r = real_getdents64(fd, buf, size);
+    if (r >= 0 && active()) {
+        int saved = errno;
+        char link[64], path[PT_MAX];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, link, path, sizeof path - 1);
+        if (n > 0) {
+            path[n] = 0;
+            listed(path, 1);
+        }
+        errno = saved;
+    }
+    return r;
 }
 
 /* ---- starting programs ---- */
@@ -690,7 +870,8 @@ static void unseen_why(const char *program, char *const argv[], char *const envp
 
 /* before a program replaces this process (or starts as its child): the program is read (an edited
  * tool or script is a change), what it would read unseen is said, and a program other than Python reads
- * its whole environment (it needs no call to read a variable: "e *"; a Python's observer sees its reads) */
+ * its whole environment (it needs no call to read a variable: "e *"; a Python's observer sees its reads, and
+ * says it of the programs your code starts) */
 static void starting(const char *file, int search, char *const argv[], char *const envp[]) {
     char program[PT_MAX], why[PT_MAX + 100];
     if (!folder[0] || busy || quiet || (in_python && !python_ready) || file == NULL ||
@@ -699,8 +880,8 @@ static void starting(const char *file, int search, char *const argv[], char *con
     unseen_why(program, argv, envp, why, sizeof why);
     if (why[0])
         emit_now("x", why);
-    const char *name = strrchr(program, '/');
-    if (strncmp(name ? name + 1 : program, "python", 6) != 0 && !system_tool(program))
+    const char *name = strrchr(program, '/');  /* (in a Python, its observer tells your code's starts from a package's) */
+    if (!in_python && strncmp(name ? name + 1 : program, "python", 6) != 0 && !system_tool(program))
         emit_now("e", "*");
     if (!ignored(program)) {
         struct stat st;
@@ -810,7 +991,7 @@ static void after_fork(void) { pthread_mutex_unlock(&lock); }
 
 __attribute__((constructor)) static void start(void) {
     char exe[PT_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ssize_t n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = 0;
         const char *name = strrchr(exe, '/');

@@ -82,6 +82,15 @@ def preload_env(library_path: str, environ: Mapping[str, str], skipped: tuple[st
             settings.OBSERVE_SINCE.name: repr(since)}
 
 
+def without_observer(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a program parsl-torch starts for itself (a ``git`` look): no observer in it, so what
+    it reads is not the stage's."""
+    env = {k: v for k, v in environ.items() if k != settings.READS_DIR.name}
+    kept = [lib for lib in environ.get("LD_PRELOAD", "").split() if MARK not in lib]
+    env.pop("LD_PRELOAD", None)
+    return {**env, "LD_PRELOAD": " ".join(kept)} if kept else env
+
+
 def python_program(word: str) -> bool:
     """Whether a command's first word is a Python interpreter (``python``, ``python3.11``, a venv's), which
     the Python observer observes without this library."""

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..common import settings
 from ..common.diskspace import said_when_full
 from ..errors import ConfigError
 from .blocks import MISSING, MISSING_BITS, is_missing
@@ -46,6 +47,15 @@ SCHEMA_VERSION = 1
 MISSING_NOTE = f"a step where a metric was not recorded holds the NaN {MISSING_BITS:#x}; another NaN was recorded"
 _CHUNK = 16384
 _COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+
+
+def default_history_path(name: str) -> Path:
+    """Inside a stage, ``<its stage directory>/<name>.h5``: one file per call, never shared with another call
+    or stage (and where a sweep reads a trial's history); elsewhere ``$PARSL_TORCH_RUN_DIR/outputs/<name>/
+    history.h5`` (run dir: the current directory)."""
+    if stage_dir := settings.STAGE_DIR.raw():
+        return Path(stage_dir) / f"{name}.h5"
+    return Path(settings.RUN_DIR.get()) / "outputs" / name / "history.h5"
 
 
 def dataset_name(metric: str) -> str:

@@ -35,7 +35,7 @@ from ..core.topology import env_topology
 from ..errors import ConfigError
 from .blocks import MISSING, Block, as_float, as_step
 from .deferred import Deferred, is_tensor
-from .h5file import H5Writer, check_dir, checked_dataset_name, partial_path, read_history
+from .h5file import H5Writer, check_dir, checked_dataset_name, default_history_path, partial_path, read_history
 from .plots import plot_history
 from .sinks import make_sinks
 from .stats import STATS, RankComm, cross_rank_stats, distributed_world, union_keys
@@ -45,22 +45,12 @@ _NAN = MISSING  # (not recorded at that step: blocks.MISSING, a NaN the file tel
 PROGRESS_S = 2.0
 
 
-def default_history_path(name: str) -> Path:
-    """Inside a stage, ``<its stage directory>/<name>.h5``: one file per call, never shared with another call
-    or stage (and where a sweep reads a trial's history); elsewhere ``$PARSL_TORCH_RUN_DIR/outputs/<name>/
-    history.h5`` (run dir: the current directory)."""
-    if stage_dir := settings.STAGE_DIR.raw():
-        return Path(stage_dir) / f"{name}.h5"
-    return Path(settings.RUN_DIR.get()) / "outputs" / name / "history.h5"
-
-
 class History:
     """Records metrics per step; writes one HDF5 history file per stage.
 
-    ``name``: the stage name (file attribute, default file location).
-    ``path``: where ``finalize`` puts the file (else its argument, else
-    ``default_history_path(name)``). ``sync_every``: updates between cross-rank
-    syncs (0: only at finalize). ``flush_every``: seconds between writes of
+    ``name``: the stage name (file attribute, default file location). ``path``: where ``finalize`` puts
+    the file (else its argument, else ``default_history_path(name)``: inside a stage, the stage's own
+    directory). ``sync_every``: updates between cross-rank syncs (0: only at finalize). ``flush_every``: seconds between writes of
     the partial file, checked at syncs (0: at every sync); a crash loses at
     most that much history. ``read_every``: steps between two reads of the
     tensors passed to ``update`` (a loss on its GPU: copied to the host without

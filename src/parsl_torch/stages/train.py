@@ -111,11 +111,9 @@ class TrainConfig:
 
 
 def check_world(cfg: TrainConfig, world: int, local_world: int, cpus_only: bool = False) -> None:
-    """What needs the call's ranks, checked at the call (not 3 to 5 s later on them): the ``parallel:``
-    sizes fill ``world`` ranks of ``local_world`` per node and the model's blocks (``pp_split``), tensor
-    parallelism splits its attention heads, context parallelism has GPUs (``cpus_only``: the nodes are known
-    to have none), and ``data.batch_size`` splits evenly over the data-parallel ranks (1 on 2 ranks failed
-    deep in the model; 3 trained on unequal shards)."""
+    """What needs the call's ranks, checked at the call (not 3 to 5 s later on them): ``parallel:`` fills
+    ``world`` ranks of ``local_world`` per node and the model's blocks, tp splits its heads, cp has GPUs
+    (``cpus_only``: known to have none), ``data.batch_size`` splits over the data-parallel ranks."""
     layout = cfg.parallel or from_strategy(cfg.strategy, world, cfg.tp_size)
     layout.check(world, local_world, cfg.model.n_layers)
     if layout.tp > 1 and cfg.model.kind == "transformer" and cfg.model.n_heads % layout.tp:

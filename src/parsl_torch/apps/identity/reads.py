@@ -5,7 +5,10 @@ A call's record holds one digest per read, taken when the stage finished (so a s
 rewrites what it read is compared with what it left): ``read <path>`` a file (its digest: a stat
 key with ctime, then SHA-256; a ``.py`` file's syntax tree, as a module's: a comment changes
 nothing), ``read folder <path>`` a folder of many files read (every file in it, by its stat),
-``listed <path>`` a folder's names, ``env <NAME>`` a variable as the ranks get it. Reads in the
+``listed <path>`` a folder's names, ``stat <path>`` what was looked at of a path's metadata (its kind, its
+size, and its time where its content is not read too: ``[ -s f ]``, ``ls -l``, ``os.path.getsize``; a folder
+by its kind, a link by its target too), ``kind <path>`` only its kind (``os.path.exists`` that found it),
+``env <NAME>`` a variable as the ranks get it. Reads in the
 stage's own directory and the run's own files (its records, Parsl's folder, a stage's dot-files)
 are not inputs; another stage's output read by its path is. A file that changed while the
 stage ran, after it read it (and not by the stage's own hand), is ``during <path>``: such a result
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+import stat
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 
 from ...common import stagedir
@@ -37,13 +41,14 @@ def read_digests(record: stagedir.ReadsRecord, stage_dir: str, stage_env: Mappin
     """Each observed read's digest now (at the stage's end, and again at each skip check)."""
     ours = RunFiles(stage_dir)
     digests: dict[str, str] = {f"{DURING}{path}": "changed" for path in changed_while_running(record.reads, ours)}
+    read = {line[2:] for line in record.reads if line.startswith("f ")}
     names: set[str] = set()
     for line in record.reads:
         kind, _, what = line.partition(" ")
         if kind == "e":
             names.update(_whole_environment(stage_env, environ) if what == "*" else [what])
         elif kind in _KEYS and not ours(what):  # (recorded absolute; a stat each)
-            digests[_KEYS[kind] + what] = _digest(_KEYS[kind] + what, cache)
+            digests[_KEYS[kind] + what] = _digest(_KEYS[kind] + what, cache, read)
     if any(line == "e *" for line in record.reads):  # (dict(os.environ) reads each name too: not told apart)
         names = {n for n in names if not session_variable(n)}
         digests["env *"] = _names_digest(stage_env, environ)
@@ -106,11 +111,14 @@ def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | Non
 
 
 #: a recorded read's kind (``common.observe``) -> its key in a call's record, before its path
-_KEYS = {"f": "read ", "F": "read folder ", "d": "listed "}
+_KEYS = {"f": "read ", "F": "read folder ", "d": "listed ", "s": "stat ", "k": "kind "}
 
 
-def _digest(key: str, cache: DigestCache) -> str:
-    """The digest now of the read a record's key names."""
+def _digest(key: str, cache: DigestCache, read: Container[str] = ()) -> str:
+    """The digest now of the read a record's key names (``read``: the files whose content is read too)."""
+    if key.startswith(("stat ", "kind ")):
+        kind, _, path = key.partition(" ")
+        return _metadata(path, "kind" if kind == "kind" else "time" if path not in read else "size")
     if key.startswith("listed "):
         try:
             return sha(json.dumps(sorted(os.listdir(key[len("listed "):]))).encode())
@@ -122,6 +130,21 @@ def _digest(key: str, cache: DigestCache) -> str:
     if path.endswith(".py") and os.path.isfile(path):  # code: by its syntax tree, as a module's
         return cache.module(path).digest
     return cache.file_digest(path) if not os.path.isdir(path) else "folder"
+
+
+def _metadata(path: str, detail: str) -> str:
+    """What a look at a path's metadata saw: its kind, a link's target, and to ``detail`` ("kind", "size",
+    "time": where its content is not compared) a file's size and modification time."""
+    link = ""
+    try:
+        if os.path.islink(path):
+            link = f"link {os.readlink(path)}: "
+        st = os.stat(path)
+    except OSError:
+        return f"{link}missing"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{link}folder"
+    return f"{link}file" + ("" if detail == "kind" else f" {st.st_size}") + (f" {st.st_mtime_ns}" if detail == "time" else "")
 
 
 def _folder(path: str, cache: DigestCache) -> str:
@@ -139,7 +162,8 @@ def current(before: Mapping[str, str], stage_dir: str, stage_env: Mapping[str, s
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The digests of the same reads now (the names and paths a finished call's record lists)."""
     names = [key[len("env "):] for key in before if key.startswith("env ") and key != "env *"]
-    now = {key: _digest(key, cache) for key in before if key.startswith(tuple(_KEYS.values()))}
+    read = {key[len("read "):] for key in before if key.startswith("read ")}
+    now = {key: _digest(key, cache, read) for key in before if key.startswith(tuple(_KEYS.values()))}
     if "env *" in before:
         now["env *"] = _names_digest(stage_env, environ)
     return {**now, **env_components(names, stage_env, environ)}

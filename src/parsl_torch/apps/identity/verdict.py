@@ -180,6 +180,9 @@ def changed_reads(before: Mapping[str, str], now: Mapping[str, str]) -> list[str
                 said.append(f"environment variable {what} changed")
             elif before.get(key) == "missing":
                 said.append(f"{path}, which it looked for and did not find, exists now")
+            elif kind in ("stat", "kind"):
+                gone = now.get(key, "missing").endswith("missing")
+                said.append(f"{path}, which it looked at, {'is gone' if gone else 'changed (its kind, size or time)'}")
             elif key in before and now.get(key, "missing") == "missing":
                 said.append(f"{path}, which it read, is gone")
             elif kind == "listed":
