@@ -9,7 +9,7 @@ nothing:
 * ``f PATH``: a file opened for reading (``open``, ``os.open``, ``io.open_code``: code too;
   ``h5py.File``, whose C library opens files itself; ``np.load``/``np.memmap`` open through Python),
   or looked for by the user's code and not found (``os.path.exists``: its appearing is a change);
-* ``s PATH``/``k PATH``: a path whose metadata (size, time, kind) or kind alone (``os.path.exists``) the
+* ``m PATH``/``k PATH``: a path whose metadata (size, time, kind) or kind alone (``os.path.exists``) the
   user's code looked at; ``d PATH``: a directory listed (``os.listdir``, ``os.scandir``, ``glob``);
 * ``e NAME``: an environment variable read by name by the user's code, or by a package it called
   (OmegaConf's ``${oc.env:X}``; not a package's own settings, read while it is imported, nor the
@@ -365,7 +365,7 @@ def _folded(lines: Iterable[str]) -> set[str]:
     """Folders with more than ``MANY`` files read kept as the folder (``F``: their files' states go), and
     with more than ``MANY`` files written as the folder (``W``)."""
     lines = set(lines)
-    many = {kind: _crowded(lines, kind) for kind in "fw"}  # (a file's metadata looked at counts as read: ``s``)
+    many = {kind: _crowded(lines, kind) for kind in "fw"}  # (a file's metadata looked at counts as read: ``m``)
     return {line for line in lines if _folder_of(line) not in many.get("w" if line[0] == "w" else "f", ())} | \
         {f"F {folder}" for folder in many["f"]} | {f"W {folder}" for folder in many["w"]}
 
@@ -373,14 +373,14 @@ def _folded(lines: Iterable[str]) -> set[str]:
 def _crowded(lines: set[str], kind: str) -> set[str]:
     by_folder: dict[str, int] = {}
     for line in lines:
-        if line[0] == kind or (kind == "f" and line[0] in "sk"):
+        if line[0] == kind or (kind == "f" and line[0] in "mk"):
             by_folder[_folder_of(line)] = by_folder.get(_folder_of(line), 0) + 1
     return {folder for folder, n in by_folder.items() if n > MANY}
 
 
 def _folder_of(line: str) -> str | None:
     """The folder of a file line's path (``f``, ``w``, ``t``); None for the others."""
-    if line[:2] in ("f ", "w ", "s ", "k "):
+    if line[:2] in ("f ", "w ", "m ", "k "):
         return os.path.dirname(line[2:])
     return os.path.dirname(line.split(" ", 2)[2]) if line.startswith("t ") else None
 

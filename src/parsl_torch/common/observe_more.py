@@ -206,7 +206,7 @@ def watch_h5py(recorder: Any) -> None:
 def watch_lookups(recorder: Any, by_user: Callable[[int], bool]) -> None:
     """A path the user's code looks for and does not find (``os.path.exists(override)`` is False,
     ``Path.is_file()``, ``os.stat`` raising) is recorded as a read of it: its digest is "missing", so the file
-    appearing later is a change; one it finds, as its metadata looked at (``s``: ``os.path.getsize``, sizes
+    appearing later is a change; one it finds, as its metadata looked at (``m``: ``os.path.getsize``, sizes
     summed over a listing), or only its kind where that is all the check learns (``k``: ``os.path.exists``,
     ``Path.is_file``: a file since deleted is a change, a file rewritten is not). ``os.stat`` and ``os.lstat`` are wrapped where the user's code and the
     standard library call them (the import system calls its own: its misses are not recorded); ``by_user(n)``:
@@ -222,7 +222,7 @@ def watch_lookups(recorder: Any, by_user: Callable[[int], bool]) -> None:
                     recorder.note("f", path)
                 raise
             if not isinstance(path, int) and not getattr(recorder.local, "busy", False) and by_user(1):
-                recorder.note("k" if _existence(sys._getframe(1)) else "s", path)  # (found: its metadata, or kind)
+                recorder.note("k" if _existence(sys._getframe(1)) else "m", path)  # (found: its metadata, or kind)
             return found
 
         for supports in (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks):  # (shutil asks them)

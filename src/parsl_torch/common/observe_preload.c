@@ -3,7 +3,7 @@
  * Preloaded (LD_PRELOAD) into every process of an observed rank, Python or not, it appends a line per new
  * thing read to <PARSL_TORCH_READS_DIR>/<pid>.txt, the file and format the Python observer uses
  * (common/observe.py): "f PATH" a file opened to read or looked for and not found, "t STATE PATH" its
- * state at that first read, "s PATH" a path whose metadata was looked at (stat, access: its kind, size and
+ * state at that first read, "m PATH" a path whose metadata was looked at (stat, access: its kind, size and
  * time), "w PATH" opened to write, "d PATH" a folder listed (opendir, and the C library's own listings:
  * scandir, glob, nftw/ftw, fts, getdents64), "e *" the whole environment read (a program other than Python
  * started), "x WHY" a program started that this library cannot see into (static, set-user-ID, or given an
@@ -177,22 +177,33 @@ static int output(void) {
     return out_fd;
 }
 
-static void emit(const char *kind, const char *text) {
-    char line[PT_MAX + 64];
-    int n = text ? snprintf(line, sizeof line, "%s %s\n", kind, text) : snprintf(line, sizeof line, "%s\n", kind);
-    if (n <= 0 || n >= (int)sizeof line)
-        return;
-    line[n - 1] = 0;
-    uint64_t h = hash(line);
-    line[n - 1] = '\n';
+/* one line into ``out`` (at ``at``) if it was not said before; the bytes added */
+static int said_once(char *out, int at, int room, const char *kind, const char *text) {
+    int n = text ? snprintf(out + at, (size_t)(room - at), "%s %s\n", kind, text)
+                 : snprintf(out + at, (size_t)(room - at), "%s\n", kind);
+    if (n <= 0 || n >= room - at)
+        return 0;
+    out[at + n - 1] = 0;
+    uint64_t h = hash(out + at);
+    out[at + n - 1] = '\n';
+    return first_time(h) ? n : 0;
+}
+
+/* a line, or two (a file's state and the file: one write, the cost of a new file read), each said once */
+static void emit_two(const char *kind, const char *text, const char *kind2, const char *text2) {
+    char lines[2 * PT_MAX + 128];
     pthread_mutex_lock(&lock);
-    if (first_time(h)) {
+    int n = said_once(lines, 0, PT_MAX + 64, kind, text);
+    if (kind2 != NULL)
+        n += said_once(lines, n, n + PT_MAX + 64, kind2, text2);
+    if (n > 0) {
         int fd = output();
         if (fd >= 0)
-            (void)!write(fd, line, n);  /* (a failure: the folder is gone, the rank ended: nothing is left to tell) */
+            (void)!write(fd, lines, n);  /* (a failure: the folder is gone, the rank ended: nothing is left to tell) */
     }
     pthread_mutex_unlock(&lock);
 }
+static void emit(const char *kind, const char *text) { emit_two(kind, text, NULL, NULL); }
 
 /* in an exec's child: no lock, no state kept (a vfork child's writes would be its parent's) */
 static void emit_now(const char *kind, const char *text) {
@@ -364,8 +375,7 @@ static void opened(int dirfd, const char *path, int flags, int fd, int error) {
                 snprintf(state, sizeof state, "%lld:%lld:%llu %s",
                          (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec,
                          (long long)st.st_size, (unsigned long long)st.st_ino, full);
-                emit("t", state);
-                emit("f", full);
+                emit_two("t", state, "f", full);
             }
         }
     }
@@ -373,7 +383,7 @@ static void opened(int dirfd, const char *path, int flags, int fd, int error) {
 }
 
 /* a path looked up (stat, access) outside a Python (whose lookups are the Python observer's to judge): not
- * found, it is read ("f": its appearing later is a change); found, its metadata was read ("s") */
+ * found, it is read ("f": its appearing later is a change); found, its metadata was read ("m"; "k" from access, which learns its existence only) */
 static void looked_up(int dirfd, const char *path, int result, const char *found) {
     if ((result == 0 || errno == ENOENT) && active() && !in_python) {
         int saved = errno;
@@ -484,7 +494,7 @@ __attribute__((noinline)) static int named(const char *path, int flags) {
     EXPORT int name(const char *path, type *st) {                          \
         REAL(int, name, (const char *, type *));                           \
         int r = real_##name(path, st);                                     \
-        looked_up(AT_FDCWD, path, r, "s");                                        \
+        looked_up(AT_FDCWD, path, r, "m");                                        \
         return r;                                                          \
     }
 STAT_LIKE(stat, struct stat)
@@ -495,13 +505,13 @@ STAT_LIKE(lstat64, struct stat64)
 EXPORT int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
     REAL(int, fstatat, (int, const char *, struct stat *, int));
     int r = real_fstatat(dirfd, path, st, flags);
-    if (named(path, flags)) looked_up(dirfd, path, r, "s");
+    if (named(path, flags)) looked_up(dirfd, path, r, "m");
     return r;
 }
 EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
     REAL(int, fstatat64, (int, const char *, struct stat64 *, int));
     int r = real_fstatat64(dirfd, path, st, flags);
-    if (named(path, flags)) looked_up(dirfd, path, r, "s");
+    if (named(path, flags)) looked_up(dirfd, path, r, "m");
     return r;
 }
 /* binaries built against glibc before 2.33 call these */
@@ -509,7 +519,7 @@ EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) 
     EXPORT int name(int ver, const char *path, type *st) {                 \
         REAL(int, name, (int, const char *, type *));                      \
         int r = real_##name(ver, path, st);                                \
-        looked_up(AT_FDCWD, path, r, "s");                                        \
+        looked_up(AT_FDCWD, path, r, "m");                                        \
         return r;                                                          \
     }
 XSTAT_LIKE(__xstat, struct stat)
@@ -520,7 +530,7 @@ XSTAT_LIKE(__lxstat64, struct stat64)
 EXPORT int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *st) {
     REAL(int, statx, (int, const char *, int, unsigned int, struct statx *));
     int r = real_statx(dirfd, path, flags, mask, st);
-    if (named(path, flags)) looked_up(dirfd, path, r, "s");
+    if (named(path, flags)) looked_up(dirfd, path, r, "m");
     return r;
 }
 EXPORT int access(const char *path, int how) {
@@ -540,13 +550,13 @@ EXPORT int faccessat(int dirfd, const char *path, int how, int flags) {
 EXPORT ssize_t readlink(const char *path, char *buf, size_t size) {
     REAL(ssize_t, readlink, (const char *, char *, size_t));
     ssize_t r = real_readlink(path, buf, size);
-    looked_up(AT_FDCWD, path, r >= 0 ? 0 : -1, "s");
+    looked_up(AT_FDCWD, path, r >= 0 ? 0 : -1, "m");
     return r;
 }
 EXPORT ssize_t readlinkat(int dirfd, const char *path, char *buf, size_t size) {
     REAL(ssize_t, readlinkat, (int, const char *, char *, size_t));
     ssize_t r = real_readlinkat(dirfd, path, buf, size);
-    if (named(path, 0)) looked_up(dirfd, path, r >= 0 ? 0 : -1, "s");
+    if (named(path, 0)) looked_up(dirfd, path, r >= 0 ? 0 : -1, "m");
     return r;
 }
 
@@ -559,18 +569,21 @@ EXPORT DIR *opendir(const char *path) {
         listed(path, 0);
     return d;
 }
+/* a folder listed by its descriptor: its path, from /proc */
+static void listed_fd(int fd) {
+    char link[64], path[PT_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, link, path, sizeof path - 1);
+    if (n > 0) {
+        path[n] = 0;
+        listed(path, 1);
+    }
+}
 EXPORT DIR *fdopendir(int fd) {
     REAL(DIR *, fdopendir, (int));
     DIR *d = real_fdopendir(fd);
-    if (d != NULL && active()) {
-        char link[64], path[PT_MAX];
-        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, link, path, sizeof path - 1);
-        if (n > 0) {
-            path[n] = 0;
-            listed(path, 1);
-        }
-    }
+    if (d != NULL && active())
+        listed_fd(fd);
     return d;
 }
 
@@ -659,7 +672,7 @@ static void walked(const char *path, int kind) {
     if (!active() || !line_path(AT_FDCWD, path, full) || ignored(full))
         return;
     busy = 1;
-    emit(kind == FTW_D || kind == FTW_DP || kind == FTW_DNR ? "d" : "s", full);
+    emit(kind == FTW_D || kind == FTW_DP || kind == FTW_DNR ? "d" : "m", full);
     busy = 0;
 }
 static int nftw_step(const char *path, const struct stat *st, int kind, struct FTW *at) {
@@ -711,13 +724,7 @@ EXPORT ssize_t getdents64(int fd, void *buf, size_t size) {
     ssize_t r = real_getdents64(fd, buf, size);
     if (r >= 0 && active()) {
         int saved = errno;
-        char link[64], path[PT_MAX];
-        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, link, path, sizeof path - 1);
-        if (n > 0) {
-            path[n] = 0;
-            listed(path, 1);
-        }
+        listed_fd(fd);
         errno = saved;
     }
     return r;

@@ -111,7 +111,7 @@ def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | Non
 
 
 #: a recorded read's kind (``common.observe``) -> its key in a call's record, before its path
-_KEYS = {"f": "read ", "F": "read folder ", "d": "listed ", "s": "stat ", "k": "kind "}
+_KEYS = {"f": "read ", "F": "read folder ", "d": "listed ", "m": "stat ", "k": "kind "}
 
 
 def _digest(key: str, cache: DigestCache, read: Container[str] = ()) -> str:
