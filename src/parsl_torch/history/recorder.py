@@ -104,8 +104,35 @@ class History:
         Python scalars are accepted; NaN and inf are recorded as they are. With ``read_every`` > 1 a
         tensor is read later (``loss=…`` in the line until then)."""
         cols, n = self._cols, len(self._steps)
-        created = None
+        step, recorded, shown, late = self._add_row(metrics, step, n)
+        if step is None:
+            step = self._next_step
+        self._steps.append(step)
+        self._next_step = step + 1
+        if late or self._deferred:  # (tensors on a device: the line shows what is read by now)
+            unread = {k for k, _ in self._defer(step, n, late)}
+            shown = [part or (f"{k}=…" if k in unread else f"{k}={cols[k][n]:.6g}") for k, part in zip(recorded, shown)]
+        if self._sinks is not None and self._sinks.sinks:  # (rank 0: the rows once every value up to them is read)
+            self._unlogged.append((step, {k: (cols[k], n) for k in recorded}))
+            self._unlogged = self._unlogged if self._deferred else Deferred.to_sinks(self._sinks, self._unlogged)
+        line = " ".join(shown)  # type: ignore[arg-type]
+        if self._rungs and step + 1 in self._rungs:  # a sweep judges the call here: the rows on disk, its verdict
+            self.sync()
+            self.flush()
+            await_verdict(step + 1)
+        elif self.sync_every and n + 1 >= self.sync_every:
+            self.sync()
+        return f"step={step} {line}"
+
+    def _add_row(self, metrics: Mapping[str, Any], step: int | None, n: int
+                 ) -> tuple[int | None, list[str], list[str | None], list[tuple[str, Any]]]:
+        """Row ``n``'s values into the columns (a metric recorded before and missing now: not recorded; a
+        bad entry leaves nothing behind): the step it names, the metrics recorded, each one's part of the
+        line (None: a tensor read later), the tensors read later."""
+        cols, created = self._cols, None
         late: list[tuple[str, Any]] = []
+        recorded: list[str] = []
+        shown: list[str | None] = []
         try:
             for k, v in metrics.items():
                 if k == "step":
@@ -125,6 +152,8 @@ class History:
                     col = cols[k] = [_NAN] * n
                     created = [*(created or ()), k]
                 col.append(v)
+                recorded.append(k)
+                shown.append(None if late and late[-1][0] == k else f"{k}={v:.6g}")
             if step is not None and type(step) is not int:
                 step = as_step(step)
         except ConfigError:  # a bad entry must not leave half a row behind
@@ -133,24 +162,11 @@ class History:
             for col in cols.values():
                 del col[n:]
             raise
-        recorded = [k for k in metrics if k in cols]
         if len(cols) != len(recorded):  # a metric recorded before is missing now
             for col in cols.values():
                 if len(col) == n:
                     col.append(_NAN)
-        if step is None:
-            step = self._next_step
-        self._steps.append(step)
-        self._next_step = step + 1
-        unread = [k for k, _ in self._defer(step, n, late)] if late or self._deferred else []
-        line = self._row_done(step, n, recorded, unread)
-        if self._rungs and step + 1 in self._rungs:  # a sweep judges the call here: the rows on disk, its verdict
-            self.sync()
-            self.flush()
-            await_verdict(step + 1)
-        elif self.sync_every and n + 1 >= self.sync_every:
-            self.sync()
-        return f"step={step} {line}"
+        return step, recorded, shown, late
 
     def _defer(self, step: int, n: int, late: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """Row ``n``'s tensors, read later (all unread ones now, at a multiple of read_every); those unread."""
@@ -160,24 +176,13 @@ class History:
             self._deferred.read()
         return late if self._deferred else []
 
-    def _row_done(self, step: int, n: int, recorded: list[str], unread: list[str]) -> str:
-        """Row ``n`` to the sinks (rank 0) once every value up to it is read; its line."""
-        if self._sinks is not None and self._sinks.sinks:
-            self._unlogged.append((step, {k: (self._cols[k], n) for k in recorded}))
-        if not self._deferred:
-            self._unlogged = Deferred.to_sinks(self._sinks, self._unlogged)
-        return " ".join(f"{k}=…" if k in unread else f"{k}={self._cols[k][n]:.6g}" for k in recorded)
-
     def _add_key(self, key: Any) -> None:
         """A metric seen for the first time: a name the file can hold, not clashing with another."""
         self._keys[key] = checked_dataset_name(key, self._keys, STATS)
 
     def sync(self) -> None:
-        """Cross-rank statistics of the pending rows; rank 0 appends them to the file.
-
-        Collective: every rank must call it (``update`` and ``finalize`` do).
-        """
-
+        """Cross-rank statistics of the pending rows; rank 0 appends them to the file. Collective: every
+        rank must call it (``update`` and ``finalize`` do)."""
         block = self._take_pending()
         if distributed_world() > 1:
             rows = len(block.steps)
@@ -277,17 +282,13 @@ class History:
         return [list(s) for s in self._segments]
 
     def finalize(self, path: str | os.PathLike | None = None, *, plot: bool | None = None, ranks: str = "all") -> Path:
-        """Sync the last rows and put the complete file at ``path``; returns the path.
-
-        ``ranks="all"`` (default): collective, every rank calls it; rank 0
-        writes, every rank returns the same path. If the other ranks do not
-        join within the collective timeout (settings.TIMEOUT), an error
-        says so instead of a hang. ``ranks="this"``: rank 0 alone (ezpz's
-        habit: ``if rank == 0: history.finalize()``); the rows since the last
-        sync are rank 0's own (attribute ``rank0_only_from_step``), other
-        ranks return at once. Plots (PNG per metric, beside the file) are made
-        when matplotlib is installed, unless ``plot=False`` (default: PARSL_TORCH_PLOTS).
-        """
+        """Sync the last rows and put the complete file at ``path``; returns the path. ``ranks="all"``
+        (default): collective, every rank calls it; rank 0 writes, every rank returns the same path. If the
+        other ranks do not join within the collective timeout (settings.TIMEOUT), an error says so instead of
+        a hang. ``ranks="this"``: rank 0 alone (ezpz's habit: ``if rank == 0: history.finalize()``); the rows
+        since the last sync are rank 0's own (attribute ``rank0_only_from_step``), other ranks return at
+        once. Plots (PNG per metric, beside the file) are made when matplotlib is installed, unless
+        ``plot=False`` (default: PARSL_TORCH_PLOTS)."""
         if ranks not in ("all", "this"):
             raise ConfigError(f"History.finalize(ranks={ranks!r}): use 'all' (every rank calls it) or 'this' "
                               f"(rank 0 alone)")
@@ -350,12 +351,9 @@ class History:
             get_logger("parsl_torch.history").warning("plotting %s failed: %s", path, exc)
 
     def resume(self, before_step: int) -> None:
-        """Start from an earlier attempt's file: keep its rows with step < ``before_step``.
-
-        For a run resumed from a checkpoint taken at ``before_step``: reads
-        ``<path>.partial`` (else ``<path>``) on rank 0; later steps are
-        recorded anew, so none is lost or duplicated. No collectives.
-        """
+        """Start from an earlier attempt's file: keep its rows with step < ``before_step``. For a run
+        resumed from a checkpoint taken at ``before_step``: reads ``<path>.partial`` (else ``<path>``) on
+        rank 0; later steps are recorded anew, so none is lost or duplicated. No collectives."""
         if self._rank != 0:
             return
         target = self._target(None)
