@@ -654,8 +654,9 @@ static void globbed(const char *pattern, const char *match) {
         if (pattern != NULL && active() && (r == 0 || r == GLOB_NOMATCH)) {                                   \
             int saved = errno;                                                                                \
             globbed(pattern, pattern);                                                                        \
+            size_t offs = (flags & GLOB_DOOFFS) ? found->gl_offs : 0;  /* (else gl_offs may be unset) */    \
             for (size_t i = before; r == 0 && i < found->gl_pathc; i++)                                       \
-                globbed(pattern, found->gl_pathv[found->gl_offs + i]);                                        \
+                globbed(pattern, found->gl_pathv[offs + i]);                                                  \
             errno = saved;                                                                                    \
         }                                                                                                     \
         return r;                                                                                             \
