@@ -764,96 +764,6 @@ def _why(log: str, stage: str) -> str:
     return next((line.split(" runs again: ", 1)[1] for line in log.splitlines() if f"[{stage}] runs again: " in line), "")
 
 
-PROGRAMS_ENVIRONMENT = """
-import subprocess
-import parsl_torch as pt
-
-@pt.distributed_app(ranks_per_node=1)
-def via_shell() -> str:
-    return subprocess.run(["bash", "-c", "echo $MYAPP_SCALE"], capture_output=True, text=True).stdout.strip()
-
-with pt.workflow(site="local", run_dir="runs"):
-    shell = pt.script_app("scale.sh", ranks_per_node=1)("out.txt", outputs=["out.txt"])
-    child = via_shell()
-    shell.result()
-    print("RESULT", open(shell.outputs[0].result().filepath).read().strip(), child.result(), flush=True)
-"""
-
-
-@pytest.mark.slow
-def test_a_program_other_than_python_reads_its_whole_environment(tmp_path):
-    """A shell stage, and a shell a Python stage starts, that use $MYAPP_SCALE were skipped with their old
-    answer when it changed (a program reads its environment without a call to observe)."""
-    (tmp_path / "wf.py").write_text(PROGRAMS_ENVIRONMENT)
-    (tmp_path / "scale.sh").write_text('#!/bin/bash\necho "scale=$MYAPP_SCALE" > "$1"\n')
-    (tmp_path / "scale.sh").chmod(0o755)
-
-    def run(scale: str, seed: str) -> tuple[str, str]:
-        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                             env=clean_env(MYAPP_SCALE=scale, PYTHONHASHSEED=seed, SSH_TTY=f"/dev/pts/{seed}"))
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout.split("RESULT ", 1)[1].strip(), out.stderr
-
-    assert run("1", "1")[0] == "scale=1 1"
-    result, log = run("1", "2")  # the session's own variables (a terminal's) changed: no input
-    assert result == "scale=1 1" and "[scale] skipped" in log and "[via_shell] skipped" in log, log
-    result, log = run("2", "3")
-    assert result == "scale=2 2", log
-    assert _why(log, "scale") == _why(log, "via_shell") == "environment variable MYAPP_SCALE changed", log
-
-
-UNDER_TMP = """
-import os, tempfile
-import parsl_torch as pt
-
-HERE = os.getcwd()
-
-@pt.distributed_app(ranks_per_node=1)
-def optional() -> str:
-    path = os.path.join(HERE, "extra.yaml")  # (the project is under /tmp, the default TMPDIR)
-    return open(path).read().strip() if os.path.exists(path) else "none"
-
-@pt.distributed_app(ranks_per_node=1)
-def scratch() -> str:
-    fd, path = tempfile.mkstemp()  # its own scratch: made during the call, no input
-    os.write(fd, b"made")
-    os.close(fd)
-    with tempfile.NamedTemporaryFile("w+") as f:
-        f.write("more")
-        f.flush()
-        more = open(f.name).read()
-    made = open(path).read()
-    os.unlink(path)
-    return made + more
-
-with pt.workflow(site="local", run_dir="runs"):
-    print("RESULT", optional().result(), scratch().result(), flush=True)
-"""
-
-
-@pytest.mark.slow
-def test_a_lookup_under_tmpdir_is_an_input_and_the_stages_own_scratch_there_is_not(tmp_path):
-    """A project under /tmp (the default TMPDIR): a stage that looked for an optional file there and did not
-    find it was skipped after the file appeared (lookups under TMPDIR were taken for scratch)."""
-    assert str(tmp_path).startswith(tempfile.gettempdir())
-    (tmp_path / "wf.py").write_text(UNDER_TMP)
-
-    def run(seed: str) -> tuple[str, str]:
-        out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                             env=clean_env(PYTHONHASHSEED=seed))
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout.split("RESULT ", 1)[1].strip(), out.stderr
-
-    assert run("1")[0] == "none mademore"
-    result, log = run("2")
-    assert result == "none mademore" and "[optional] skipped" in log and "[scratch] skipped" in log, log
-    (tmp_path / "extra.yaml").write_text("extra\n")
-    result, log = run("3")
-    assert result == "extra mademore" and "[scratch] skipped" in log, log
-    assert f"[optional] runs again: {tmp_path / 'extra.yaml'}, which it looked for and did not find, exists now" \
-        in log, log
-
-
 METADATA_AND_LISTINGS = {  # a stage each: what it learns of a file's metadata, or of a folder listed in C
     "sized": '[ -s "$D/flag" ] && echo full || echo empty',
     "exists": '[ -e "$D/marker" ] && echo yes || echo no',
@@ -866,6 +776,7 @@ METADATA_AND_LISTINGS = {  # a stage each: what it learns of a file's metadata, 
     "upandover": 'cat "$D/dir/lnk/../e.txt"',
     "runparts": 'run-parts --test "$D/parts" | wc -l',
     "walks": '"$D/walk" "$D/tree"',  # nftw, glob(3) and scandir(3), in a program of its own
+    "scale": 'echo "scale=$MYAPP_SCALE"',  # a program reads its whole environment, without a call
 }
 
 WALK_C = r"""
@@ -892,19 +803,44 @@ int main(int argc, char **argv) {
 """
 
 METADATA_WORKFLOW = """
-import os
+import os, subprocess, tempfile
 import parsl_torch as pt
+
+HERE = os.getcwd()
 
 @pt.distributed_app(ranks_per_node=1)
 def sizes() -> str:  # Python's: a size looked at, a file looked for that was there
     d = os.environ["D"]
     return f"{os.path.getsize(os.path.join(d, 'data.bin'))} {os.path.exists(os.path.join(d, 'marker'))}"
 
+@pt.distributed_app(ranks_per_node=1)
+def via_shell() -> str:  # a program your code starts reads the whole environment
+    return subprocess.run(["bash", "-c", "echo $MYAPP_SCALE"], capture_output=True, text=True).stdout.strip()
+
+@pt.distributed_app(ranks_per_node=1)
+def optional() -> str:  # the project is under /tmp, the default TMPDIR: a lookup there is an input
+    path = os.path.join(HERE, "extra.yaml")
+    return open(path).read().strip() if os.path.exists(path) else "none"
+
+@pt.distributed_app(ranks_per_node=1)
+def scratch() -> str:  # its own scratch in TMPDIR, made during the call: no input
+    fd, path = tempfile.mkstemp()
+    os.write(fd, b"made")
+    os.close(fd)
+    with tempfile.NamedTemporaryFile("w+") as f:
+        f.write("more")
+        f.flush()
+        more = open(f.name).read()
+    made = open(path).read()
+    os.unlink(path)
+    return made + more
+
 with pt.workflow(site="local", run_dir="runs"):
     futures = {name: pt.script_app(f"{name}.sh", ranks_per_node=1)("out.txt", outputs=["out.txt"])
                for name in NAMES}
     found = {name: open(f.outputs[0].result().filepath).read().strip() for name, f in futures.items()}
-    print("RESULT", json.dumps({**found, "sizes": sizes().result()}), flush=True)
+    calls = {"sizes": sizes(), "via_shell": via_shell(), "optional": optional(), "scratch": scratch()}
+    print("RESULT", json.dumps({**found, **{name: f.result() for name, f in calls.items()}}), flush=True)
 """
 
 
@@ -913,8 +849,12 @@ def test_what_programs_learn_of_files_metadata_and_of_folders_listed_in_the_c_li
     """Shell stages were skipped with their old answer after the input changed: `[ -s flag ]`, `[ -e f ]` on a
     file since deleted, `stat -c %s`, `ls -l`, `du -sb`, `find -size`, `[ a -nt b ]`, `readlink`, a path through
     a link and `..`, folders listed by scandir(3), glob(3), nftw(3) and run-parts; in Python,
-    `os.path.getsize` and `os.path.exists` on a file since deleted. Each reruns now, with its new answer, and
-    nothing reruns when nothing changed."""
+    `os.path.getsize` and `os.path.exists` on a file since deleted. A shell stage, and a shell a stage starts,
+    that use $MYAPP_SCALE were skipped when it changed; a project under /tmp (the default TMPDIR): a stage
+    that looked for an optional file there was skipped after it appeared. Each reruns now, with its new
+    answer; nothing reruns when nothing changed (a terminal's own variables changed: no input), and a
+    stage's own scratch in TMPDIR never makes it rerun."""
+    assert str(tmp_path).startswith(tempfile.gettempdir())
     d = tmp_path / "data"
     for folder in ("dir/sub", "parts", "tree/deep", "elsewhere/x"):
         (d / folder).mkdir(parents=True)
@@ -939,16 +879,18 @@ def test_what_programs_learn_of_files_metadata_and_of_folders_listed_in_the_c_li
         (tmp_path / f"{name}.sh").chmod(0o755)
     (tmp_path / "wf.py").write_text("import json\nNAMES = " + repr(list(METADATA_AND_LISTINGS)) + METADATA_WORKFLOW)
 
-    def run(seed: str) -> tuple[dict, str]:
+    def run(seed: str, scale: str = "1") -> tuple[dict, str]:
         out = subprocess.run([sys.executable, "wf.py"], capture_output=True, text=True, timeout=400, cwd=tmp_path,
-                             env=clean_env(D=str(d), PYTHONHASHSEED=seed))
+                             env=clean_env(D=str(d), PYTHONHASHSEED=seed, MYAPP_SCALE=scale,
+                                           SSH_TTY=f"/dev/pts/{seed}"))
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.split("RESULT ", 1)[1]), out.stderr
 
     first, _ = run("1")
     assert first == {"sized": "full", "exists": "yes", "statsize": "4", "listing": "a.txt 2", "du": "2",
                      "findsize": "", "newer": "newer", "link": "dir", "upandover": "e1", "runparts": "1",
-                     "walks": "2 1 4", "sizes": "4 True"}, first
+                     "walks": "2 1 4", "scale": "scale=1", "sizes": "4 True", "via_shell": "1", "optional": "none",
+                     "scratch": "mademore"}, first
     again, log = run("2")
     assert again == first and " runs again" not in log, log
     (d / "flag").write_text("")
@@ -962,7 +904,12 @@ def test_what_programs_learn_of_files_metadata_and_of_folders_listed_in_the_c_li
     (d / "parts" / "two").write_text("#!/bin/sh\n")
     (d / "parts" / "two").chmod(0o755)
     (d / "tree" / "t3.txt").write_text("t")
-    last, log = run("3")
+    (tmp_path / "extra.yaml").write_text("extra\n")
+    last, log = run("3", scale="2")
     assert last == {"sized": "empty", "exists": "no", "statsize": "6", "listing": "a.txt 6", "du": "6",
                     "findsize": "a.txt", "newer": "older", "link": "parts", "upandover": "e2", "runparts": "2",
-                    "walks": "3 2 5", "sizes": "6 False"}, last
+                    "walks": "3 2 5", "scale": "scale=2", "sizes": "6 False", "via_shell": "2", "optional": "extra",
+                    "scratch": "mademore"}, last
+    assert _why(log, "scale") == _why(log, "via_shell") == "environment variable MYAPP_SCALE changed", log
+    assert _why(log, "optional") == f"{tmp_path / 'extra.yaml'}, which it looked for and did not find, exists now"
+    assert "[scratch] skipped" in log, log

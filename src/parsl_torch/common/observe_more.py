@@ -78,7 +78,7 @@ def resolved(path: str) -> str:
     """``path`` absolute, as the kernel resolves it: where it goes up (``..``) after a link, from the link's
     target (``d/lnk/../e.txt`` is not ``d/e.txt``); elsewhere lexically, as ``os.path.abspath``."""
     joined = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-    if ".." not in joined.split(os.sep):
+    if ".." not in joined or ".." not in joined.split(os.sep):  # (the substring first: one test on most paths)
         return os.path.normpath(joined)
     head, tail = os.path.split(joined)
     return os.path.realpath(joined) if tail == ".." else os.path.join(os.path.realpath(head), tail)
@@ -125,26 +125,29 @@ def child_lines(program: object, argv: object, env: object, boot: str) -> str | 
     """What a child started as ``program argv`` with ``env`` makes the stage's reads: ``x WHY`` a Python that
     will not load this observer, ``e *`` a program other than Python (it reads its environment without a
     call: the whole of it is read); None: a Python that observes itself."""
-    if (why := drops_observer(program, argv, env, boot)) is not None:
-        return f"x {why}"
+    if (started := _started(program, argv)) is None:
+        return None
+    if not os.path.basename(started[0]).startswith("python"):
+        return "e *"
+    why = drops_observer(program, argv, env, boot)
+    return f"x {why}" if why is not None else None
+
+
+def _started(program: object, argv: object) -> tuple[str, list[str]] | None:
+    """(the program's path, its arguments) of a child's start event (None: not names)."""
     try:
-        name = os.fsdecode(program if program is not None else
-                           ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))[0])
+        args = [os.fsdecode(a) for a in ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))]
+        return os.fsdecode(program if program is not None else args[0]), args
     except (TypeError, IndexError):
         return None
-    return None if os.path.basename(name).startswith("python") else "e *"
 
 
 def drops_observer(program: object, argv: object, env: object, boot: str) -> str | None:
     """Why a child started as ``program argv`` with ``env`` is a Python that this observer will not load in
     (None: not a Python, or one that loads it)."""
-    try:
-        args = [os.fsdecode(a) for a in ([argv] if isinstance(argv, (str, bytes)) else list(argv or ()))]
-        name = os.path.basename(os.fsdecode(program if program is not None else args[0]))
-    except (TypeError, IndexError):
+    if (started := _started(program, argv)) is None or not os.path.basename(started[0]).startswith("python"):
         return None
-    if not name.startswith("python"):
-        return None
+    args = started[1]
     shown = " ".join(args)[:200]
     if flags := _options(args[1:]) & UNOBSERVED_FLAGS:
         return f"a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
