@@ -270,7 +270,7 @@ def _finish(group_dir: str, n: int, job: stagedir.WarmJob, world: int, since: fl
     if told or settings.READS_DIR.get() is not None:
         stagedir.add_reads(job.stage_dir, (line for reads in told for line in reads), len(told), world)
     first = job_path(group_dir, n, "failed")
-    continues = asked_to_continue(os.environ, job.stage_dir, since)
+    continues = any(r.code == CONTINUE_EXIT for r in reports) and asked_to_continue(os.environ, job.stage_dir, since)
     outcome = call_outcome(reports, job.walltime, first_claimed(first), continues)
     if outcome is None and not os.path.exists(job.file(stagedir.RESULT)):
         outcome = no_result(job.file(stagedir.RESULT))
