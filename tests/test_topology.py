@@ -124,10 +124,19 @@ def test_single_node_without_mpi_uses_loopback_and_a_job_port():
     assert a.master_port in RENDEZVOUS_PORTS
 
 
-def test_a_chosen_port_is_free_and_outside_the_range_outgoing_connections_take():
+def test_a_chosen_port_is_outside_the_ephemeral_range_reserved_from_other_launches_and_open_to_the_store():
+    """Two launches on one node chose the same port between choosing it and rank 0 binding it (CI saw
+    EADDRINUSE): a chosen port is refused to the next choice but open to rank 0's TCPStore."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
     lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    ports = {free_port() for _ in range(20)}
-    assert all(p < lo or p > hi for p in ports), (ports, lo, hi)
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == 20 and all(p < lo or p > hi for p in ports), (ports, lo, hi)
     for port in ports:
-        with socket.socket() as s:
-            s.bind(("", port))  # rank 0's store could listen there
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("", port))  # what another launch's choice tries
+    for use_libuv in (True, False):
+        store = TCPStore("127.0.0.1", ports.pop(), 1, True, timeout=timedelta(seconds=10), use_libuv=use_libuv)
+        store.set("k", "v")
+        assert store.get("k") == b"v"

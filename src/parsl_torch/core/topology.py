@@ -278,18 +278,31 @@ PORT_TRIES = 50
 
 
 def free_port() -> int:
-    """A TCP port, outside the ephemeral range, that nothing on this host holds now."""
+    """A TCP port, outside the ephemeral range, that nothing on this host holds now,
+    reserved for a minute (:func:`_reserve`) so that a concurrent launch does not pick it too."""
     for _ in range(PORT_TRIES):
         port = RENDEZVOUS_PORTS[secrets.randbelow(len(RENDEZVOUS_PORTS))]  # not the user's seeded random
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # that range is full: let the kernel pick
-        s.bind(("", 0))
-        return s.getsockname()[1]
+        try:
+            return _reserve(port)
+        except OSError:
+            continue
+    return _reserve(0)  # that range is full: let the kernel pick
+
+
+def _reserve(port: int) -> int:
+    """Bind ``port`` (0: any), then leave it in TIME_WAIT: for a minute a plain bind of it (this
+    function's, in every other launch) fails, while a bind with SO_REUSEADDR (rank 0's TCPStore,
+    either backend) succeeds. Between choosing a port and rank 0 binding it lie seconds of
+    process start; two launches on one node chose the same port there (CI saw EADDRINUSE)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("", port))  # plain: fails where a store listens or a reservation lies
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the store's later bind may share
+        server.listen(1)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = server.accept()
+            accepted.close()  # this end closes first: its side of the connection waits in TIME_WAIT
+    return port
 
 
 def _job_port(env: Mapping[str, str], one_node: bool) -> int:
