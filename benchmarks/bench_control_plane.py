@@ -3,7 +3,7 @@ scheduler, quarantine file and device claim, at N = 128, 512 and 2,048 nodes of 
 
 Printed per N: the time from the nodes' start to the supervisor having every hello (all at once: a
 storm), the supervisor's CPU per second of steady heartbeats (one per node every 2 s), the time from
-a node's last heartbeat to the supervisor's verdict on it (node timeout 10 s; the goal is within the
+a node's last heartbeat to the supervisor's outcome on it (node timeout 10 s; the goal is within the
 timeout + 5 s), the pool scheduler's time per placement decision (10,000 queued one-node stages on
 a block of N nodes, each placed as an earlier one ends), and every rank's device claim through one
 TCPStore (connections timed apart from the claims). Then how each grows from the smallest N to
@@ -28,7 +28,7 @@ NODE_TIMEOUT_S = 10.0
 
 
 def supervisor_figures(n: int, r: int, workdir: Path) -> dict:
-    """Hellos, heartbeats' CPU and one silent node's verdict, against one real supervisor."""
+    """Hellos, heartbeats' CPU and one silent node's detection, against one real supervisor."""
     sup = sim.Supervisor(n, r, NODE_TIMEOUT_S, workdir)
     nodes = sim.SimNodes(sup.address, n, r)
     try:
@@ -46,7 +46,7 @@ def supervisor_figures(n: int, r: int, workdir: Path) -> dict:
         end = sup.first("exit")
         quarantined = victim in json.loads((workdir / "quarantine.json").read_text()).get(sim.JOB, {})
         return {"hellos_s": hellos_s, "hello_failures": len(nodes.failed), "cpu_per_s": cpu,
-                "verdict_s": end["t_end"] - nodes.last_beat[victim], "exit": code, "quarantined": quarantined}
+                "detected_s": end["t_end"] - nodes.last_beat[victim], "exit": code, "quarantined": quarantined}
     finally:
         sup.stop()
 
@@ -70,8 +70,8 @@ def main() -> int:
                    **sim.claim_storm(n, claim_r))
         rows[n] = row
         print(f"N={n:5d} x R={args.ranks}: every hello in {row['hellos_s']:.2f} s ({row['hello_failures']} failed); "
-              f"supervisor CPU {row['cpu_per_s']:.3f} core at {n / 2:.0f} heartbeats/s; silent node's verdict "
-              f"{row['verdict_s']:.1f} s after its last heartbeat (timeout {NODE_TIMEOUT_S:g} s, exit {row['exit']}, "
+              f"supervisor CPU {row['cpu_per_s']:.3f} core at {n / 2:.0f} heartbeats/s; silent node detected "
+              f"{row['detected_s']:.1f} s after its last heartbeat (timeout {NODE_TIMEOUT_S:g} s, exit {row['exit']}, "
               f"quarantined: {row['quarantined']}); placement {row['place_median_us']:.0f} us median, "
               f"{row['place_p99_us']:.0f} us p99, {row['place_max_us']:.0f} us max per decision "
               f"({args.tasks} stages); claim of {row['claim_ranks']} ranks (R={claim_r}): connect "
@@ -80,7 +80,7 @@ def main() -> int:
     small, large = min(rows), max(rows)
     if small != large:
         print(f"growth from N={small} to N={large} ({large / small:.0f}x the nodes):")
-        for key in ("hellos_s", "cpu_per_s", "verdict_s", "place_median_us", "claim_s"):
+        for key in ("hellos_s", "cpu_per_s", "detected_s", "place_median_us", "claim_s"):
             print(f"  {key}: {rows[large][key] / rows[small][key]:.2f}x")
     print(json.dumps({n: {k: v for k, v in row.items() if k != "errors"} for n, row in rows.items()}))
     return 0

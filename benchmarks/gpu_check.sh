@@ -17,9 +17,9 @@ step() {  # step NAME SECONDS COMMAND...: runs it, its output to NAME.log, a lin
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS rc=0
     timeout --signal=TERM --kill-after=10 "$limit" "$@" > "$logs/$name.log" 2>&1 || rc=$?
-    local verdict=ok
-    if [ "$rc" = 124 ]; then verdict="timed out after ${limit}s"; elif [ "$rc" != 0 ]; then verdict=FAILED; fi
-    printf '%-8s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$verdict" | tee -a "$summary"
+    local result=ok
+    if [ "$rc" = 124 ]; then result="timed out after ${limit}s"; elif [ "$rc" != 0 ]; then result=FAILED; fi
+    printf '%-8s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$result" | tee -a "$summary"
 }
 
 { date -u; hostname; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -5

@@ -3,7 +3,7 @@ measures with it; ``tests/test_control_plane.py`` runs it small).
 
 * ``Supervisor``: the real ``launch.supervise`` in a child process, for ``n`` nodes of ``r`` ranks, its
   launcher a stand-in that sleeps (the nodes are simulated, not launched); it records, in a stats
-  file, when every node's hello was in, its CPU time as it goes, and its verdict. A node it names
+  file, when every node's hello was in, its CPU time as it goes, and what it decided. A node it names
   lost goes through the real check and into the real quarantine file.
 * ``SimNodes``: the nodes, one asyncio task each in a thread of this process (not a process per
   node): each says hello and sends heartbeats on one connection, byte for byte as the shim does

@@ -49,7 +49,7 @@ def test_a_storm_of_hellos_is_heard_and_a_silent_or_vanished_node_is_named_and_q
     said = (tmp_path / "stderr").read_text()
     if fault == "silent":
         assert f"node {victim} (ranks 68-71): no heartbeat for" in said
-        assert took < TIMEOUT + 5  # the silence's verdict within the node timeout and the check
+        assert took < TIMEOUT + 5  # the silence detected within the node timeout and the check
     else:
         assert f"node {victim} (ranks 68-71): its ranks' processes ended without a report" in said
         assert took < 10

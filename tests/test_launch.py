@@ -258,7 +258,7 @@ def test_failing_rank_stops_the_launch_with_its_code(tmp_path, launcher):
 @pytest.mark.slow
 def test_one_rank_that_fails_is_named_without_talk_of_other_ranks():
     """`parsl-torch launch -n 1 -- python ...` (`python`: this venv's) whose rank fails: one line naming it,
-    no "stopping the other 0 rank(s)", no note about the launcher's verdict on ranks it stopped."""
+    no "stopping the other 0 rank(s)", no note about the launcher's word on ranks it stopped."""
     env = clean_env()  # as without an activated venv: PATH's `python` (if any) is another one
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p).resolve() != BIN.resolve())
     out = parsl_torch("launch", "-n", "1", "--", "python", "-c", "import torch, sys; sys.exit(3)", env=env)

@@ -234,9 +234,13 @@ def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
     assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.launch.supervise"]}
 
 
-def test_every_module_stays_under_400_lines():
-    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 400}
-    assert not long, f"split these by their jobs: {long}"
+#: lines a module may have: one concept each (docs/architecture.md), split by concept, not by a count
+MODULE_LINES = 600
+
+
+def test_every_module_stays_under_600_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MODULE_LINES}
+    assert not long, f"split these by their concepts: {long}"
 
 
 #: lines a function's body may have (its docstring aside): one job each
@@ -371,9 +375,7 @@ def test_the_manuals_references_are_generated_from_the_code():
 #: where process-wide state may live: the registries (settings, schedulers) and the ranks' state object
 STATE_HOLDERS = {"parsl_torch.common.settings": {"REGISTRY"}, "parsl_torch.core.ranks": {"_STATE"},
                  # scheduler records, added by register(); the host files the process wrote, removed at its exit
-                 "parsl_torch.launch.schedulers": {"SCHEDULERS", "_HOST_FILES"},
-                 # the secret values the process was given in stage arguments: every text it writes loses them
-                 "parsl_torch.common.metadata": {"_REMEMBERED"}}
+                 "parsl_torch.launch.schedulers": {"SCHEDULERS", "_HOST_FILES"}}
 MUTATORS = {"append", "extend", "add", "update", "pop", "remove", "clear", "setdefault", "insert", "discard"}
 
 

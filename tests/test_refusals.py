@@ -194,9 +194,9 @@ from parsl_torch.errors import ConfigError
 
 judge = runlock.RunLock._stale
 def slow_judge(holder, age):  # both takers judge the lock stale before either acts on it
-    verdict = judge(holder, age)
+    decision = judge(holder, age)
     time.sleep(1.0)
-    return verdict
+    return decision
 runlock.RunLock._stale = staticmethod(slow_judge)
 try:
     with runlock.RunLock(Path(sys.argv[1])):

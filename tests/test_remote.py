@@ -153,7 +153,7 @@ def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
 @pytest.mark.slow
 def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(tmp_path, monkeypatch, engine):
     """``asha`` on a Globus Compute site whose files this machine cannot read: each look at the trials and
-    each verdict is a task on the site's I/O endpoint (``globus.io_endpoint_id``: a ThreadPoolEngine, its
+    each ruling is a task on the site's I/O endpoint (``globus.io_endpoint_id``: a ThreadPoolEngine, its
     config rendered by ``endpoint-config --io``); a cut trial stops at its rung, its files kept there. A site
     without one is refused before any trial starts."""
     from parsl_torch.apps import trialfiles

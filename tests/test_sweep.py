@@ -152,7 +152,7 @@ def test_an_io_endpoint_that_cannot_see_the_trials_or_does_not_answer_is_named(t
         trialfiles.EndpointFiles(silent, "io-1").peek([ran], "loss", 2)
 
 
-def test_rank_zero_waits_at_a_rung_for_the_verdict_and_ranks_agree_on_a_cut_of_their_own_call_only(
+def test_rank_zero_waits_at_a_rung_for_the_ruling_and_ranks_agree_on_a_cut_of_their_own_call_only(
         tmp_path, monkeypatch):
     from parsl_torch.core import deadline
     from parsl_torch.core.ranks import rank_state
@@ -160,20 +160,20 @@ def test_rank_zero_waits_at_a_rung_for_the_verdict_and_ranks_agree_on_a_cut_of_t
     monkeypatch.setenv(settings.STAGE_DIR.name, str(tmp_path))
     monkeypatch.setenv(settings.CALL_ID.name, "this-call")
     monkeypatch.setattr(deadline, "STOP_POLL_S", 0.0)
-    monkeypatch.setattr(deadline, "VERDICT_WAIT_S", 0.5)
+    monkeypatch.setattr(deadline, "RULING_WAIT_S", 0.5)
     monkeypatch.setattr(rank_state(), "deadline", None)
-    verdict = lambda call, keep: stagedir.write(tmp_path / stagedir.VERDICT,  # noqa: E731
-                                                stagedir.VerdictRecord(call, time.time(), 5, keep, "why"))
+    ruling = lambda call, keep: stagedir.write(tmp_path / stagedir.RULING,  # noqa: E731
+                                                stagedir.RulingRecord(call, time.time(), 5, keep, "why"))
     assert not pt.should_checkpoint()
-    verdict("this-call", True)
+    ruling("this-call", True)
     waited = time.monotonic()
-    deadline.await_verdict(5)  # there already: no wait
+    deadline.await_ruling(5)  # there already: no wait
     assert time.monotonic() - waited < 0.4 and not pt.should_checkpoint()
-    deadline.await_verdict(15)  # none comes (the sweep is gone): it goes on after VERDICT_WAIT_S
+    deadline.await_ruling(15)  # none comes (the sweep is gone): it goes on after RULING_WAIT_S
     assert time.monotonic() - waited >= 0.5 and not pt.should_checkpoint()
-    verdict("another-call", False)
+    ruling("another-call", False)
     assert not pt.should_checkpoint()  # a cut of another call of the stage is not this one's
-    verdict("this-call", False)
+    ruling("this-call", False)
     assert pt.should_checkpoint() and pt.stop_requested()
 
 
@@ -243,7 +243,7 @@ def test_a_sweep_stops_cut_trials_keeps_their_files_and_a_killed_sweep_reruns_to
     assert len(stopped) >= 2, f"the two poor trials that started last were not cut: {second.stdout}"
     for stage in stopped:  # it stopped soon after the request, and kept what it had written
         stage_dir = run_dir / stage
-        cut = stagedir.read(stage_dir / stagedir.VERDICT, stagedir.VerdictRecord)
+        cut = stagedir.read(stage_dir / stagedir.RULING, stagedir.RulingRecord)
         ended = (stage_dir / stagedir.RESULT).stat().st_mtime
         result = next(line for line in second.stdout.splitlines() if line.startswith(f"TRIAL {stage} "))
         at = int(result.split()[3])

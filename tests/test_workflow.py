@@ -190,7 +190,7 @@ def answers():
 
 
 @pytest.mark.slow
-def test_a_stage_whose_parsl_worker_cannot_answer_ends_with_its_supervisors_verdict(tmp_path, capfd):
+def test_a_stage_whose_parsl_worker_cannot_answer_ends_with_its_supervisors_outcome(tmp_path, capfd):
     """Parsl's manager stopped under a stage (its heartbeat then runs out after 120 s): the stage's future
     fails with what its supervisor recorded within seconds; the answer Parsl gets once the manager
     goes on is dropped, and the next stage runs on the same block."""
@@ -209,7 +209,7 @@ def test_a_stage_whose_parsl_worker_cannot_answer_ends_with_its_supervisors_verd
         assert pid_file.exists()
         assert answers().result(timeout=300) == 42
     assert took < 60, f"the stage failed {took:.0f} s after its call"
-    assert "its supervisor's verdict (rank 0 on" in capfd.readouterr().err
+    assert "its supervisor's outcome (rank 0 on" in capfd.readouterr().err
 
 
 @pytest.mark.slow
@@ -631,19 +631,20 @@ def test_a_secret_known_by_its_variable_is_redacted_in_every_form_an_error_carri
     said = raised_line(RuntimeError("request failed: Authorization: Bearer hf_SHELLSECRET"))
     assert "SHELLSECRET" not in said and said.startswith("RuntimeError: request failed: Authorization: Bearer ***")
     # cut short as "invalid key" messages print it; a credential known by its shape; an argument named a secret
-    from parsl_torch.common import metadata
-    from parsl_torch.common.metadata import argument_secrets, remember_secrets
+    from parsl_torch.common.metadata import argument_secrets
 
-    monkeypatch.setattr(metadata, "_REMEMBERED", set())  # (this process's: the other tests' stay as they were)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-live-1234567890abcdef")
 
     def login(cfg, api_key, notes=""):
         pass
 
-    remember_secrets(argument_secrets(login, ({"wandb": {"token": "WTOKEN445566"}}, "APIKEY778899"), {}))
-    said = raised_line(RuntimeError("invalid key sk-live-12... (APIKEY778899, WTOKEN445566, ghp_abcdefghijklmnopqrst); "
-                                    "wrong password; scikit-learn"))
+    called = argument_secrets(login, ({"wandb": {"token": "WTOKEN445566"}}, "APIKEY778899"), {})
+    error = RuntimeError("invalid key sk-live-12... (APIKEY778899, WTOKEN445566, ghp_abcdefghijklmnopqrst); "
+                         "wrong password; scikit-learn")
+    said = raised_line(error, called)
     assert said == "RuntimeError: invalid key ***... (***, ***, ***); wrong password; scikit-learn", said
+    # the call's secrets are its workflow's, not the process's: a later workflow's errors do not carry them
+    assert "APIKEY778899" in raised_line(error) and "WTOKEN445566" in raised_line(error)
     stage = tmp_path / "leaky"
     stage.mkdir()
     (stage / ".env.json").write_text(json.dumps({"MY_API_TOKEN": "ENVGIVEN1234", "LR": "0.1"}))

@@ -24,7 +24,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ..common import settings
-from ..common.metadata import argument_secrets, remember_secrets
+from ..common.metadata import argument_secrets
 from ..common.preload import python_program
 from ..common.records import ENV_NAME
 from ..common.stagedir import RESULT, STDERR, STDOUT
@@ -41,7 +41,7 @@ from .scriptargs import (check_script_argument, runs_python, script_command_leng
                          script_word)
 from .stagecmd import bash_app_for
 from .identity.usercode import rank_import_path
-from .workflow import current_workflow
+from .workflow import Workflow, current_workflow
 
 
 #: the keywords a stage's call takes for itself (``inputs``/``outputs`` are also passed to a function that takes them)
@@ -108,6 +108,8 @@ class DistributedApp:
         if self.script is not None:
             self._check_script_call(asked, args, kwargs)
         self._check_arguments(asked, args, kwargs)
+        if self.fn is not None:  # kept out of every stage error of the workflow (``StageFuture``)
+            wf.secrets.update(argument_secrets(self.fn, args, kwargs))
         name = wf.stage_name(asked, explicit=stage is not None)
         stage_dir = placement.stage_dir(wf.run_dir, name)
         script = self._command_line(stage_dir, outputs)
@@ -150,7 +152,7 @@ class DistributedApp:
         for arg in args:
             check_script_argument(arg, f"stage {stage!r}")
 
-    def _call(self, wf: Any, placement: Placement, stage_dir: Path, nodes: int, ppn: int, walltime: float | None,
+    def _call(self, wf: Workflow, placement: Placement, stage_dir: Path, nodes: int, ppn: int, walltime: float | None,
               stage_env: dict[str, str], min_nodes: int | None, script: tuple[str, ...] | None) -> StageCall:
         """The call's record: its options (code identity read now), its function, where it runs."""
         # (the site's environment reaches the ranks through the workers too: given here, it is compared)
@@ -183,10 +185,7 @@ class DistributedApp:
 
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
-        is submitted (the files they name are read when the stage is ready to run); those named as
-        secrets are kept out of every error and log this process shows from now on (``common.metadata``)."""
-        if self.fn is not None:
-            remember_secrets(argument_secrets(self.fn, args, kwargs))
+        is submitted (the files they name are read when the stage is ready to run)."""
         fp = Fingerprinter(strict=True)
         names = _parameter_names(self.fn, len(args)) if self.fn is not None else []
         for i, value in enumerate(args):
@@ -208,7 +207,7 @@ class DistributedApp:
                 "state": tuple(sorted(fp.state.items()))}
 
 
-def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
+def _cold(wf: Workflow, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
           outputs: list) -> StageFuture:
     """A stage whose ranks start for this call: an MPI task on the site's executor (``stagecmd``)."""
     stage_dir = Path(call.opts.stage_dir)
@@ -216,21 +215,22 @@ def _cold(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs:
     app_future = bash_app_for(call.executor, wf.memoize)(
         call, *args, inputs=inputs, outputs=outputs, stdout=str(stage_dir / STDOUT), stderr=str(stage_dir / STDERR),
         parsl_resource_specification=call.resource_specification, **kwargs)
-    if wf.verdicts is not None:
-        wf.verdicts.watch(app_future, stage_dir)
-    return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT if call.returns else None)
+    if wf.settler is not None:
+        wf.settler.watch(app_future, stage_dir)
+    return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT if call.returns else None,
+                       secrets=wf.secrets)
 
 
-def _warm(wf: Any, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
+def _warm(wf: Workflow, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
           outputs: list) -> StageFuture:
     """A function stage in ranks already up (``warm``)."""
     stage_dir = Path(call.opts.stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     app_future = wf.warm.app(wf.memoize)(call, *args, inputs=inputs, outputs=outputs, **kwargs)
-    return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT)
+    return StageFuture(call.stage, app_future, stage_dir / STDERR, stage_dir / RESULT, secrets=wf.secrets)
 
 
-def _remote(wf: Any, call: StageCall, fn: Callable | None, python: str | None, args: tuple,
+def _remote(wf: Workflow, call: StageCall, fn: Callable | None, python: str | None, args: tuple,
             kwargs: dict[str, Any], inputs: list, outputs: list) -> StageFuture:
     """A stage on a Globus Compute endpoint: one task there (``remote.client``, ``remote.job``); ``fn``
     is shipped with the job, ``python`` is a script's there."""

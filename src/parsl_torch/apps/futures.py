@@ -3,7 +3,7 @@ stage, which rank on which node, what exit code, and the tail of its stderr."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,10 @@ class StageFuture(Future):
     ``result_file``: where rank 0's return value lands (None: the app's own
     result is the stage's: a script's exit code); ``answer``: a route whose app returns an answer (a
     remote stage's) says with it what the value is and whether the stage was skipped, or raises the
-    stage's error."""
+    stage's error; ``secrets``: its workflow's (``Workflow.secrets``), kept out of its error."""
 
     def __init__(self, stage: str, app_future: Any, stderr: Path | None, result_file: Path | None,
-                 answer: Callable[[Any], tuple[Any, bool]] | None = None) -> None:
+                 answer: Callable[[Any], tuple[Any, bool]] | None = None, secrets: Collection[str] = ()) -> None:
         from parsl.app.futures import DataFuture
 
         super().__init__()
@@ -30,7 +30,7 @@ class StageFuture(Future):
         self.app_future = app_future
         # (this future's own, not the app's: a failed stage's file raises the same StageError as its result)
         self.outputs = [DataFuture(self, out.file_obj, tid=out.tid) for out in app_future.outputs]
-        self._stderr, self._result_file, self._answer = stderr, result_file, answer
+        self._stderr, self._result_file, self._answer, self._secrets = stderr, result_file, answer, secrets
         self._skipped = False  # the answer said so (where it runs, Parsl's record says it: ``from_cache``)
         app_future.add_done_callback(self._finish)
 
@@ -43,7 +43,7 @@ class StageFuture(Future):
     def _finish(self, fut: Any) -> None:
         exc = fut.exception()
         if exc is not None:
-            self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr))
+            self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr, self._secrets))
             return
         if self._answer is not None:
             try:

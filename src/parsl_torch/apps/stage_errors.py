@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from ..common.blocks import CONTINUE_EXIT
@@ -45,8 +46,9 @@ def _unrecorded(stage_dir: Path | None) -> str:
             f"free space there (or have the quota raised), then run again")
 
 
-def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageError:
-    """One error that says which stage, which rank, what exit code, and shows stderr's tail."""
+def stage_error(stage: str, exc: BaseException, stderr: Path | None, secrets: Collection[str] = ()) -> StageError:
+    """One error that says which stage, which rank, what exit code, and shows stderr's tail (``secrets``: the
+    workflow's stages' arguments named as secrets, redacted in it as the stage's own are)."""
     from parsl.app.errors import BashExitFailure, MissingOutputs
     from parsl.dataflow.errors import DependencyError
 
@@ -58,7 +60,7 @@ def stage_error(stage: str, exc: BaseException, stderr: Path | None) -> StageErr
         return StageError(f"stage {stage!r} finished but did not write its output(s) {missing}: its ranks run "
                           f"in {where}, where a relative name lands (what they print is in stdout.txt and "
                           f"stderr.txt there)")
-    tail = redact_text(stderr_tail(stderr), _known_secrets(stderr.parent)) if stderr else ""
+    tail = redact_text(stderr_tail(stderr), [*_known_secrets(stderr.parent), *secrets]) if stderr else ""
     outcome = read_outcome(stderr.parent) if stderr else None  # the supervisor's record of the launch
     if isinstance(exc, BashExitFailure) and exc.exitcode == CONTINUE_EXIT and outcome is not None \
             and outcome.cause is Cause.CONTINUED:

@@ -14,13 +14,14 @@ import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import NoReturn
 
 from ..common import settings
 from ..common.diskspace import no_space
 from ..common.files import open_private
 from ..common.gcpause import paused_gc, rank_gc
-from ..common.metadata import argument_secrets, remember_secrets
+from ..common.metadata import argument_secrets
 from ..common.observe import unobserved
 from ..common.raised import write_raised
 from ..core.dist import cleanup, exit_process, setup_torch
@@ -42,22 +43,22 @@ def main(argv: list[str] | None = None) -> int:
             fn, args, kwargs = load_call(payload)
         except BaseException as exc:  # noqa: BLE001 - as the function's own failures, below
             _fail(exc)
+    secrets = argument_secrets(fn, args, kwargs)  # (kept out of the exception text its shim reports)
     try:
-        remember_secrets(argument_secrets(fn, args, kwargs))  # (kept out of the exception text its shim reports)
         with as_main(payload, fn, args, kwargs):  # (its definitions from the workflow script found by name: apps.rankmain)
             value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
-        _fail(exc)
+        _fail(exc, secrets)
     if rank == 0:
         write_result(value, result)
     cleanup()
     return 0
 
 
-def _fail(exc: BaseException) -> NoReturn:
+def _fail(exc: BaseException, secrets: Sequence[str] = ()) -> NoReturn:
     """The exception for the shim's report (the stage's error names it; node-local), the traceback, exit 1:
     no collective that could hang on ranks already gone. A full disk under stderr.txt loses the traceback."""
-    write_raised(exc, settings.RAISED.get())
+    write_raised(exc, settings.RAISED.get(), secrets)
     with contextlib.suppress(OSError), unobserved():  # (the sources it quotes are not the stage's reads)
         traceback.print_exc()
         sys.stderr.flush()

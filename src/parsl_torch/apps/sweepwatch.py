@@ -1,6 +1,6 @@
 """The workflow's side of a running sweep: it looks at the trials five times a second (through an endpoint:
 every few seconds, ``trialfiles``), judges each at the rungs its history reached (``asha``), leaves the
-verdict for its rank 0, and records each trial's end in the sweep's journal (``sweeprecord``).
+ruling for its rank 0, and records each trial's end in the sweep's journal (``sweeprecord``).
 ``stages.sweep`` starts the trials."""
 
 from __future__ import annotations
@@ -87,11 +87,11 @@ class Watch:
             raise
 
     def _let_go(self, runs: list[Run]) -> None:
-        """A verdict that lets each run go on past every rung (a cut one stops as decided)."""
+        """A ruling that lets each run go on past every rung (a cut one stops as decided)."""
         with contextlib.suppress(Exception):  # (best effort: the error being raised is the one to see)
             peeks = self.files.peek([Ask(str(run.stage_dir), None, True, (), history=False) for run in runs],
                                     self.rules["metric"], self.rules["window"], timeout=LET_GO_S)
-            self.files.put([(run.stage_dir / stagedir.VERDICT, stagedir.VerdictRecord(
+            self.files.put([(run.stage_dir / stagedir.RULING, stagedir.RulingRecord(
                 peek.call, time.time(), self.rules["steps"], True, "the sweep stopped watching: going on"))
                 for run, peek in zip(runs, peeks)], timeout=LET_GO_S)
 
@@ -146,16 +146,16 @@ class Watch:
             self.log.info("sweep %r: %s at rung %d (step %d): %s=%.4g, cut %.4g: %s", self.name, run.stage, rung,
                           at, self.rules["metric"], value, d.cut, "goes on" if d.keep else "stopped")
             if not final:
-                self._verdict(run, d, at)
+                self._ruling(run, d, at)
             if not d.keep:
                 return
 
-    def _verdict(self, run: Run, d: Decision, at: int) -> None:
+    def _ruling(self, run: Run, d: Decision, at: int) -> None:
         """The decision (in the journal already), for the trial's rank 0: it waits for it at the rung."""
         why = "" if d.keep else f"cut at {self._says(d)}"
         self.record.update(run.stage, why=why)
-        verdict = stagedir.VerdictRecord(self.record.trials[run.stage].call, time.time(), at, d.keep, why)
-        self.files.put([(run.stage_dir / stagedir.VERDICT, verdict)])
+        ruling = stagedir.RulingRecord(self.record.trials[run.stage].call, time.time(), at, d.keep, why)
+        self.files.put([(run.stage_dir / stagedir.RULING, ruling)])
 
     def _says(self, d: Decision) -> str:
         return d.says(self.rules["metric"], self.rules["mode"], self.rules["rungs"][d.rung])

@@ -2,7 +2,7 @@
 Globus Compute endpoint whose files this machine cannot read (read and written by one small task per look,
 on the site's I/O endpoint: ``globus.io_endpoint_id``, a thread-pool endpoint beside the site's, on its file
 system). What the watcher needs of a trial is small: whose attempt its directory holds, and its history's
-metric at the steps it is judged on; what it leaves there is smaller: the rungs, then each verdict."""
+metric at the steps it is judged on; what it leaves there is smaller: the rungs, then each ruling."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..common import stagedir
 from ..errors import ConfigError
 from .freshdir import owner
 
-#: seconds a task on the I/O endpoint may take (a trial waits at most ``core.deadline.VERDICT_WAIT_S`` at a rung)
+#: seconds a task on the I/O endpoint may take (a trial waits at most ``core.deadline.RULING_WAIT_S`` at a rung)
 IO_TIMEOUT_S = 30.0
 #: seconds between two looks through the I/O endpoint: the SDK's Executor sends at most 4 requests in 16 s
 REMOTE_POLL_S = 4.0
@@ -69,7 +69,7 @@ def peek_many(asks: Sequence[Ask], metric: str, window: int) -> list[Peek]:
 
 
 def put_many(records: Sequence[tuple[str, Any]]) -> None:
-    """Each record written whole at its path (its folder made): the task that leaves rungs and verdicts."""
+    """Each record written whole at its path (its folder made): the task that leaves rungs and rulings."""
     for path, record in records:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         stagedir.write(path, record)

@@ -36,7 +36,7 @@ from .placement import Placement, check_file_name, placements
 from .request import WorkflowRequest, sites_checked
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
-from .verdicts import Verdicts
+from .settle import Settler
 from .identity.usercode import rank_import_path
 from .warm.groups import WarmGroups, warm_groups
 
@@ -64,6 +64,7 @@ class Workflow:
         #: False in a Parsl config of the user's own, where stages always run (that config's memoizer
         #: cannot know a stage's directory)
         self.memoize = memoize
+        self.secrets: set[str] = set()  # the string arguments of its stages named as secrets (``stage_error``)
         self._futures: list[Any] = []
         self._submitted: dict[str, float] = {}
         #: file digests and parsed modules, shared by the stage calls and the memoizer
@@ -77,8 +78,8 @@ class Workflow:
         self.made_on: dict[int, tuple[Any, str, Placement]] = {}
         #: with warm=True: the groups of ranks that run the function stages (``apps.warm``)
         self.warm: WarmGroups | None = None
-        #: on the sites' own Parsl: ends a stage whose supervisor's verdict Parsl cannot answer (``apps.verdicts``)
-        self.verdicts: Verdicts | None = None
+        #: on the sites' own Parsl: ends a stage whose supervisor's outcome Parsl cannot answer (``apps.settle``)
+        self.settler: Settler | None = None
         self._names: Counter[str] = Counter()
         self._taken: set[str] = set()
         self._lock = threading.Lock()
@@ -292,7 +293,7 @@ def _stages_run(wf: Workflow, request: WorkflowRequest, users_dfk: bool) -> Iter
             yield
         wf.wait()
         return
-    with _parsl_loaded(wf, request) as dfk, Verdicts(dfk.executors, wf.log) as wf.verdicts:
+    with _parsl_loaded(wf, request) as dfk, Settler(dfk.executors, wf.log) as wf.settler:
         with _warm_ranks(wf, request.warm):
             with wf.running_stages_finish(request.on_error):
                 yield

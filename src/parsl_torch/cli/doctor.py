@@ -212,12 +212,12 @@ def check_smoke() -> Check:
                  f"fix the cause above, then parsl-torch launch -n {n} -- python -c 'import parsl_torch'")
 
 
-#: a line that states an error: a Python exception's last line, or the supervisor's verdict on a rank
+#: a line that states an error: a Python exception's last line, or the supervisor's word on a rank
 _ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception): |parsl-torch: rank \d+ )")
 
 
 def _cause(output: str) -> str:
-    """The lines that say what failed (the first exception, the supervisor's verdict), else the last lines:
+    """The lines that say what failed (the first exception, the supervisor's word), else the last lines:
     shown to the person, never used to decide anything."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     stated = [line for line in lines if _ERROR_LINE.match(line)]

@@ -60,20 +60,12 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-#: secret values this process was given in a stage's arguments (``remember_secrets``): known as the shell's are
-_REMEMBERED: set[str] = set()
 #: a secret's first characters that, shown alone (``sk-live-12...``, as "invalid key" messages cut it), are redacted
 TRUNCATED_CHARS = 8
 #: credentials recognisable by their shape, whoever holds them: OpenAI/Anthropic-style ``sk-``, Hugging Face
 #: ``hf_``, GitHub ``ghp_``..., Slack ``xox?-``, AWS access key ids, JWTs
 _SHAPES = re.compile(r"(?<![\w-])(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{16,}|"
                      r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,})")
-
-
-def remember_secrets(values: Iterable[str]) -> None:
-    """Secret values this process must keep out of what it writes or shows from now on (a stage's
-    arguments named as secrets: ``api_key=``, ``{"wandb": {"token": ...}}``)."""
-    _REMEMBERED.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_CHARS)
 
 
 def argument_secrets(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
@@ -121,12 +113,12 @@ def _without_secret(text: str, secret: str) -> str:
 
 
 def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
-    """``text`` with every known secret value (``secrets``, also cut short: ``sk-live-12...``), the values
-    remembered from a stage's arguments, credentials by their shape (``hf_...``, ``sk-...``), passwords in
+    """``text`` with every known secret value (``secrets``, also cut short: ``sk-live-12...``: the shell's, a
+    stage's ``env=``, the workflow's stages' arguments named as secrets), credentials by their shape (``hf_...``, ``sk-...``), passwords in
     URLs (scheme://user:PASSWORD@host), the values of secret flags (``--api-key X``, ``--token=X``,
     ``'--hf-token', 'X'`` in a printed argv), of secret assignments (``db.password=X``, ``NAME_TOKEN=X``)
     and of ``Bearer X`` replaced by ***."""
-    for value in sorted({*secrets, *_REMEMBERED}, key=len, reverse=True):
+    for value in sorted(set(secrets), key=len, reverse=True):
         text = _without_secret(text, value)
     text = _SHAPES.sub(REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from .metadata import redact_text, secret_values
 RAISED_CHARS = 400
 
 
-def raised_line(exc: BaseException) -> str:
-    """``RuntimeError: bad config keys`` as one line, secrets in it redacted, at most RAISED_CHARS."""
+def raised_line(exc: BaseException, secrets: Collection[str] = ()) -> str:
+    """``RuntimeError: bad config keys`` as one line, secrets in it redacted (``secrets``: the call's arguments
+    named as secrets), at most RAISED_CHARS."""
     text = " ".join(" ".join(traceback.format_exception_only(type(exc), exc)).split())
-    text = redact_text(text, secret_values(os.environ))  # (a stage's env= and the shell's secrets are here)
+    text = redact_text(text, [*secret_values(os.environ), *secrets])  # (a stage's env= and the shell's are here)
     return text if len(text) <= RAISED_CHARS else text[:RAISED_CHARS - 1] + "…"
 
 
@@ -52,14 +54,15 @@ def first_claimed(path: str | os.PathLike) -> int | None:
         return None
 
 
-def write_raised(exc: BaseException, path: str | None) -> None:
-    """Leave the exception that ends this rank where its shim reads it (``settings.RAISED``); best effort.
+def write_raised(exc: BaseException, path: str | None, secrets: Collection[str] = ()) -> None:
+    """Leave the exception that ends this rank where its shim reads it (``settings.RAISED``), ``secrets``
+    redacted; best effort.
     A warm call's fork first claims the call's first failure (``settings.FIRST_FAILURE``): now, not when
     its parent sees it end, after its peers' collectives broke and they raised too."""
     if path:
         with contextlib.suppress(OSError):
             with open(path, "w") as f:
-                f.write(raised_line(exc))
+                f.write(raised_line(exc, secrets))
     if first := settings.FIRST_FAILURE.get():
         rank, _, claim = first.partition(":")
         claim_first(claim, rank)

@@ -27,8 +27,8 @@ CALL = ".call.json"
 IDENTITY = ".identity.json"
 #: rank 0's record of where the stage stands (step, checkpoint time), for its continuation
 CONTINUATION = ".continuation.json"
-#: a sweep's verdict on the call at its last rung: go on, or stop and end as it is (``stages.sweep``; rank 0)
-VERDICT = ".verdict.json"
+#: a sweep's ruling on the call at its last rung: go on, or stop and end as it is (``stages.sweep``; rank 0)
+RULING = ".ruling.json"
 #: a sweep's rungs: the steps at which the call's history reaches its file at once (left before it starts)
 RUNGS = ".rungs.json"
 #: the supervisor's record of the block an attempt runs in
@@ -98,9 +98,9 @@ class ContinuationRecord:
 
 
 @dataclass(frozen=True)
-class VerdictRecord:
+class RulingRecord:
     """Written by a sweep when it judged the call at the rung of ``step``: it goes on (``keep``), or its
-    ranks stop at the next step they agree on, keep what they wrote and end well. A verdict on another
+    ranks stop at the next step they agree on, keep what they wrote and end well. A ruling on another
     call of the stage is ignored."""
 
     call: str | None
@@ -112,9 +112,11 @@ class VerdictRecord:
 
 @dataclass(frozen=True)
 class RungsRecord:
-    """Written by a sweep before it submits a trial: the steps at which it judges it."""
+    """Written by a sweep before it submits a trial: the steps at which it judges it, and how often it looks
+    at its trials (rank 0 at a rung looks for its ruling as often, not more)."""
 
     steps: list[int]
+    poll_s: float = 0.2
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ the save time its last block recorded).
 is submitted again and resumes from its checkpoint in the next block.
 
 A sweep that cuts a trial asks it to stop through the same agreement: at each rung the
-stage's rank 0 waits for the sweep's verdict (``await_verdict``: ``stagedir.VERDICT`` in its
+stage's rank 0 waits for the sweep's ruling (``await_ruling``: ``stagedir.RULING`` in its
 stage directory), and looks for a cut at most every STOP_POLL_S between rungs; the ranks
 agree on a cut as on a block's end, and ``stop_requested()`` then tells the stage to save
 and end well rather than to be continued.
@@ -48,8 +48,8 @@ STOP_MARGIN = 1.25
 _CALLS_KEPT = 10
 #: seconds between rank 0's looks for a sweep's cut between rungs (one stat of a file in its stage directory)
 STOP_POLL_S = 1.0
-#: the longest rank 0 waits at a rung for the sweep's verdict (a sweep that is gone: the stage goes on)
-VERDICT_WAIT_S = 60.0
+#: the longest rank 0 waits at a rung for the sweep's ruling (a sweep that is gone: the stage goes on)
+RULING_WAIT_S = 60.0
 #: what the ranks agree on (the largest view wins: a stop ends the stage whatever the block does)
 _GO, _BLOCK_ENDS, _STOP = 0, 1, 2
 
@@ -80,7 +80,7 @@ class _Agreement:
         self.agreed = False
         self.reason = _GO  # what the ranks agreed on, once they did
         self.stopping = False  # rank 0 found a sweep's cut of this call
-        self._verdict_file = _verdict_file()
+        self._ruling_file = _ruling_file()
         self._looked = 0.0
         self._group: Any = None
         self._pending: Any = None
@@ -126,10 +126,10 @@ class _Agreement:
         return stop
 
     def local_view(self) -> int:
-        if self._verdict_file and not self.stopping and time.monotonic() - self._looked >= STOP_POLL_S:
+        if self._ruling_file and not self.stopping and time.monotonic() - self._looked >= STOP_POLL_S:
             self._looked = time.monotonic()
-            verdict = _verdict(self._verdict_file)
-            self.stopping = verdict is not None and not verdict.keep
+            ruling = _ruling(self._ruling_file)
+            self.stopping = ruling is not None and not ruling.keep
         if self.stopping:
             return _STOP
         if self.signalled:
@@ -201,38 +201,44 @@ def sweep_rungs() -> frozenset[int]:
     """The steps at which a sweep judges this call (``stages.sweep`` leaves them in its stage directory):
     a stage syncs its history there, so that the sweep reads the rung at once. Every rank reads the same
     file, so all sync at the same steps."""
-    stage_dir = settings.STAGE_DIR.raw()
-    record = stagedir.read_or_none(os.path.join(stage_dir, stagedir.RUNGS), stagedir.RungsRecord) \
-        if stage_dir else None
+    record = _rungs()
     return frozenset(record.steps) if record else frozenset()
 
 
-def await_verdict(step: int) -> None:
-    """At a rung (``sweep_rungs``), after the history is on disk: rank 0 waits for the sweep's verdict on
-    ``step`` (at most VERDICT_WAIT_S); a cut is agreed on at the next ``should_checkpoint()``. The other
+def _rungs() -> stagedir.RungsRecord | None:
+    """The sweep's rungs for this call (None: not a sweep's trial)."""
+    stage_dir = settings.STAGE_DIR.raw()
+    return stagedir.read_or_none(os.path.join(stage_dir, stagedir.RUNGS), stagedir.RungsRecord) if stage_dir else None
+
+
+def await_ruling(step: int) -> None:
+    """At a rung (``sweep_rungs``), after the history is on disk: rank 0 waits for the sweep's ruling on
+    ``step`` (at most RULING_WAIT_S); a cut is agreed on at the next ``should_checkpoint()``. The other
     ranks go on: they wait in the next collective."""
     state = _state()
-    if state._verdict_file is None:
+    if state._ruling_file is None:
         return
-    waited = time.monotonic()
-    while (verdict := _verdict(state._verdict_file)) is None or verdict.step < step:
-        if time.monotonic() - waited > VERDICT_WAIT_S:
-            get_logger("parsl_torch").warning("no verdict of the sweep at step %d within %.0f s: going on "
-                                              "(is the workflow that runs the sweep gone?)", step, VERDICT_WAIT_S)
+    waited, pause = time.monotonic(), 0.01
+    longest = (_rungs() or stagedir.RungsRecord([])).poll_s  # (the sweep's own looks: none come sooner)
+    while (ruling := _ruling(state._ruling_file)) is None or ruling.step < step:
+        if time.monotonic() - waited > RULING_WAIT_S:
+            get_logger("parsl_torch").warning("no ruling of the sweep at step %d within %.0f s: going on "
+                                              "(is the workflow that runs the sweep gone?)", step, RULING_WAIT_S)
             return
-        time.sleep(0.02)
-    state.stopping = not verdict.keep
+        time.sleep(pause)
+        pause = min(2 * pause, longest)
+    state.stopping = not ruling.keep
 
 
-def _verdict_file() -> str | None:
-    """Rank 0's verdicts to look for (under a workflow only; the other ranks learn them by agreeing)."""
+def _ruling_file() -> str | None:
+    """Rank 0's rulings to look for (under a workflow only; the other ranks learn them by agreeing)."""
     stage_dir = settings.STAGE_DIR.raw()
-    return os.path.join(stage_dir, stagedir.VERDICT) if stage_dir and get_rank() == 0 else None
+    return os.path.join(stage_dir, stagedir.RULING) if stage_dir and get_rank() == 0 else None
 
 
-def _verdict(path: str) -> stagedir.VerdictRecord | None:
-    """The sweep's last verdict on this call (None: none yet, or one on another call of the stage)."""
-    record = stagedir.read_or_none(path, stagedir.VerdictRecord, get_logger("parsl_torch"))
+def _ruling(path: str) -> stagedir.RulingRecord | None:
+    """The sweep's last ruling on this call (None: none yet, or one on another call of the stage)."""
+    record = stagedir.read_or_none(path, stagedir.RulingRecord, get_logger("parsl_torch"))
     return record if record is not None and record.call == settings.CALL_ID.raw() else None
 
 

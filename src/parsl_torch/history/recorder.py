@@ -27,7 +27,7 @@ import numpy as np
 from ..common import settings, stagedir
 from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..core.device import get_torch_device_type
-from ..core.deadline import await_verdict, sweep_rungs
+from ..core.deadline import await_ruling, sweep_rungs
 from ..core.dist import collective_timeout
 from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
@@ -116,10 +116,10 @@ class History:
             self._unlogged.append((step, {k: (cols[k], n) for k in recorded}))
             self._unlogged = self._unlogged if self._deferred else Deferred.to_sinks(self._sinks, self._unlogged)
         line = " ".join(shown)  # type: ignore[arg-type]
-        if self._rungs and step + 1 in self._rungs:  # a sweep judges the call here: the rows on disk, its verdict
+        if self._rungs and step + 1 in self._rungs:  # a sweep judges the call here: the rows on disk, its ruling
             self.sync()
             self.flush()
-            await_verdict(step + 1)
+            await_ruling(step + 1)
         elif self.sync_every and n + 1 >= self.sync_every:
             self.sync()
         return f"step={step} {line}"

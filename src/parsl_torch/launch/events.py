@@ -109,12 +109,12 @@ class NodeSilent:
     def describe(self, lost: bool = True) -> str:
         """The line that names the node and its ranks (stage errors quote it); ``lost=False``: before
         the node was checked."""
-        verdict = " lost" if lost else ""
-        what = f"node {self.host}{verdict} ({ranks_text(self.ranks)})"
+        named = " lost" if lost else ""
+        what = f"node {self.host}{named} ({ranks_text(self.ranks)})"
         if self.kind == "lost":
             return f"{what}: no heartbeat for {self.silent_s:g} s (node down or its network cut)"
         if self.kind == "silent":
-            return (f"node {self.host}{verdict}: its ranks never reached the launch, and the launcher ended the "
+            return (f"node {self.host}{named}: its ranks never reached the launch, and the launcher ended the "
                     f"ranks on {self.victim} (node down or its network cut)")
         return f"{what}: its ranks' processes ended without a report (node down or killed)"
 

@@ -192,13 +192,13 @@ class _Watch:
         if cause is not None:
             _say(str(report))  # (what the kill did to a peer)
             report = blame_stopped(cause, self.listener.stopped)
-        if self.plan.num_ranks == 1:  # no other rank to stop, no launcher verdict on them to explain
+        if self.plan.num_ranks == 1:  # no other rank to stop, no launcher's word on them to explain
             _say(str(report))
             stop(self.proc, self.grace)
             return rank_outcome(report)
         _say(f"{report}; stopping {self.others}")
         stop(self.proc, self.grace)
-        # the launcher may have printed its own verdict on the ranks we stopped (MPICH's
+        # the launcher may have printed its own word on the ranks we stopped (MPICH's
         # "BAD TERMINATION ... EXIT CODE: 9"): the last line names the cause again
         _say(f"{report} (the cause: what the launcher printed after it is about the ranks stopped)")
         return rank_outcome(report)

@@ -13,6 +13,7 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor, MPIExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
+from ..errors import ConfigError
 from ..launch.packing import MIN_NODES_KEY
 
 #: the keys of a resource specification that HighThroughputExecutor takes; any other asks for MPI ranks
@@ -30,20 +31,31 @@ class _Tasks(dict):
         self.settled: set[Any] = set()
 
     def pop(self, key: Any, *default: Any) -> Any:
-        if key in self.settled and key not in self:
-            return Future()
+        if key in self.settled:
+            self.settled.discard(key)  # (its one later word has come: nothing is kept for it any longer)
+            if key not in self:
+                return Future()
         return super().pop(key, *default)
 
 
 class SettlesEarly:
     """An executor whose task can be ended with what its stage's supervisor recorded
-    (``apps.verdicts``), when Parsl's own answer cannot come: a scheduler that ends the whole batch job
+    (``apps.settle``), when Parsl's own answer cannot come: a scheduler that ends the whole batch job
     for one lost node ends Parsl's worker with it, and the task would wait for the manager's heartbeat
     to run out."""
 
     def _settling(self) -> None:
-        if not isinstance(self._tasks, _Tasks):
-            self._tasks = _Tasks(self._tasks)
+        """Parsl's task table (``_tasks``, private: a dict its result thread pops) replaced by ours, checked
+        first: a Parsl that keeps its tasks elsewhere is named at start, not a task that never ends."""
+        tasks = getattr(self, "_tasks", None)
+        if not isinstance(tasks, dict):
+            import parsl
+
+            raise ConfigError(f"Parsl {parsl.__version__}'s {type(self).__mro__[2].__name__} keeps no task table "
+                              f"(`_tasks`, a dict) for parsl-torch to end a lost node's tasks in: install the Parsl "
+                              f"version pyproject.toml names (pip install -e .)")
+        if not isinstance(tasks, _Tasks):
+            self._tasks = _Tasks(tasks)
 
     def settle(self, future: Future, exc: BaseException) -> bool:
         """End ``future`` (one this executor returned) with ``exc``; False if its answer came first."""

@@ -112,7 +112,7 @@ class GlobusSpec:
     file_system: str | None = None
     #: a second endpoint on the same file system whose engine runs small tasks at once (a ThreadPoolEngine on a
     #: login node: ``parsl-torch sites endpoint-config SITE --io``): a sweep reads its trials' histories and
-    #: leaves their verdicts through it when this machine cannot read the endpoint's files
+    #: leaves their rulings through it when this machine cannot read the endpoint's files
     io_endpoint_id: str | None = None
 
     #: settings of earlier versions that decided nothing, and why (a file that sets one is refused)

@@ -4,7 +4,7 @@ Every trial is submitted at once (Parsl runs them as slots free up, packed as an
 process watches each running trial's history: the trial's stage syncs its history to its file at each
 rung (the steps are left in its directory, ``stagedir.RUNGS``), the sweep reads the rung's metric (the
 mean of its last ``window`` steps, over the ranks) and judges it (``asha``); a trial that is cut gets a
-verdict in its directory (``stagedir.VERDICT``), for which its rank 0 waits at the rung; its ranks
+ruling in its directory (``stagedir.RULING``), for which its rank 0 waits at the rung; its ranks
 agree on a cut at the next step (``core.deadline``), save their checkpoint and end as a finished stage
 whose result says where.
 
@@ -30,7 +30,7 @@ from ..apps.sweepspace import expand, merged, trial_name
 from ..apps.sweepview import best_first, figure, table
 from ..apps.sweepwatch import ASKED_ALL, Run, Trial, Watch
 from ..apps.trialfiles import EndpointFiles, LocalFiles
-from ..apps.workflow import current_workflow
+from ..apps.workflow import Workflow, current_workflow
 from ..common import stagedir, yamlfile
 from ..core.log import get_logger
 from ..errors import ConfigError
@@ -95,7 +95,7 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
 class _Starts:
     """Where each trial goes and its start: its stage directory (with the rungs), its record, its call."""
 
-    def __init__(self, wf: Any, name: str, rules: dict[str, Any], record: SweepRecord,
+    def __init__(self, wf: Workflow, name: str, rules: dict[str, Any], record: SweepRecord,
                  trial: Callable[..., Any] | None, call: dict[str, Any], files: LocalFiles | EndpointFiles) -> None:
         self.wf, self.name, self.rules, self.record, self.trial, self.call = wf, name, rules, record, trial, call
         self.files = files
@@ -109,7 +109,7 @@ class _Starts:
         """Each trial's stage directory, with the rungs its stage reads (one write for all through an endpoint)."""
         dirs = [self.place(config) for config in configs]
         if self.rules["rungs"]:
-            self.files.put([(d / stagedir.RUNGS, stagedir.RungsRecord(self.rules["rungs"])) for d in dirs])
+            self.files.put([(d / stagedir.RUNGS, stagedir.RungsRecord(self.rules["rungs"], self.files.poll_s)) for d in dirs])
 
     def start(self, config: dict[str, Any]) -> Run:
         """The trial's stage submitted (its directory prepared)."""
@@ -208,9 +208,9 @@ def _train(config: dict[str, Any], stage: str, **call: Any) -> Any:
     return train(config, stage=stage, **call)
 
 
-def _trial_files(wf: Any, name: str, site: str | None) -> LocalFiles | EndpointFiles:
+def _trial_files(wf: Workflow, name: str, site: str | None) -> LocalFiles | EndpointFiles:
     """Where the watcher reads the trials' histories (to judge them at their rungs, and to rank the finished
-    ones) and leaves their rungs and verdicts: here, or through the site's I/O endpoint when the trials'
+    ones) and leaves their rungs and rulings: here, or through the site's I/O endpoint when the trials'
     files are an endpoint's that this machine cannot read."""
     placement = wf.placement(name, site)
     g = placement.site.spec.globus

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...common.metadata import package_versions
 from ...errors import ConfigError
@@ -30,6 +30,9 @@ from .. import identity
 from ..call import StageCall
 from ..payload import ShippedFunction
 from .job import RemoteAnswer, RemoteJob, run_job
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
 
 __all__ = ["RemoteAnswer", "RemoteJob", "compare_versions", "make_client", "make_executor", "probe", "remote_job",
            "submit_remote", "versions"]
@@ -78,7 +81,7 @@ def _job_app(label: str):
     return python_app(run_job, executors=[label], cache=False)  # the endpoint decides what is skipped
 
 
-def submit_remote(wf: Any, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence,
+def submit_remote(wf: Workflow, job: RemoteJob, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence,
                   outputs: Sequence) -> Any:
     """The job as one task on the endpoint of its call's executor in workflow ``wf``; its AppFuture (of a
     RemoteAnswer). The call's own arguments travel beside the job, so Parsl resolves the futures among

@@ -3,9 +3,9 @@ cannot come.
 
 A scheduler that ends the whole batch job for one lost node (Slurm without ``--no-kill``) ends
 Parsl's worker with it, before the worker can send the task's answer: Parsl fails the task only
-when the manager's heartbeat runs out (120 s by default), minutes after the supervisor's verdict
+when the manager's heartbeat runs out (120 s by default), minutes after the supervisor's outcome
 (``<stage>/.outcome.json``, ``common.outcome``) was on the shared file system. A thread of the
-workflow looks at each running stage's record once a second; a verdict of this try that Parsl has
+workflow looks at each running stage's record once a second; an outcome of this try that Parsl has
 not answered ``SETTLE_S`` after it was final ends the task with it (the executor's ``settle``): the
 same failure, exit code and retry as Parsl's answer would have given."""
 
@@ -21,7 +21,7 @@ from ..common import stagedir
 from ..common.observe import file_state
 from ..common.outcome import Cause, read_outcome
 
-#: seconds a final verdict waits for Parsl's own answer (which comes within a second when the worker lives)
+#: seconds a final outcome waits for Parsl's own answer (which comes within a second when the worker lives)
 SETTLE_S = 3.0
 #: seconds between two looks at the running stages' records
 POLL_S = 1.0
@@ -30,7 +30,7 @@ POLL_S = 1.0
 @dataclass
 class _Watched:
     """One stage's task; ``try_future``: its try that was looked at last, with its record's state then
-    (``before``: an earlier try's verdict is not this one's), and the verdict seen since (``seen``, when)."""
+    (``before``: an earlier try's outcome is not this one's), and the outcome seen since (``seen``, when)."""
 
     app_future: Any
     stage_dir: Path
@@ -40,8 +40,8 @@ class _Watched:
     seen_at: float = 0.0
 
 
-class Verdicts:
-    """The workflow's thread that ends a stage's task from its supervisor's verdict (``executors``:
+class Settler:
+    """The workflow's thread that ends a stage's task from its supervisor's outcome (``executors``:
     Parsl's, by label; those without ``settle`` are left to Parsl)."""
 
     def __init__(self, executors: dict[str, Any], log: Any) -> None:
@@ -51,7 +51,7 @@ class Verdicts:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> Verdicts:
+    def __enter__(self) -> Settler:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -63,7 +63,7 @@ class Verdicts:
         with self._lock:
             self._watched.append(_Watched(app_future, stage_dir))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="parsl-torch-verdicts", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="parsl-torch-settler", daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:
@@ -75,7 +75,7 @@ class Verdicts:
                 try:
                     self._look(w)
                 except Exception as exc:  # noqa: BLE001 - a look that fails leaves the task to Parsl
-                    self.log.debug(f"verdicts: {w.stage_dir}: {exc!r}")
+                    self.log.debug(f"outcomes: {w.stage_dir}: {exc!r}")
 
     def _look(self, w: _Watched) -> None:
         record = w.app_future.task_record
@@ -104,6 +104,6 @@ class Verdicts:
         from parsl.app.errors import BashExitFailure
 
         if settle(try_future, BashExitFailure(record.get("func_name", w.stage_dir.name), outcome.exit_code)):
-            self.log.warning(f"[{w.stage_dir.name}] its supervisor's verdict ({outcome.summary}) has had no answer "
+            self.log.warning(f"[{w.stage_dir.name}] its supervisor's outcome ({outcome.summary}) has had no answer "
                              f"from Parsl for {waited:.0f} s (its worker ended with the batch job?): the stage "
                              f"ends with it")
