@@ -56,9 +56,9 @@ def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
     journal at each rung it reaches, and a look at every trial that waits for a slot."""
     import logging
 
-    from parsl_torch.apps.asha import Asha
-    from parsl_torch.apps.sweeprecord import SweepRecord
-    from parsl_torch.apps.sweepwatch import Run, Watch
+    from parsl_torch.apps.sweeps.asha import Asha
+    from parsl_torch.apps.sweeps.journal import SweepRecord
+    from parsl_torch.apps.sweeps.watch import Run, Watch
 
     rng = random.Random(0)
     asha = Asha(eta=3, mode="min")
@@ -97,7 +97,7 @@ def simulated_share(trials: int, rungs: list[int], steps: int, eta: int = 3, ord
     """The rank-steps ASHA uses against the grid's, averaged over ``orders`` random arrival orders of
     ``trials`` simulated trials (a quality each, a little noise at each rung, one at a time): how much
     the order in which trials reach the rungs decides, apart from any training."""
-    from parsl_torch.apps.asha import Asha
+    from parsl_torch.apps.sweeps.asha import Asha
 
     share = 0.0
     for seed in range(orders):

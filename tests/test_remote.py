@@ -156,7 +156,7 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
     each ruling is a task on the site's I/O endpoint (``globus.io_endpoint_id``: a ThreadPoolEngine, its
     config rendered by ``endpoint-config --io``); a cut trial stops at its rung, its files kept there. A site
     without one is refused before any trial starts."""
-    from parsl_torch.apps import trialfiles
+    from parsl_torch.apps.sweeps import trialfiles
     from parsl_torch.sites import globus
     from parsl_torch.sites.endpoint import io_endpoint_config
     from parsl_torch.stages import checkpoint

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import parsl_torch as pt
-from parsl_torch.apps.asha import Asha, rung_steps
-from parsl_torch.apps.sweeprecord import SweepRecord
-from parsl_torch.apps.sweepspace import expand, trial_name
+from parsl_torch.apps.sweeps.asha import Asha, rung_steps
+from parsl_torch.apps.sweeps.journal import SweepRecord
+from parsl_torch.apps.sweeps.space import expand, trial_name
 from parsl_torch.common import settings, stagedir
 from parsl_torch.errors import ConfigError
 
@@ -138,7 +138,7 @@ def test_an_io_endpoint_that_cannot_see_the_trials_or_does_not_answer_is_named(t
     one that does not answer a look in time is named, as is where to look."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from parsl_torch.apps import trialfiles
+    from parsl_torch.apps.sweeps import trialfiles
 
     ran = trialfiles.Ask(str(tmp_path / "sweep-0a1b2c3d"), None, True, (3, 9))
     with ThreadPoolExecutor(1) as elsewhere:

@@ -189,6 +189,29 @@ def answers():
     return 42
 
 
+def test_a_settled_tasks_later_answer_goes_nowhere_and_is_not_kept_and_a_parsl_without_the_table_is_named():
+    """The executor's task table (Parsl's private ``_tasks``) is replaced at start: checked there, and a task
+    ended from its supervisor's outcome is remembered only until Parsl's own later word on it comes."""
+    from concurrent.futures import Future
+
+    from parsl_torch.sites.executors import SettlesEarly
+
+    class Executor(SettlesEarly):
+        pass
+
+    executor, task = Executor(), Future()
+    task.parsl_executor_task_id = 7
+    executor._tasks = {7: task}
+    executor._settling()
+    assert executor.settle(task, RuntimeError("node lost")) and isinstance(task.exception(), RuntimeError)
+    later = executor._tasks.pop(7)  # the interchange's ManagerLost, minutes later: to a future nobody holds
+    assert later is not task and not later.done() and not executor._tasks.settled
+    with pytest.raises(KeyError):
+        executor._tasks.pop(7)  # (nothing kept for it any longer)
+    with pytest.raises(ConfigError, match=r"keeps no task table \(`_tasks`, a dict\).*install the Parsl version"):
+        Executor()._settling()
+
+
 @pytest.mark.slow
 def test_a_stage_whose_parsl_worker_cannot_answer_ends_with_its_supervisors_outcome(tmp_path, capfd):
     """Parsl's manager stopped under a stage (its heartbeat then runs out after 120 s): the stage's future
@@ -437,6 +460,39 @@ def test_input_digests_follow_content_and_can_use_stat_only(tmp_path, monkeypatc
     monkeypatch.setenv(settings.INPUT_HASH.name, "stat")
     assert identity.file_digest(f, cache).startswith("stat:")
     assert identity.file_digest(tmp_path / "nope", cache) == "missing"
+
+
+def test_the_skip_decision_is_pure_and_asks_only_for_the_facts_it_needs():
+    """``decide`` does no I/O of its own: its facts are given (here without a stage directory), and a skip
+    never asks who owns the directory, a first run never compares outputs or reads."""
+    from types import SimpleNamespace
+
+    from parsl_torch.apps.identity.verdict import decide
+    from parsl_torch.common.stagedir import CallRecord
+
+    asked: list[str] = []
+
+    class Facts:
+        def __init__(self, **given):
+            self.given = given
+
+        def __getattr__(self, name):
+            asked.append(name)
+            return self.given[name]
+
+    call, parts = SimpleNamespace(stage="s", name="s"), {"code": "c"}
+    before = CallRecord("k", parts)
+    same = dict(call=call, key="k", parts=parts, before=before, cached=True, spoiled=([], []))
+    assert decide(Facts(**same, stale=[])).skips and not {"computation", "new_call"} & set(asked)
+    again = decide(Facts(**same, stale=["input /d changed"], computation=("k~1", "the last one finished"),
+                         new_call=True))
+    assert (again.why, again.computation, again.anew, again.new_call, again.again) == \
+        ("input /d changed", "k~1", "the last one finished", True, True)
+    asked.clear()
+    first = decide(Facts(call=call, key="k", parts=parts, before=None, cached=False, computation=("k", None),
+                         new_call=False))
+    assert first.why == "no finished run of it in this run directory" and not first.again
+    assert not {"spoiled", "stale"} & set(asked)
 
 
 def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):

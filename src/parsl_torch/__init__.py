@@ -48,7 +48,7 @@ _LAZY = {
     "workflow": "apps.workflow",
     "sweep": "stages.sweep",
     "Trial": "stages.sweep",
-    "Sampled": "apps.sweepsample",
+    "Sampled": "apps.sweeps.sample",
     "ParslTorchError": "errors",
     "ConfigError": "errors",
     "TopologyError": "errors",

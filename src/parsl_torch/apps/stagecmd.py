@@ -30,7 +30,8 @@ from ..core.log import get_logger
 from ..errors import StageError
 from . import identity
 from .call import StageCall
-from .freshdir import computation, start_fresh
+from .freshdir import start_fresh
+from .identity.verdict import gate
 from .payload import ShippedFunction, StageOptions, plain_files
 from .scriptargs import command_text
 
@@ -79,13 +80,12 @@ def attempt_identity(call: StageCall, args: tuple, kwargs: dict[str, Any]) -> Id
     call); in your own Parsl config, which has no verdict of ours, its identity computed here."""
     if call.id is not None:
         return IdentityRecord(call.id)
-    if call.identify_on_worker:
-        parts = identity.stage_components(call, args, kwargs, identity.DigestCache.of_run_dir(
-            Path(call.opts.stage_dir).parent))
-        running, anew = computation(call.opts.stage_dir, parts)
-        if anew:
-            get_logger("parsl_torch.workflow").info("[%s] a new computation (%s)", call.stage, anew)
-        return IdentityRecord(running)
+    if call.identify_on_worker:  # (Parsl's memoizer decides whether it runs: here, what it runs, as ours would)
+        found = gate(call, args, kwargs, identity.DigestCache.of_run_dir(Path(call.opts.stage_dir).parent),
+                     lambda key: False)
+        if found.anew:
+            get_logger("parsl_torch.workflow").info("[%s] a new computation (%s)", call.stage, found.anew)
+        return IdentityRecord(found.computation)
     record = read_record(Path(call.opts.stage_dir) / IDENTITY, IdentityRecord)
     if record is None:
         raise StageError(f"stage {call.stage!r}: no verdict left its identity in {call.opts.stage_dir} (it was "

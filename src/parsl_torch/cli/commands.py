@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import sites
 from ..apps import status as run_status
-from ..apps import sweepview
+from ..apps.sweeps import view as sweepview
 from ..apps.request import RunFlags, run_flags
 from ..common import settings
 from ..common.blocks import duration_seconds

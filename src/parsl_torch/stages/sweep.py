@@ -8,7 +8,7 @@ ruling in its directory (``stagedir.RULING``), for which its rank 0 waits at the
 agree on a cut at the next step (``core.deadline``), save their checkpoint and end as a finished stage
 whose result says where.
 
-The decisions are kept in ``<run_dir>/.sweep.<name>.jsonl`` (``apps.sweeprecord``), with the call each
+The decisions are kept in ``<run_dir>/.sweep.<name>.jsonl`` (``apps.sweeps.journal``), with the call each
 was made on: a rerun submits every trial again, and the memoizer (the one place where a stage skips)
 skips the finished and stopped ones; a trial killed while running resumes from its checkpoint and its
 decisions made so far stand; a trial whose call changed (its code, config or inputs) is judged again.
@@ -21,15 +21,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..apps.asha import MODES, rung_steps
+from ..apps.sweeps.asha import MODES, rung_steps
 from ..apps.placement import LOCAL_FILES
 from ..apps.rundir import check_stage_name
-from ..apps.sweeprecord import SweepRecord
-from ..apps.sweepsample import Sampled
-from ..apps.sweepspace import expand, merged, trial_name
-from ..apps.sweepview import best_first, figure, table
-from ..apps.sweepwatch import ASKED_ALL, Run, Trial, Watch
-from ..apps.trialfiles import EndpointFiles, LocalFiles
+from ..apps.sweeps.journal import SweepRecord
+from ..apps.sweeps.sample import Sampled
+from ..apps.sweeps.space import expand, merged, trial_name
+from ..apps.sweeps.view import best_first, figure, table
+from ..apps.sweeps.watch import ASKED_ALL, Run, Trial, Watch
+from ..apps.sweeps.trialfiles import EndpointFiles, LocalFiles
 from ..apps.workflow import Workflow, current_workflow
 from ..common import stagedir, yamlfile
 from ..core.log import get_logger

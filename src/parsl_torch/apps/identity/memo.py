@@ -19,7 +19,7 @@ from ...errors import StageError
 from .. import identity
 from ..call import StageCall
 from .reads import recorded as recorded_reads
-from .verdict import Verdict, decide, prepare, read_paths
+from .verdict import Verdict, gate, read_paths
 
 #: the digest cache of the run whose memoizer is deciding a call of the user's own apps: Parsl's
 #: ``id_for_memo`` is one process-wide function that cannot be handed it (set only around that call)
@@ -56,8 +56,8 @@ class StageMemoizer(BasicMemoizer):
 
     def check_memo(self, task: Any) -> Future | None:
         """Parsl's contract: the future of the task's earlier result when it need not run, else None; either
-        way ``task["hashsum"]`` is its key. A stage call's key is its identity, its verdict decides, and a
-        call that runs gets what the verdict asks before its attempt (``verdict.prepare``), and the log
+        way ``task["hashsum"]`` is its key. A stage call's key is its identity and the skip gate decides
+        (``verdict.gate``: a call that runs gets what its verdict asks before its attempt), and the log
         says why it runs (at its first try: a retry or continuation runs for the same reason)."""
         call = StageCall.of_task(task)
         if call is None or not self.memoize or not task["memoize"]:
@@ -71,26 +71,23 @@ class StageMemoizer(BasicMemoizer):
             refused.set_exception(StageError(f"stage {call.stage!r} did not start: the workflow script "
                                              f"raised an error before it could"))
             return refused
-        outputs = task["kwargs"].get("outputs", ())
-        parts = identity.stage_components(call, task["args"][1:], task["kwargs"], self.cache)
         written_now = {path: stage for stage, paths in self._writing.values() for path in paths}
-        found = decide(call, parts, outputs, self.cache, lambda key: self.memo_lookup_table.get(key) is not None,
-                       written_now)
+        found = gate(call, task["args"][1:], task["kwargs"], self.cache,
+                     lambda key: self.memo_lookup_table.get(key) is not None, written_now)
         task["hashsum"] = found.key
         if found.skips:
             self._skipped[call.stage] = read_paths(found.before)
             return self.memo_lookup_table[found.key]
         self._running[task["id"]] = found
         self._writing[task["id"]] = (call.stage, self._written_by(call))
-        moved = prepare(found, call, outputs, self.cache)
         log = get_logger("parsl_torch.workflow")
         if not task.get("try_id"):
             why, *more = found.said(call.stage)
             log.info("[%s] runs%s: %s", call.stage, " again" if found.again else "", why)
             for line in more:
                 log.info("[%s] %s", call.stage, line)
-        if moved:
-            log.info("[%s] set aside, so that the rerun starts without them: %s", call.stage, ", ".join(moved))
+        if found.moved:
+            log.info("[%s] set aside, so that the rerun starts without them: %s", call.stage, ", ".join(found.moved))
         return None
 
     def _written_by(self, call: StageCall) -> set[str]:

@@ -1,14 +1,17 @@
-"""Whether a stage call skips: the one decision of every route (the memoizer, ``memo``, where the workflow
-runs; the task on a Globus Compute endpoint, ``remote.job``), and every reason a stage reruns, worded.
+"""Whether a stage call skips: ``gate``, the one step of every route (the memoizer, ``memo``, where the
+workflow runs; the task on a Globus Compute endpoint, ``remote.job``; the worker of your own Parsl config,
+``stagecmd``), and every reason a stage reruns, worded.
 
 It skips only when the cache holds a result of its identity, its directory's record (``.call.json``) is of
-that identity, its outputs are as that call left them and what its ranks read is as it was. ``decide``
-only reads; ``prepare`` does what a verdict to run asks before the attempt.
+that identity, its outputs are as that call left them and what its ranks read is as it was. ``Facts`` reads
+what the decision needs, lazily; ``decide`` is pure; ``prepare`` does what a verdict to run asks before the
+attempt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from ...common import stagedir
 from ...common.stagedir import CallRecord
 from ..call import StageCall
 from ..freshdir import computation, is_new_call
-from . import call_id, read_call
+from . import call_id, read_call, stage_components
 from .digests import DigestCache
 from .outputs import set_aside, spoiled_files
 from .packages import package_change
@@ -40,6 +43,7 @@ class Verdict:
     again: bool = False  # a call of it finished before (its record, or the cache's result)
     computation: str = ""
     anew: str | None = None  # why the computation in its directory, of the same call, is not continued
+    moved: tuple[str, ...] = ()  # the outputs set aside before its attempt (``prepare``)
 
     @property
     def skips(self) -> bool:
@@ -53,36 +57,70 @@ class Verdict:
         return [str(self.why), *new]
 
 
-def decide(call: StageCall, parts: Mapping[str, str], outputs: Sequence[Any], cache: DigestCache,
-           holds: Callable[[str], bool], written_now: Mapping[str, str] | None = None) -> Verdict:
-    """The verdict on the call whose identity is ``parts``; ``holds(key)``: whether the cache holds the
-    result of the call whose memo key is ``key``; ``written_now``: the files that stages running now
-    wrote in their last run (path -> stage): one the call read may change under it."""
-    stage_dir, key = call.opts.stage_dir, call_id(parts)
-    before, cached = read_call(stage_dir), holds(key)
-    hit = cached and before is not None and before.memo_key == key
-    gone, changed = spoiled_files(stage_dir, call.returns, outputs, before, cache) if hit else ([], [])
-    read = stale_reads(before, stage_dir, call.opts.environment, cache) if hit and not gone and not changed else []
+class Facts:
+    """What the verdict on a call looks at, each read from its directory and the cache only when ``decide``
+    asks for it (a skip reads the directory's record, its outputs and its reads; a run also who owns the
+    directory). ``holds(key)``: whether the cache holds the result of the call whose memo key is ``key``;
+    ``written_now``: the files that stages running now wrote in their last run (path -> stage)."""
+
+    def __init__(self, call: StageCall, parts: Mapping[str, str], outputs: Sequence[Any], cache: DigestCache,
+                 holds: Callable[[str], bool], written_now: Mapping[str, str] | None = None) -> None:
+        self.call, self.parts, self.outputs, self.cache = call, parts, outputs, cache
+        self._holds, self._written_now = holds, written_now or {}
+        self.stage_dir, self.key = call.opts.stage_dir, call_id(parts)
+
+    @functools.cached_property
+    def before(self) -> CallRecord | None:
+        return read_call(self.stage_dir)
+
+    @functools.cached_property
+    def cached(self) -> bool:
+        return self._holds(self.key)
+
+    @functools.cached_property
+    def spoiled(self) -> tuple[list[str], list[str]]:
+        return spoiled_files(self.stage_dir, self.call.returns, self.outputs, self.before, self.cache)
+
+    @functools.cached_property
+    def stale(self) -> list[str]:
+        return stale_reads(self.before, self.stage_dir, self.call.opts.environment, self.cache) or \
+            rewritten_now(self.before, self._written_now)
+
+    @functools.cached_property
+    def computation(self) -> tuple[str, str | None]:
+        return computation(self.stage_dir, self.parts)
+
+    @functools.cached_property
+    def new_call(self) -> bool:
+        return is_new_call(self.stage_dir, self.computation[0])
+
+
+def decide(facts: Facts) -> Verdict:
+    """The verdict on the call ``facts`` are of: it skips only when the cache holds its identity's result,
+    its directory's record is of that identity, its outputs are as that call left them and nothing it read
+    changed (or is being rewritten now). Pure: every fact comes from ``facts``."""
+    call, key, before = facts.call, facts.key, facts.before
+    hit = facts.cached and before is not None and before.memo_key == key
+    gone, changed = facts.spoiled if hit else ([], [])
+    read = facts.stale if hit and not gone and not changed else []
     if hit and not gone and not changed and not read:
-        read = rewritten_now(before, written_now or {})
-    if hit and not gone and not changed and not read:
-        return Verdict(key, parts, before)
+        return Verdict(key, facts.parts, before)
     why = spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
-        why_rerun(call.stage, call.name, before, parts, cached)
-    running, anew = computation(stage_dir, parts)
-    return Verdict(key, parts, before, why, tuple(changed), is_new_call(stage_dir, running), before is not None or cached,
+        why_rerun(call.stage, call.name, before, facts.parts, facts.cached)
+    running, anew = facts.computation
+    return Verdict(key, facts.parts, before, why, tuple(changed), facts.new_call, before is not None or facts.cached,
                    running, anew)
 
 
-def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: DigestCache) -> list[str]:
-    """Before the attempt of a call that runs: its identity left in its directory, and the outputs changed
-    since its call wrote them set aside (read as they are, a damaged one could fail the rerun, and every
-    rerun after it); the names set aside."""
-    Path(call.opts.stage_dir).mkdir(parents=True, exist_ok=True)  # (made when it was called; removed since?)
-    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.computation))
-    if not verdict.changed:
-        return []
-    return set_aside(call.opts.stage_dir, outputs, verdict.before, cache)
+def gate(call: StageCall, args: tuple, kwargs: Mapping[str, Any], cache: DigestCache, holds: Callable[[str], bool],
+         written_now: Mapping[str, str] | None = None, code: Mapping[str, str] | None = None) -> Verdict:
+    """The one skip gate of every route (the memoizer where the workflow runs, an endpoint's task, the worker
+    of your own Parsl config): the call's identity (``stage_components``; ``code``: its code components read
+    elsewhere), its verdict, and for a call that runs what the verdict asks before its attempt (``prepare``)."""
+    parts = stage_components(call, args, dict(kwargs), cache, code)
+    outputs = kwargs.get("outputs", ())
+    found = decide(Facts(call, parts, outputs, cache, holds, written_now))
+    return found if found.skips else dataclasses.replace(found, moved=tuple(prepare(found, call, outputs, cache)))
 
 
 def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],

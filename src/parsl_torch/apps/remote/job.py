@@ -35,7 +35,7 @@ from ...errors import ConfigError, StageError
 from .. import identity
 from ..call import StageCall
 from ..stage_errors import stage_error
-from ..identity.verdict import Verdict, decide, prepare
+from ..identity.verdict import Verdict, gate
 from ..stagecmd import stage_command
 
 #: what Globus Compute carries back from a task (the endpoint refuses a larger result)
@@ -97,15 +97,13 @@ def run_job(job: RemoteJob, *args: Any, inputs: Sequence = (), outputs: Sequence
     try:
         call = _here(job)
         digests = identity.DigestCache.of_run_dir(stage_dir.parent)
-        parts = identity.stage_components(call, args, kwargs, digests, None if job.code is None else dict(job.code))
+        found = gate(call, args, kwargs, digests, lambda key: job.memoize and _holds(stage_dir, call, key),
+                     code=None if job.code is None else dict(job.code))
     except ConfigError as exc:
         return RemoteAnswer(job.stage, error=str(exc))
-    found = decide(call, parts, outputs, digests, lambda key: job.memoize and _holds(stage_dir, call, key))
     if found.skips:
         return RemoteAnswer(job.stage, _value(stage_dir, call))
-    why = found.why
-    if moved := prepare(found, call, outputs, digests):  # (as where the workflow runs: the rerun starts without them)
-        why += f"; set aside: {', '.join(moved)}"
+    why = f"{found.why}; set aside: {', '.join(found.moved)}" if found.moved else str(found.why)
     return _ran(job, call, found, why, args, kwargs, digests)
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..common import stagedir
-from ..errors import ConfigError
-from .freshdir import owner
+from ...common import stagedir
+from ...errors import ConfigError
+from ..freshdir import owner
 
 #: seconds a task on the I/O endpoint may take (a trial waits at most ``core.deadline.RULING_WAIT_S`` at a rung)
 IO_TIMEOUT_S = 30.0
@@ -91,7 +91,7 @@ def _history(files: list[tuple[float, Path]], metric: str) -> tuple[int | None, 
     """(steps the newest history holds, step -> metric: the mean over ranks where recorded)."""
     import h5py
 
-    from ..history.h5file import dataset_name
+    from ...history.h5file import dataset_name
 
     for _, path in files:
         try:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..common.files import write_atomic
+from ...common.files import write_atomic
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The workflow's side of a running sweep: it looks at the trials five times a second (through an endpoint:
 every few seconds, ``trialfiles``), judges each at the rungs its history reached (``asha``), leaves the
-ruling for its rank 0, and records each trial's end in the sweep's journal (``sweeprecord``).
+ruling for its rank 0, and records each trial's end in the sweep's journal (``journal``).
 ``stages.sweep`` starts the trials."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..common import stagedir
+from ...common import stagedir
 from .asha import Asha, Decision
-from .sweeprecord import SweepRecord
+from .journal import SweepRecord
 from .trialfiles import Ask, EndpointFiles, LocalFiles, Peek, rung_value
 
 #: seconds each of the last two tasks of a stopped sweep may take through an endpoint (Ctrl-C waits for them)

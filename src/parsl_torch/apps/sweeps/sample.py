@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 class Sampled:

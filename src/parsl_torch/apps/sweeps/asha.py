@@ -12,7 +12,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 MODES = ("min", "max")
 

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 #: the most configurations a sweep's space may hold (each is a stage, its directory and its journal lines)
 MAX_TRIALS = 10_000

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..common import stagedir
-from .sweeprecord import SweepRecord
+from ...common import stagedir
+from .journal import SweepRecord
 
 COLUMNS = ("trial", "state", "value", "settings")
 
@@ -95,7 +95,7 @@ def figure(run_dir: Path, name: str, record: dict[str, Any], dirs: Mapping[str, 
     a remote site's). None when no trial has a history here."""
     from matplotlib.figure import Figure  # object API: no pyplot state, no display
 
-    from ..history.h5file import read_history
+    from ...history.h5file import read_history
 
     rules = record["rules"]
     fig = Figure(figsize=(8, 5), layout="constrained")
