@@ -27,9 +27,9 @@ sys.path.insert(0, sys.argv[1])
 import mod_0
 from parsl.data_provider.files import File
 from parsl_torch.apps import identity
-from parsl_torch.apps.call import StageCall
+from parsl_torch.apps.stage.call import StageCall
 from parsl_torch.apps.identity.fingerprint import Fingerprinter
-from parsl_torch.apps.payload import StageOptions
+from parsl_torch.apps.stage.options import StageOptions
 
 def stage(x, inputs=()):
     return mod_0.work(x)

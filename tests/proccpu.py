@@ -24,7 +24,7 @@ import time
 #: (kind, what its command line holds), first match wins: what starts a rank names it in its own
 KINDS = (("supervisor", "launch.supervise"), ("shim", "launch.shim"), ("rank", "stage_main"), ("rank", "warm.rank"),
          ("worker pool", "parsl-torch-pool"), ("pool's forkserver", "forkserver"), ("interchange", "interchange"),
-         ("watchdog", "apps.watchdog"), ("parsl-torch (cli)", "bin/parsl-torch "))
+         ("watchdog", "apps.session.watchdog"), ("parsl-torch (cli)", "bin/parsl-torch "))
 RECORD = struct.Struct("<BBHIIIIIIfHH")  # acct_v3 up to ac_stime; ac_comm is bytes 48..64 of 64
 SIZE, HZ = 64, 100
 

@@ -18,9 +18,9 @@ import yaml
 from parsl.app.errors import BashExitFailure
 
 from parsl_torch import sites
-from parsl_torch.apps.continuation import Continuations, is_continuation
-from parsl_torch.apps.status import StatusFile
-from parsl_torch.apps.status import read as read_status
+from parsl_torch.apps.stage.continuation import Continuations, is_continuation
+from parsl_torch.apps.session.status import StatusFile
+from parsl_torch.apps.session.status import read as read_status
 from parsl_torch.common import settings, stagedir
 from parsl_torch.common.outcome import Cause, Outcome, write_outcome
 from parsl_torch.common.blocks import (

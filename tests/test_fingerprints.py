@@ -216,7 +216,7 @@ def test_a_string_is_a_value_and_a_path_names_a_file_the_stage_is_told_about(tmp
 def test_a_glob_pattern_given_as_a_file_is_compared_by_its_matches(tmp_path, monkeypatch):
     """``files=["data/shard_*.bin"]``: its matches, each by size and mtime (as a directory's files), so a shard
     added, removed or rewritten reruns the stage; a script's pattern argument is made absolute, as a path is."""
-    from parsl_torch.apps.scriptargs import caller_path
+    from parsl_torch.apps.stage.scriptargs import caller_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "deep").mkdir(parents=True)

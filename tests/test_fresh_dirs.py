@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from parsl_torch.apps.freshdir import start_fresh
+from parsl_torch.apps.identity.freshdir import start_fresh
 from parsl_torch.common import settings
 from parsl_torch.common.stagedir import ENV, PREVIOUS, PREVIOUS_PARTIAL, SOURCES
 

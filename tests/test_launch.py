@@ -196,7 +196,7 @@ def test_run_without_a_script_says_what_to_give_and_its_flags_are_options_before
     shown = capsys.readouterr().out
     assert all(flag in shown for flag in ("--site", "--run-dir", "--fresh", "SCRIPT --help shows the script's own"))
     script = tmp_path / "wf.py"
-    script.write_text("import sys\nfrom parsl_torch.apps.request import _cli_flags\n"
+    script.write_text("import sys\nfrom parsl_torch.apps.session.request import _cli_flags\n"
                       "f = _cli_flags.get()\nprint(f.site, f.run_dir, f.fresh, sys.argv[1:])\n")
     assert cli(["run", "--site", "a", "--fresh", str(script), "--run-dir", "r", "--lr", "3"]) == 0
     assert capsys.readouterr().out.strip() == "a r True ['--lr', '3']"
@@ -421,7 +421,7 @@ def test_a_bad_node_timeout_names_the_variable():
 def test_a_stage_error_names_the_lost_node_not_the_ranks_that_failed_after_it(tmp_path):
     from parsl.app.errors import BashExitFailure
 
-    from parsl_torch.apps.stage_errors import stage_error
+    from parsl_torch.apps.stage.failures import stage_error
     from parsl_torch.common.outcome import write_outcome
     from parsl_torch.common.stagedir import OUTCOME as OUTCOME_FILE
     from parsl_torch.launch.events import NodeSilent

@@ -132,7 +132,7 @@ def test_function_level_imports_are_for_heavy_modules_only():
 
 def test_workflow_side_modules_import_nothing_heavy():
     """What the workflow process, a login node and the CLI import stays light."""
-    light = ["parsl_torch", "parsl_torch.apps.workflow", "parsl_torch.apps.distributed", "parsl_torch.launch.plan",
+    light = ["parsl_torch", "parsl_torch.apps.session.workflow", "parsl_torch.apps.stage.app", "parsl_torch.launch.plan",
              "parsl_torch.launch.supervise", "parsl_torch.sites", "parsl_torch.cli", "parsl_torch.stages.train",
              "parsl_torch.stages.evaluate"]
     code = ("import importlib, sys\n"
@@ -229,8 +229,8 @@ def test_every_module_says_what_it_is_for():
 def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
     """The supervisor records how a launch ended (common/outcome.py); the workflow's stage error
     reads that record, never a regular expression over what ranks or launchers printed."""
-    assert "re" not in {target for target, _ in EDGES["parsl_torch.apps.stage_errors"]}
-    assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.apps.stage_errors"]}
+    assert "re" not in {target for target, _ in EDGES["parsl_torch.apps.stage.failures"]}
+    assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.apps.stage.failures"]}
     assert "parsl_torch.common.outcome" in {target for target, _ in EDGES["parsl_torch.launch.supervise"]}
 
 
@@ -262,7 +262,7 @@ def test_every_function_stays_under_50_lines():
 
 
 def test_a_stage_call_is_recognised_by_its_record_not_by_position_or_keyword_strings():
-    """A stage's apps take its ``StageCall`` first (``apps/call.py``); nothing in apps/ picks a call
+    """A stage's apps take its ``StageCall`` first (``apps/stage/call.py``); nothing in apps/ picks a call
     apart by the position of Parsl's arguments or hands itself flags through keyword strings."""
     found = []
     for m, path in MODULES.items():
@@ -270,7 +270,7 @@ def test_a_stage_call_is_recognised_by_its_record_not_by_position_or_keyword_str
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "args" \
-                    and isinstance(node.slice, ast.Constant) and (m, node.slice.value) != ("parsl_torch.apps.call", 0):
+                    and isinstance(node.slice, ast.Constant) and (m, node.slice.value) != ("parsl_torch.apps.stage.call", 0):
                 found.append(f"{m}: args[{node.slice.value}]")
             if isinstance(node, ast.keyword) and (node.arg or "").startswith("parsl_torch"):
                 found.append(f"{m}: keyword {node.arg}")

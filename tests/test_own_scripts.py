@@ -12,7 +12,7 @@ import h5py
 import pytest
 
 import parsl_torch as pt
-from parsl_torch.apps.scriptargs import caller_path, script_stage_name
+from parsl_torch.apps.stage.scriptargs import caller_path, script_stage_name
 from parsl_torch.cli import main as cli
 
 from .conftest import BIN, clean_env
@@ -132,7 +132,7 @@ with pt.workflow(site="local", run_dir="runs/chain"):
 
 
 def test_a_script_call_s_arguments_and_outputs_on_its_command_line(tmp_path, monkeypatch):
-    from parsl_torch.apps.scriptargs import check_script_argument, script_word
+    from parsl_torch.apps.stage.scriptargs import check_script_argument, script_word
     from parsl_torch.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)

@@ -169,7 +169,7 @@ def test_the_pool_places_in_the_order_stages_came_so_a_whole_node_stage_is_not_s
 def test_status_shows_the_accelerators_a_running_stage_holds(tmp_path):
     import time
 
-    from parsl_torch.apps import status
+    from parsl_torch.apps.session import status
     from parsl_torch.common import stagedir
 
     (tmp_path / "status.json").write_text(json.dumps({"stages": {"t0": {"state": "waiting", "submitted_at": 1.0}}}))

@@ -323,7 +323,7 @@ def test_a_file_that_is_not_a_checkpoint_and_an_empty_run_dir_are_one_line_each(
 def test_script_app_runs_a_program_as_it_is_and_refuses_python_for_it(tmp_path):
     """Any executable is a script stage (a shell script, a binary), run as it is; a Python script (``.py``,
     a ``python`` "#!" line, or not executable) is run by the stage's Python, whose name says it is one."""
-    from parsl_torch.apps.scriptargs import script_command_length
+    from parsl_torch.apps.stage.scriptargs import script_command_length
 
     program = tmp_path / "prep.sh"
     program.write_text("#!/bin/sh\necho hi\n")

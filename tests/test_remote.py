@@ -59,8 +59,8 @@ TWO_RANKS = {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
 
 def _job(tmp_path, fn, ranks=2, **opts):
     """A function stage packed for the endpoint, as a workflow packs one."""
-    from parsl_torch.apps.call import StageCall
-    from parsl_torch.apps.payload import ShippedFunction, StageOptions
+    from parsl_torch.apps.stage.call import StageCall
+    from parsl_torch.apps.stage.options import ShippedFunction, StageOptions
     from parsl_torch.apps.remote.job import RemoteJob
 
     stage_dir = tmp_path / "remote" / fn.__name__
@@ -213,7 +213,7 @@ def test_a_remote_stage_gets_the_machines_launch_flags_and_gpu_order(tmp_path, m
     """On Polaris through an endpoint the ranks are bound and ordered as a local launch there binds them."""
     from types import SimpleNamespace
 
-    from parsl_torch.apps import distributed
+    from parsl_torch.apps.stage import app as distributed
     from parsl_torch.launch.machines import get_machine
     from parsl_torch.sites.engine import _engine_executor_class
 

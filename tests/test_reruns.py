@@ -269,7 +269,7 @@ def _kill_and_check(proc: subprocess.Popen, runs: Path) -> None:
     while not list((runs / "train").glob("*.progress.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list((runs / "train").glob("*.progress.json")), "training never started"
-    from parsl_torch.apps.watchdog import _processes, descendants
+    from parsl_torch.apps.session.watchdog import _processes, descendants
 
     started = descendants(proc.pid, _processes())  # Parsl's interchange renames itself: find it by parentage
     assert started, started  # at least Parsl's MPI executor's interchange (the other starts with its first app;

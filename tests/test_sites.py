@@ -172,7 +172,7 @@ def test_bad_site_files_name_file_and_field(tmp_path, monkeypatch, text, needle)
                                              ("pbs", "#PBS -W tolerate_node_failures=all")])
 def test_a_site_whose_jobs_survive_a_lost_node_says_so_to_its_scheduler_and_min_nodes_needs_it(
         tmp_path, monkeypatch, scheduler, line):
-    from parsl_torch.apps.placement import Placement
+    from parsl_torch.apps.session.placement import Placement
 
     base = f"name: mine\nscheduler: {scheduler}\nprovider: {{account: A, nodes_per_block: 3"
     (tmp_path / "mine.yaml").write_text(base + ", scheduler_options: '# mine'}\n")

@@ -71,7 +71,7 @@ def test_the_peak_is_the_parts_own_as_torch_names_it(monkeypatch, name, tflops):
 
 @pytest.mark.slow
 def test_the_train_stage_records_throughput_and_mfu_and_compiles_when_asked(tmp_path, monkeypatch):
-    from parsl_torch.apps.status import read, plain
+    from parsl_torch.apps.session.status import read, plain
     from parsl_torch.history.h5file import read_history
     from parsl_torch.stages.train import train
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from parsl_torch.apps.payload import ShippedFunction
+from parsl_torch.apps.stage.options import ShippedFunction
 from parsl_torch.apps.warm.rank import JOBS, call_outcome, job_path
 from parsl_torch.common import stagedir
 from parsl_torch.common.blocks import CONTINUE_EXIT

@@ -321,9 +321,9 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
     import json
     import stat
 
-    from parsl_torch.apps.call import StageCall
-    from parsl_torch.apps.payload import StageOptions
-    from parsl_torch.apps.stagecmd import stage_command
+    from parsl_torch.apps.stage.call import StageCall
+    from parsl_torch.apps.stage.options import StageOptions
+    from parsl_torch.apps.stage.cold import stage_command
 
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
     # (as in your own Parsl config: no verdict left its identity, the worker computes it)
@@ -343,7 +343,7 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
 
 
 def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
-    from parsl_torch.apps.placement import Placement
+    from parsl_torch.apps.session.placement import Placement
     from parsl_torch.launch.machines import AURORA_CPU_BIND
 
     aurora = pt.sites.load("aurora", account="X")
@@ -358,8 +358,8 @@ def test_workflow_launcher_args_come_from_the_site(tmp_path, monkeypatch):
 def test_shipped_function_carries_the_package_by_reference():
     # a workflow-script function that uses pt.: the package travels by reference, even from a
     # source checkout, where dill would otherwise copy its modules (and their ContextVar)
-    import parsl_torch.apps.workflow  # noqa: F401 - holds a ContextVar, which cannot be pickled
-    from parsl_torch.apps.payload import ShippedFunction
+    import parsl_torch.apps.session.workflow  # noqa: F401 - holds a ContextVar, which cannot be pickled
+    from parsl_torch.apps.stage.options import ShippedFunction
 
     namespace = {"pt": pt, "__name__": "__main__"}
     exec("def scale(x):\n    return pt.get_world_size() * x\n", namespace)  # noqa: S102
@@ -393,14 +393,14 @@ def stage(path, on=default):
 
 
 def test_a_shipped_function_brings_the_scripts_definitions_it_reaches_to_the_ranks_main():
-    """What the rank puts in ``__main__`` for the call (``apps.rankmain``): the script's top-level functions and
+    """What the rank puts in ``__main__`` for the call (``apps.stage.rankmain``): the script's top-level functions and
     classes that the function reaches through its globals, a class's members, closures and defaults, and the
     classes of its arguments, as they arrive by value; nothing it does not reach, no module's, no nested
     function or lambda."""
     import dill
 
-    from parsl_torch.apps.payload import ShippedFunction
-    from parsl_torch.apps.rankmain import definitions
+    from parsl_torch.apps.stage.options import ShippedFunction
+    from parsl_torch.apps.stage.rankmain import definitions
 
     namespace = {"__name__": "__main__"}
     exec(SCRIPT, namespace)  # noqa: S102 - the workflow script
@@ -498,7 +498,7 @@ def test_the_skip_decision_is_pure_and_asks_only_for_the_facts_it_needs():
 def test_a_script_stage_is_identified_by_its_code_and_what_it_imports(tmp_path):
     from parsl_torch.apps import identity
     from parsl_torch.apps.identity import verdict
-    from parsl_torch.apps.payload import StageOptions
+    from parsl_torch.apps.stage.options import StageOptions
 
     script, helper = tmp_path / "train.py", tmp_path / "helper.py"
     script.write_text("import helper\nprint(helper.X)\n")
@@ -537,8 +537,8 @@ def test_a_stage_given_a_variable_compares_its_value_and_one_not_observed_always
     could not tell what they read (a shell script: no Python to observe) makes no skip promise."""
     from parsl_torch.apps import identity
     from parsl_torch.apps.identity import verdict
-    from parsl_torch.apps.call import StageCall
-    from parsl_torch.apps.payload import StageOptions
+    from parsl_torch.apps.stage.call import StageCall
+    from parsl_torch.apps.stage.options import StageOptions
     from parsl_torch.common.stagedir import CallRecord
 
     (tmp_path / "run.sh").write_text('cat "$DATA"\n')
@@ -678,7 +678,7 @@ def test_a_secret_known_by_its_variable_is_redacted_in_every_form_an_error_carri
     rank's report, the stage's error, status.json or the log (all made from these two)."""
     from parsl.app.errors import BashExitFailure
 
-    from parsl_torch.apps.stage_errors import stage_error
+    from parsl_torch.apps.stage.failures import stage_error
     from parsl_torch.common.raised import raised_line
 
     monkeypatch.setenv("HF_TOKEN", "hf_SHELLSECRET")
@@ -777,7 +777,7 @@ def test_the_status_of_a_rerun_that_skipped_keeps_the_result_of_the_run_that_did
     loss and time, said to be the earlier run's (the rerun's own times would say nothing)."""
     import time
 
-    from parsl_torch.apps import status
+    from parsl_torch.apps.session import status
     from parsl_torch.common import stagedir
 
     first = status.StatusFile(tmp_path, "local")
@@ -802,7 +802,7 @@ def test_status_shows_a_finished_stage_s_result_what_a_waiting_one_waits_for_and
     """A sweep you can compare: the result (not the last batch's value), `--sort METRIC` best first."""
     import time
 
-    from parsl_torch.apps import status
+    from parsl_torch.apps.session import status
     from parsl_torch.cli import main as cli
 
     run = status.StatusFile(tmp_path, "local")
@@ -838,7 +838,7 @@ def test_results_of_any_size_and_numpy_type_reach_status_and_its_sort(tmp_path, 
     workflow could not write status.json at all) and NumPy's float32 (silently missing) are all kept."""
     import numpy as np
 
-    from parsl_torch.apps import status
+    from parsl_torch.apps.session import status
     from parsl_torch.cli import main as cli
 
     run = status.StatusFile(tmp_path, "local")
@@ -863,7 +863,7 @@ def test_a_run_whose_process_is_gone_or_that_was_stopped_is_not_running(tmp_path
     stopped by a signal says which, and when."""
     import time
 
-    from parsl_torch.apps import status
+    from parsl_torch.apps.session import status
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

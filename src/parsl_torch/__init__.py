@@ -42,10 +42,10 @@ _LAZY = {
     "setup_wandb": "history.sinks",
     "CSVSink": "history.sinks",
     "WandbSink": "history.sinks",
-    "distributed_app": "apps.distributed",
-    "script_app": "apps.distributed",
-    "StageFuture": "apps.futures",
-    "workflow": "apps.workflow",
+    "distributed_app": "apps.stage.app",
+    "script_app": "apps.stage.app",
+    "StageFuture": "apps.stage.futures",
+    "workflow": "apps.session.workflow",
     "sweep": "stages.sweep",
     "Trial": "stages.sweep",
     "Sampled": "apps.sweeps.sample",
@@ -57,7 +57,7 @@ _LAZY = {
 }
 # public submodule name -> where it lives
 _SUBMODULES = {"models": "core.models", "sites": "sites", "stages": "stages", "remote": "apps.remote.client",
-               "report": "apps.report"}
+               "report": "apps.session.report"}
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 

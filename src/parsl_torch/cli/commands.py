@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
-from ..apps import status as run_status
+from ..apps.session import status as run_status
 from ..apps.sweeps import view as sweepview
-from ..apps.request import RunFlags, run_flags
+from ..apps.session.request import RunFlags, run_flags
 from ..common import settings
 from ..common.blocks import duration_seconds
 from ..common.environ import path_with_python_bin

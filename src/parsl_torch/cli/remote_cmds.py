@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import sites
-from ..apps.payload import ShippedFunction, StageOptions
+from ..apps.stage.options import ShippedFunction, StageOptions
 from ..apps.remote.client import make_executor, probe
-from ..apps.call import StageCall
+from ..apps.stage.call import StageCall
 from ..apps.remote.job import RemoteJob, run_job
 from ..common import settings
 from ..stages.smoke import smoke

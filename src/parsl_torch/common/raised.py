@@ -2,7 +2,7 @@
 
 The shim makes a private node-local file and names it in ``settings.RAISED`` (its open file under
 /proc where there is one: ``launch.shim._raised_file``); the rank writes the
-exception that ends it there (a function stage's ``stage_main`` when the function raises; a script,
+exception that ends it there (a function stage's ``stage.main`` when the function raises; a script,
 through the ``sys.excepthook`` that ``setup_torch`` adds, when an exception reaches the top), and
 the shim puts it in its failure report. So the stage's error names the exception, however the
 tail of its stderr was cut.

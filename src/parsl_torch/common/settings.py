@@ -243,7 +243,7 @@ FIRST_FAILURE = _add(Setting("PARSL_TORCH_FIRST_FAILURE", "RANK:FILE, set in a w
                             "collectives break, so that rank is the call's cause", None, text, INTERNAL))
 RANK_PAYLOAD = _add(Setting("PARSL_TORCH_RANK_PAYLOAD", "the call's payload, set while a rank runs a function that "
                            "brought definitions from the workflow script: a spawned child of the rank loads them from "
-                           "it as its `__main__` (`apps.rankmain`)", None, text, INTERNAL))
+                           "it as its `__main__` (`apps.stage.rankmain`)", None, text, INTERNAL))
 KEEP_ENVIRON = _add(Setting("SPT_NOENV", "setproctitle leaves the environment of the processes Parsl renames "
                             "(its interchange, worker pools) readable, so the workflow's token stays in it", None,
                             text, INTERNAL))

@@ -90,7 +90,7 @@ def overlapping(argv: Sequence[str]) -> tuple[str, ...]:
 
 def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
     """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
-    unstarted (its retry is free: ``apps.continuation``), which places it on other nodes."""
+    unstarted (its retry is free: ``apps.stage.continuation``), which places it on other nodes."""
     path, job = settings.QUARANTINE.get(), quarantine.job_of()
     for host, why in silent.items():
         say(f"pre-flight: node {host} {why}")

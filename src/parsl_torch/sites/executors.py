@@ -40,7 +40,7 @@ class _Tasks(dict):
 
 class SettlesEarly:
     """An executor whose task can be ended with what its stage's supervisor recorded
-    (``apps.settle``), when Parsl's own answer cannot come: a scheduler that ends the whole batch job
+    (``apps.stage.settle``), when Parsl's own answer cannot come: a scheduler that ends the whole batch job
     for one lost node ends Parsl's worker with it, and the task would wait for the manager's heartbeat
     to run out."""
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..apps.distributed import distributed_app, submit_builtin
-from ..apps.request import BuiltinCall
+from ..apps.stage.app import distributed_app, submit_builtin
+from ..apps.session.request import BuiltinCall
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.ranks import get_world_size

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from ..apps.sweeps.asha import MODES, rung_steps
-from ..apps.placement import LOCAL_FILES
-from ..apps.rundir import check_stage_name
+from ..apps.session.placement import LOCAL_FILES
+from ..apps.session.rundir import check_stage_name
 from ..apps.sweeps.journal import SweepRecord
 from ..apps.sweeps.sample import Sampled
 from ..apps.sweeps.space import expand, merged, trial_name
 from ..apps.sweeps.view import best_first, figure, table
 from ..apps.sweeps.watch import ASKED_ALL, Run, Trial, Watch
 from ..apps.sweeps.trialfiles import EndpointFiles, LocalFiles
-from ..apps.workflow import Workflow, current_workflow
+from ..apps.session.workflow import Workflow, current_workflow
 from ..common import stagedir, yamlfile
 from ..core.log import get_logger
 from ..errors import ConfigError

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..apps.distributed import distributed_app, submit_builtin
-from ..apps.request import BuiltinCall
+from ..apps.stage.app import distributed_app, submit_builtin
+from ..apps.session.request import BuiltinCall
 from ..common import settings
 from ..core.deadline import note_checkpoint, should_checkpoint, stop_requested
 from ..core.deadline import to_be_continued

@@ -44,8 +44,8 @@ from typing import Any
 from ...common import stagedir
 from ...core.log import get_logger
 from ...errors import ConfigError
-from ..call import StageCall
-from ..scriptargs import runs_python, script_command_length
+from ..stage.call import StageCall
+from ..stage.scriptargs import runs_python, script_command_length
 from . import usercode
 from .environment import env_components
 from .digests import DIGESTS, DigestCache, file_digest, sha  # noqa: F401 - (the sub-package's API)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...common import settings
 from ...common.files import write_atomic
-from ..scriptargs import is_pattern, pattern_files
+from ..stage.scriptargs import is_pattern, pattern_files
 from . import usercode
 
 #: in a run's parsl/ folder: the digests of its files and modules

@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from ..payload import closure_values
+from ..stage.options import closure_values
 from .digests import sha
 from .bytecode import attributes_read, code_without_positions, global_names, imported_names
 from .usercode import is_user_file, user_files

@@ -17,7 +17,7 @@ from parsl.dataflow.memoization import BasicMemoizer
 from ...core.log import get_logger
 from ...errors import StageError
 from .. import identity
-from ..call import StageCall
+from ..stage.call import StageCall
 from .reads import recorded as recorded_reads
 from .verdict import Verdict, gate, read_paths
 

@@ -1,6 +1,6 @@
 """Whether a stage call skips: ``gate``, the one step of every route (the memoizer, ``memo``, where the
 workflow runs; the task on a Globus Compute endpoint, ``remote.job``; the worker of your own Parsl config,
-``stagecmd``), and every reason a stage reruns, worded.
+``stage.cold``), and every reason a stage reruns, worded.
 
 It skips only when the cache holds a result of its identity, its directory's record (``.call.json``) is of
 that identity, its outputs are as that call left them and what its ranks read is as it was. ``Facts`` reads
@@ -18,8 +18,8 @@ from typing import Any
 
 from ...common import stagedir
 from ...common.stagedir import CallRecord
-from ..call import StageCall
-from ..freshdir import computation, is_new_call
+from ..stage.call import StageCall
+from .freshdir import computation, is_new_call
 from . import call_id, read_call, stage_components
 from .digests import DigestCache
 from .outputs import set_aside, spoiled_files
@@ -121,6 +121,17 @@ def gate(call: StageCall, args: tuple, kwargs: Mapping[str, Any], cache: DigestC
     outputs = kwargs.get("outputs", ())
     found = decide(Facts(call, parts, outputs, cache, holds, written_now))
     return found if found.skips else dataclasses.replace(found, moved=tuple(prepare(found, call, outputs, cache)))
+
+
+def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: DigestCache) -> list[str]:
+    """Before the attempt of a call that runs: its identity left in its directory, and the outputs changed
+    since its call wrote them set aside (read as they are, a damaged one could fail the rerun, and every
+    rerun after it); the names set aside."""
+    Path(call.opts.stage_dir).mkdir(parents=True, exist_ok=True)  # (made when it was called; removed since?)
+    stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.computation))
+    if not verdict.changed:
+        return []
+    return set_aside(call.opts.stage_dir, outputs, verdict.before, cache)
 
 
 def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],

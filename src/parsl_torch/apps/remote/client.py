@@ -27,12 +27,12 @@ from ...common.metadata import package_versions
 from ...errors import ConfigError
 from ...sites.globus import make_client, make_executor
 from .. import identity
-from ..call import StageCall
-from ..payload import ShippedFunction
+from ..stage.call import StageCall
+from ..stage.options import ShippedFunction
 from .job import RemoteAnswer, RemoteJob, run_job
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from ..session.workflow import Workflow
 
 __all__ = ["RemoteAnswer", "RemoteJob", "compare_versions", "make_client", "make_executor", "probe", "remote_job",
            "submit_remote", "versions"]

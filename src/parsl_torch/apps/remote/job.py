@@ -12,7 +12,7 @@ the stage's files are:
 * a stage whose directory holds the files of the same call is not run again
   (the promise a skip makes is checked where the files are);
 * otherwise its directory becomes this attempt's and its ranks are launched
-  as a local stage's are (``stagecmd``); the user modules the function reaches
+  as a local stage's are (``stage.cold``); the user modules the function reaches
   travel with the job and are put first on the ranks' import path.
 
 What comes back is a ``RemoteAnswer``: rank 0's return value (pickled, under
@@ -33,10 +33,10 @@ from typing import Any
 from ...common.stagedir import RESULT, SOURCES, STDERR, STDOUT
 from ...errors import ConfigError, StageError
 from .. import identity
-from ..call import StageCall
-from ..stage_errors import stage_error
+from ..stage.call import StageCall
+from ..stage.failures import stage_error
 from ..identity.verdict import Verdict, gate
-from ..stagecmd import stage_command
+from ..stage.cold import stage_command
 
 #: what Globus Compute carries back from a task (the endpoint refuses a larger result)
 RESULT_LIMIT = 10 * 1024 * 1024

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...common import stagedir
 from ...errors import ConfigError
-from ..freshdir import owner
+from ..identity.freshdir import owner
 
 #: seconds a task on the I/O endpoint may take (a trial waits at most ``core.deadline.RULING_WAIT_S`` at a rung)
 IO_TIMEOUT_S = 30.0

@@ -37,10 +37,10 @@ from ...common.stagedir import RESULT, STDERR, STDOUT
 from ...core.log import get_logger
 from ...sites.build import WARM_LABEL
 from ...sites.capacity import stages_at_once
-from ..call import StageCall
-from ..payload import StageOptions
-from ..placement import Placement
-from ..stagecmd import bash_app_for, prepare_call
+from ..stage.call import StageCall
+from ..stage.options import StageOptions
+from ..session.placement import Placement
+from ..stage.cold import bash_app_for, prepare_call
 from .rank import JOBS, STOP, job_path
 
 #: seconds an idle group waits for its next call before it stops

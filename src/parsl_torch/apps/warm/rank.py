@@ -3,7 +3,7 @@
 Started once, as a cold stage's ranks are (supervisor, shim), it is a *prepared parent*: Python started,
 torch and what every call's ranks load imported (``PRELOAD``), and nothing else: no process group, no
 accelerator context, no thread, none of the user's modules. Each call runs in a fresh fork of it, which
-starts as a cold rank does (``stage_main``: device, process group, the payload, rank 0's result) in the
+starts as a cold rank does (``stage.main``: device, process group, the payload, rank 0's result) in the
 stage's directory, with the stage's environment and output files. Whatever a call changes (torch's flags,
 a patched module, the environment, a signal handler, a thread left running) dies with its child: the next
 call forks the parent again, as a preforking server or Android's zygote does. So nothing has to be put
@@ -46,10 +46,10 @@ from ...core.topology import env_topology, free_port
 from ...launch.events import RankReport
 from ...launch.shim import catches
 from ...launch.supervise import asked_to_continue, no_result, rank_outcome
-from ..stage_main import main as stage_main
+from ..stage.main import main as stage_main
 
 #: what the parent imports before its first fork (with this module's own imports: the rank's start,
-#: ``stage_main``): what every call's ranks load (torch, its process groups, DDP, whose construction
+#: ``stage.main``): what every call's ranks load (torch, its process groups, DDP, whose construction
 #: imports torch._dynamo: 2.5 s of CPU a process), the payload's loader, the built-in stages and their
 #: history files; a user's module is never among them (a child imports it as it is at the call)
 PRELOAD = ("numpy", "dill", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "h5py",
@@ -212,7 +212,7 @@ class _Parent:
 
 
 def _child(job: stagedir.WarmJob, port: int, handlers: dict) -> NoReturn:
-    """The call, in a fresh fork: a cold rank's start, then ``stage_main``'s run; never returns."""
+    """The call, in a fresh fork: a cold rank's start, then ``stage.main``'s run; never returns."""
     code = 1
     try:
         _start_as_a_cold_rank(job, port, handlers)

@@ -5,7 +5,7 @@ after ``setup_torch()``: one Parsl bash app on the site's ``mpi`` executor,
 whose command is::
 
     python -m parsl_torch.launch.supervise --timeout T -- $PARSL_MPI_PREFIX \\
-        python -m parsl_torch.launch.shim -- python -m parsl_torch.apps.stage_main PAYLOAD RESULT
+        python -m parsl_torch.launch.shim -- python -m parsl_torch.apps.stage.main PAYLOAD RESULT
 
 (supervise: fail fast and leave nothing behind; the shim: torchrun variables
 and failure reports; stage_main: set up torch, run the function, rank 0 keeps
@@ -23,25 +23,24 @@ from concurrent.futures import Future
 from pathlib import Path, PurePath
 from typing import Any
 
-from ..common import settings
-from ..common.metadata import argument_secrets
-from ..common.preload import python_program
-from ..common.records import ENV_NAME
-from ..common.stagedir import RESULT, STDERR, STDOUT
-from ..errors import ConfigError
-from ..launch.packing import MIN_NODES_KEY
+from ...common import settings
+from ...common.metadata import argument_secrets
+from ...common.preload import python_program
+from ...common.records import ENV_NAME
+from ...common.stagedir import RESULT, STDERR, STDOUT
+from ...errors import ConfigError
+from ...launch.packing import MIN_NODES_KEY
 from .call import StageCall
-from .identity.fingerprint import Fingerprinter, Unidentifiable
+from ..identity.fingerprint import Fingerprinter, Unidentifiable
 from .futures import StageFuture
-from .payload import ShippedFunction, StageOptions
-from .placement import Placement
-from .remote.client import RemoteAnswer, remote_job, submit_remote
-from .request import BuiltinCall
-from .scriptargs import (check_script_argument, runs_python, script_command_length, script_stage_name,
-                         script_word)
-from .stagecmd import bash_app_for
-from .identity.usercode import rank_import_path
-from .workflow import Workflow, current_workflow
+from .options import ShippedFunction, StageOptions
+from ..session.placement import Placement
+from ..remote.client import RemoteAnswer, remote_job, submit_remote
+from ..session.request import BuiltinCall
+from .scriptargs import check_script_argument, runs_python, script_command_length, script_stage_name, script_word
+from .cold import bash_app_for
+from ..identity.usercode import rank_import_path
+from ..session.workflow import Workflow, current_workflow
 
 
 #: the keywords a stage's call takes for itself (``inputs``/``outputs`` are also passed to a function that takes them)
@@ -209,7 +208,7 @@ class DistributedApp:
 
 def _cold(wf: Workflow, call: StageCall, args: tuple, kwargs: dict[str, Any], inputs: list,
           outputs: list) -> StageFuture:
-    """A stage whose ranks start for this call: an MPI task on the site's executor (``stagecmd``)."""
+    """A stage whose ranks start for this call: an MPI task on the site's executor (``stage.cold``)."""
     stage_dir = Path(call.opts.stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     app_future = bash_app_for(call.executor, wf.memoize)(

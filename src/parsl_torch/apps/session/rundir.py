@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..common.runlock import LOCK
-from ..errors import ConfigError
+from ...common.runlock import LOCK
+from ...errors import ConfigError
 
 #: in a run directory parsl-torch made
 MARKER = ".parsl-torch-run"

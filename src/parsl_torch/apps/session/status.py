@@ -19,12 +19,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..common import stagedir
-from ..common.files import write_atomic
-from ..common.procs import proc_stat
-from ..core import log
-from ..errors import ConfigError
-from ..launch import quarantine
+from ...common import stagedir
+from ...common.files import write_atomic
+from ...common.procs import proc_stat
+from ...core import log
+from ...errors import ConfigError
+from ...launch import quarantine
 
 STATUS = "status.json"
 _lock = threading.Lock()

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import sites
-from ..common import settings
-from ..errors import ConfigError
-from ..launch.schedulers import get_scheduler
-from .continuation import check_max_continuations
+from ... import sites
+from ...common import settings
+from ...errors import ConfigError
+from ...launch.schedulers import get_scheduler
+from ..stage.continuation import check_max_continuations
 
 #: what pt.workflow does with the stages that run when the workflow script raises
 ON_ERROR = ("wait", "cancel")

@@ -20,10 +20,10 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..common import settings
-from ..common.stagedir import CALL, ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, RUNGS, SOURCES
-from .identity import call_id
-from .identity.reads import RunFiles, changed_while_running, recorded
+from ...common import settings
+from ...common.stagedir import CALL, ENV, IDENTITY, PREVIOUS, PREVIOUS_PARTIAL, RUNGS, SOURCES
+from . import call_id
+from .reads import RunFiles, changed_while_running, recorded
 
 #: kept where they are: this attempt's own (its identity, a remote stage's shipped modules and a sweep's
 #: rungs are left before it starts)

@@ -1,8 +1,8 @@
-"""``python -m parsl_torch.apps.stage_main PAYLOAD RESULT``: one rank of a distributed app.
+"""``python -m parsl_torch.apps.stage.main PAYLOAD RESULT``: one rank of a distributed app.
 
 Sets up torch (device, process group), loads the call the app shipped
 (``dill``: a function from the workflow script travels by value), runs it
-(with the script's definitions it brought as ``__main__``'s: ``apps.rankmain``),
+(with the script's definitions it brought as ``__main__``'s: ``apps.stage.rankmain``),
 and rank 0 writes the return value to RESULT (atomically). An exception
 prints its traceback and exits 1, without collectives that could hang on
 ranks that are already gone.
@@ -17,15 +17,15 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ..common import settings
-from ..common.diskspace import no_space
-from ..common.files import open_private
-from ..common.gcpause import paused_gc, rank_gc
-from ..common.metadata import argument_secrets
-from ..common.observe import unobserved
-from ..common.raised import write_raised
-from ..core.dist import cleanup, exit_process, setup_torch
-from .payload import load_call
+from ...common import settings
+from ...common.diskspace import no_space
+from ...common.files import open_private
+from ...common.gcpause import paused_gc, rank_gc
+from ...common.metadata import argument_secrets
+from ...common.observe import unobserved
+from ...common.raised import write_raised
+from ...core.dist import cleanup, exit_process, setup_torch
+from .options import load_call
 from .rankmain import as_main
 
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             _fail(exc)
     secrets = argument_secrets(fn, args, kwargs)  # (kept out of the exception text its shim reports)
     try:
-        with as_main(payload, fn, args, kwargs):  # (its definitions from the workflow script found by name: apps.rankmain)
+        with as_main(payload, fn, args, kwargs):  # (its definitions from the workflow script found by name: apps.stage.rankmain)
             value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - report any failure of the user's code, then exit non-zero
         _fail(exc, secrets)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 COLUMNS = ("stage", "ranks", "result", "history")
 
@@ -59,7 +59,7 @@ def write_report(summaries: Sequence[dict[str, Any]], run_dir: Path, title: str)
 
 def _history(summary: dict[str, Any]) -> Any:
     """The stage's history file, read (None without one)."""
-    from ..history.h5file import read_history
+    from ...history.h5file import read_history
 
     try:
         return read_history(summary["history"]) if summary.get("history") else None
@@ -86,7 +86,7 @@ def _provenance(histories: Sequence[Any], run_dir: Path) -> list[str]:
 def _stage_section(summary: dict[str, Any], data: Any, run_dir: Path) -> list[str]:
     import yaml
 
-    from ..history.plots import constant, plots_dir
+    from ...history.plots import constant, plots_dir
 
     lines = [f"Result: {_result(summary) or 'none recorded'}."]
     if data is None:

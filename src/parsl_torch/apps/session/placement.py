@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import sites
-from ..common import settings
-from ..errors import ConfigError
-from ..launch.plan import MAX_RANKS_PER_NODE
-from ..launch.schedulers import Scheduler, get_scheduler
-from ..sites.build import MPI_LABEL, executor_label
+from ... import sites
+from ...common import settings
+from ...errors import ConfigError
+from ...launch.plan import MAX_RANKS_PER_NODE
+from ...launch.schedulers import Scheduler, get_scheduler
+from ...sites.build import MPI_LABEL, executor_label
 
 #: the file system of the machine the workflow runs on
 LOCAL_FILES = "local"

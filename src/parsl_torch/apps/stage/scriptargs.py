@@ -13,8 +13,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ..common.preload import python_program
-from ..errors import ConfigError
+from ...common.preload import python_program
+from ...errors import ConfigError
 
 #: a glob pattern's characters
 _MAGIC = re.compile(r"[*?[]")

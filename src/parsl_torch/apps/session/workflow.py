@@ -22,23 +22,24 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from .. import sites
-from ..common import preload, settings, stagedir
-from ..common.diskspace import NO_SPACE, free_text
-from ..common.runlock import RunLock
-from ..core.log import get_logger, said_once_when_unwritable
-from ..errors import ConfigError
-from ..launch.leanparsl import parsl_for_a_workflow
-from . import identity, status, watchdog
-from .continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
-from .stopping import Terminated, how_it_ended, terminate_cleanly
+from ... import sites
+from ...common import preload, settings, stagedir
+from ...common.diskspace import NO_SPACE, free_text
+from ...common.runlock import RunLock
+from ...core.log import get_logger, said_once_when_unwritable
+from ...errors import ConfigError
+from ...launch.leanparsl import parsl_for_a_workflow
+from .. import identity
+from . import status, watchdog
+from ..stage.continuation import DEFAULT_MAX_CONTINUATIONS, Continuations
+from .signals import Terminated, how_it_ended, terminate_cleanly
 from .placement import Placement, check_file_name, placements
 from .request import WorkflowRequest, sites_checked
 from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
-from .settle import Settler
-from .identity.usercode import rank_import_path
-from .warm.groups import WarmGroups, warm_groups
+from ..stage.settle import Settler
+from ..identity.usercode import rank_import_path
+from ..warm.groups import WarmGroups, warm_groups
 
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
 
@@ -78,7 +79,7 @@ class Workflow:
         self.made_on: dict[int, tuple[Any, str, Placement]] = {}
         #: with warm=True: the groups of ranks that run the function stages (``apps.warm``)
         self.warm: WarmGroups | None = None
-        #: on the sites' own Parsl: ends a stage whose supervisor's outcome Parsl cannot answer (``apps.settle``)
+        #: on the sites' own Parsl: ends a stage whose supervisor's outcome Parsl cannot answer (``apps.stage.settle``)
         self.settler: Settler | None = None
         self._names: Counter[str] = Counter()
         self._taken: set[str] = set()
@@ -248,7 +249,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
 
 def _made(request: WorkflowRequest, loaded: Any, others: list, users_dfk: bool, run_dir: Path) -> Workflow:
     """The workflow, its start logged (its sites, its run directory, the flags ``parsl-torch run`` replaced)."""
-    from .identity.memo import register_memo_ids  # (with Parsl: not where the ranks import this module)
+    from ..identity.memo import register_memo_ids  # (with Parsl: not where the ranks import this module)
 
     register_memo_ids()
     wf = Workflow(placements(loaded, others, users_dfk), run_dir, memoize=not users_dfk,
@@ -320,7 +321,7 @@ def _parsl_loaded(wf: Workflow, request: WorkflowRequest) -> Iterator[Any]:
     import parsl
     from parsl.utils import get_all_checkpoints
 
-    from .identity.memo import StageMemoizer  # (Parsl's subclass: imported where Parsl is)
+    from ..identity.memo import StageMemoizer  # (Parsl's subclass: imported where Parsl is)
 
     parsl_dir = wf.run_dir / "parsl"
     memoizer = StageMemoizer(get_all_checkpoints(str(parsl_dir)), wf.digests, wf.stopping)

@@ -21,8 +21,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..common import settings
-from .payload import closure_values, load_call
+from ...common import settings
+from .options import closure_values, load_call
 
 
 def definitions(fn: Callable, args: tuple = (), kwargs: dict[str, Any] | None = None) -> dict[str, Any]:

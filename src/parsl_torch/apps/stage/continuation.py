@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..common import stagedir
-from ..common.blocks import CONTINUE_EXIT
-from ..common.outcome import Cause, read_outcome
-from ..core.log import get_logger
-from ..errors import ConfigError, StageError
-from .status import StatusFile
+from ...common import stagedir
+from ...common.blocks import CONTINUE_EXIT
+from ...common.outcome import Cause, read_outcome
+from ...core.log import get_logger
+from ...errors import ConfigError, StageError
+from ..session.status import StatusFile
 
 #: blocks in a row without progress before a continuing stage fails
 DEFAULT_MAX_CONTINUATIONS = 3

@@ -1,4 +1,4 @@
-"""``python -m parsl_torch.apps.watchdog TOKEN``: what a workflow leaves behind dies with it.
+"""``python -m parsl_torch.apps.session.watchdog TOKEN``: what a workflow leaves behind dies with it.
 
 A workflow exports settings.WORKFLOW (a token) before Parsl starts anything,
 so Parsl's interchange, the local worker pools, the stages' supervisors and
@@ -26,10 +26,10 @@ import subprocess
 import sys
 import time
 
-from ..common import settings
-from ..common.entrypoints import WATCHDOG
-from ..common.procs import proc_stat
-from ..common.procs import reap
+from ...common import settings
+from ...common.entrypoints import WATCHDOG
+from ...common.procs import proc_stat
+from ...common.procs import reap
 
 
 def start(token: str) -> subprocess.Popen:

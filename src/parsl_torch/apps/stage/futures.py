@@ -8,8 +8,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ..errors import StageError
-from .stage_errors import stage_error
+from ...errors import StageError
+from .failures import stage_error
 
 
 class StageFuture(Future):

@@ -5,7 +5,7 @@ argument of whichever Parsl app runs the call (cold: ``stagecmd.stage_command``;
 ``warm.groups.WarmGroups``' app; remote: inside ``remote.job.RemoteJob``), and every reader takes
 what it needs from it: the memoizer its identity (``memo``; the verdict leaves it in the stage
 directory, where each attempt reads it), the worker the stage directory and command
-(``stagecmd``), a warm group its shape, the endpoint its options. The call's own
+(``stage.cold``), a warm group its shape, the endpoint its options. The call's own
 arguments travel beside it as the app's arguments, so that Parsl resolves the futures among
 them before any of this runs.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .payload import ShippedFunction, StageOptions
+from .options import ShippedFunction, StageOptions
 
 
 @dataclass(frozen=True)

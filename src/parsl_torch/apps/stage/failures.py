@@ -8,12 +8,12 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
-from ..common.blocks import CONTINUE_EXIT
-from ..common.diskspace import NO_SPACE, free_text, space_error
-from ..common.metadata import redact_text, secret_values
-from ..common.stagedir import ENV
-from ..common.outcome import Cause, read_outcome
-from ..errors import StageError
+from ...common.blocks import CONTINUE_EXIT
+from ...common.diskspace import NO_SPACE, free_text, space_error
+from ...common.metadata import redact_text, secret_values
+from ...common.stagedir import ENV
+from ...common.outcome import Cause, read_outcome
+from ...errors import StageError
 
 _TAIL_LINES = 25
 

@@ -4,7 +4,7 @@ attempt's, leave the ranks' call in it (the pickled function, or a script's argv
 and the environment, all 0600), and return the command that launches the ranks::
 
     python -m parsl_torch.launch.supervise --env-file .env.json --timeout T -- $PARSL_MPI_PREFIX \\
-        python -m parsl_torch.launch.shim -- python -m parsl_torch.apps.stage_main PAYLOAD RESULT
+        python -m parsl_torch.launch.shim -- python -m parsl_torch.apps.stage.main PAYLOAD RESULT
 """
 
 from __future__ import annotations
@@ -18,21 +18,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..common import settings
-from ..common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
-from ..common.files import open_private
-from ..common.outcome import forget_outcome
-from ..common.stagedir import ARGV as ARGV_FILE
-from ..common.stagedir import ENV as ENV_FILE
-from ..common.stagedir import IDENTITY, PAYLOAD, PREVIOUS, RESULT, STARTED, STDERR, STDOUT, IdentityRecord
-from ..common.stagedir import read as read_record
-from ..core.log import get_logger
-from ..errors import StageError
-from . import identity
+from ...common import settings
+from ...common.entrypoints import SHIM, STAGE_MAIN, SUPERVISE
+from ...common.files import open_private
+from ...common.outcome import forget_outcome
+from ...common.stagedir import ARGV as ARGV_FILE
+from ...common.stagedir import ENV as ENV_FILE
+from ...common.stagedir import IDENTITY, PAYLOAD, PREVIOUS, RESULT, STARTED, STDERR, STDOUT, IdentityRecord
+from ...common.stagedir import read as read_record
+from ...core.log import get_logger
+from ...errors import StageError
+from .. import identity
 from .call import StageCall
-from .freshdir import start_fresh
-from .identity.verdict import gate
-from .payload import ShippedFunction, StageOptions, plain_files
+from ..identity.freshdir import start_fresh
+from ..identity.verdict import gate
+from .options import ShippedFunction, StageOptions, plain_files
 from .scriptargs import command_text
 
 
