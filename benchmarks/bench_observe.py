@@ -1,9 +1,9 @@
-"""What observing a stage's reads costs (``common.observe``), against the same work unobserved,
+"""What observing a stage's reads costs (``observe.recorder``), against the same work unobserved,
 measured in the same run:
 
 1. what observing adds to each file a process opens: 20,000 opens and reads of small shards in a
    fresh interpreter, not observed, observed by the audit hooks alone, and by the hooks and the
-   preloaded observer of compiled code (``common.preload``), interleaved; through Python's ``open`` and
+   preloaded observer of compiled code (``observe.native``), interleaved; through Python's ``open`` and
    through the C library's (``open``/``read``/``close`` called by compiled code, here through ctypes:
    the preloaded observer alone sees those; goal: <= 2 us each); and that cost against a training-like
    step that reads one shard beside a matmul (goal: observing adds <= 1 % of the step);

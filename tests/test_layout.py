@@ -22,7 +22,7 @@ from .conftest import clean_env
 PKG = Path(parsl_torch.__file__).parent
 DOC = Path(__file__).parent.parent / "docs" / "architecture.md"
 # subpackage (or top module) -> layer; a module may import lower layers and its own subpackage
-LAYERS = {"errors": 0, "common": 0, "core": 1, "history": 2, "launch": 2, "sites": 3, "compat": 4, "apps": 4, "stages": 5,
+LAYERS = {"errors": 0, "parslext": 0, "common": 0, "core": 1, "observe": 1, "history": 2, "launch": 2, "sites": 3, "compat": 4, "apps": 4, "stages": 5,
           "cli": 6}
 HEAVY = {"torch", "numpy", "h5py", "parsl", "dill", "yaml", "matplotlib", "xarray", "wandb", "globus_compute_sdk",
          "globus_compute_endpoint", "globus_compute_common",
@@ -238,6 +238,24 @@ def test_a_stages_error_is_decided_from_the_outcome_record_not_its_output():
 MODULE_LINES = 600
 
 
+def test_every_reach_into_parsls_private_parts_is_listed_once_and_holds_for_the_installed_parsl():
+    """``parslext.PATCHES`` is the one list (the manual's is generated from it): each holds for the Parsl CI
+    installs, names a place in parsl-torch that exists, and a Parsl that moved one is named at start."""
+    from parsl_torch import parslext
+    from parsl_torch.errors import ConfigError
+
+    parslext.check()
+    for patch in parslext.PATCHES:
+        for where in patch.where.split(", "):
+            module, _, name = where.partition(".")
+            path = PKG / f"{module}.py"
+            assert path.is_file() and name.split(".")[0] in path.read_text(), patch
+    moved = parslext.Patch("a gone one", "parsl.dataflow.futures:NoSuchThing", "sites/executors.SettlesEarly", "",
+                           "", lambda found: True)
+    with pytest.raises(ConfigError, match=r"a gone one \(parsl.dataflow.futures:NoSuchThing, used by sites/exe"):
+        parslext.check((moved,))
+
+
 def test_every_module_stays_under_600_lines():
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MODULE_LINES}
     assert not long, f"split these by their concepts: {long}"
@@ -302,11 +320,17 @@ def _process_state(m: str, tree: ast.Module) -> set[str]:
                 target = fn.name
             elif isinstance(node, ast.Call) and ast.unparse(node.func) in GC_SETTERS:
                 target = fn.name
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    ast.unparse(node.func.value) == "sys.modules" and node.func.attr in MUTATORS:
+                target = fn.name
             elif isinstance(node, (ast.Assign, ast.Delete)):
                 for t in node.targets:
                     text = ast.unparse(t)
-                    if text.startswith("os.environ["):
+                    if text.startswith(("os.environ[", "sys.modules[")):
                         target = fn.name
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
+                            t.value.id not in {"self", "cls"} and t.attr not in OWN_ATTRIBUTES:
+                        target = t.attr  # an attribute no class of ours has, set on another's object
                     elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
                             t.value.id not in {a.arg for a in fn.args.args} | {"self", "cls"} and \
                             isinstance(node, ast.Assign) and t.value.id in _imported_modules(fn):
@@ -314,6 +338,26 @@ def _process_state(m: str, tree: ast.Module) -> set[str]:
             if target:
                 found.add(target)
     return found
+
+
+def _own_attributes() -> set[str]:
+    """The attributes parsl-torch's own classes have: declared in a class body, or set on ``self``."""
+    found: set[str] = set()
+    for path in MODULES.values():
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    found.add(node.target.id)
+                elif isinstance(node, ast.Assign):
+                    found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+                    found |= {t.attr for t in node.targets if isinstance(t, ast.Attribute)
+                              and isinstance(t.value, ast.Name) and t.value.id == "self"}
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in cls.body:
+                    found.add(node.name)
+    return found
+
+
+OWN_ATTRIBUTES = _own_attributes()
 
 
 def _imported_modules(fn: ast.AST) -> set[str]:
@@ -324,8 +368,10 @@ def _imported_modules(fn: ast.AST) -> set[str]:
 def test_every_piece_of_process_wide_state_is_named_in_the_architecture_page():
     """docs/architecture.md's table of process-wide state says the whole truth: each context variable,
     cached singleton, change of ``os.environ`` and patch of another module is named there."""
+    from parsl_torch import parslext
+
     page = DOC.read_text()
-    section = page[page.index("## Process-wide state"):page.index("## Vocabulary")]
+    section = page[page.index("## Process-wide state"):page.index("## Vocabulary")] + parslext.markdown_table()
     unnamed = {f"{m}: {name}" for m, path in MODULES.items()
                for name in _process_state(m, ast.parse(path.read_text())) if name not in section}
     assert not unnamed, f"say where this state lives and why (docs/architecture.md): {sorted(unnamed)}"
@@ -368,6 +414,21 @@ def test_the_manuals_references_are_generated_from_the_code():
     for command in ("parsl-torch launch", "parsl-torch run", "parsl-torch sites render", "parsl-torch status"):
         assert f"## `{command}`" in page, command
     assert "name: polaris" in page and "<!--" not in page
+    # the layer table: a row per package, from its docstring, its layer the one this test enforces, every module
+    rows = {row.split(" | ")[1].strip("`"): row for row in hooks.layer_table().splitlines()[2:]}
+    for module in MODULES:
+        parts = module.split(".")[1:]
+        if not parts:
+            continue
+        package = "/".join(parts[:-1]) + "/" if (PKG / "/".join(parts[:-1])).is_dir() and len(parts) > 1 else ""
+        if (PKG / "/".join(parts)).is_dir():
+            package, name = "/".join(parts) + "/", None
+        else:
+            name = parts[-1]
+        key = package or f"{parts[0]}.py"
+        assert key in rows, (module, sorted(rows))
+        assert name is None or key.endswith(".py") or f"`{name}`" in rows[key], (module, rows[key])
+        assert rows[key].startswith(f"| {LAYERS[parts[0].removesuffix('.py')]} |"), rows[key]
     for placeholder in ("settings-table", "cli-reference"):
         assert any(placeholder in p.read_text() for p in (REPO / "docs" / "reference").glob("*.md")), placeholder
 
@@ -415,16 +476,16 @@ def test_no_module_level_mutable_state_outside_the_registry_and_the_rank_state()
 
 def test_what_is_not_a_stages_input_is_listed_once():
     """The variables that are not a stage's input are one list, in the module every observed process loads
-    (common/observe.py); its launch group holds the visibility variables a stage's launch narrows."""
-    from parsl_torch.common import observe
+    (observe/recorder.py); its launch group holds the visibility variables a stage's launch narrows."""
+    from parsl_torch.observe import recorder as observe
     from parsl_torch.core.claim import VISIBILITY
 
     assert set(VISIBILITY) <= set(observe.LAUNCH_PREFIXES)
-    elsewhere = [(m, target.id) for m, path in MODULES.items() if m != "parsl_torch.common.observe"
+    elsewhere = [(m, target.id) for m, path in MODULES.items() if m != "parsl_torch.observe.recorder"
                  for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
                  for target in node.targets
                  if isinstance(target, ast.Name) and re.search(r"SESSION|(LAUNCH|PROCESS)_(NAMES|PREFIXES)", target.id)]
-    assert not elsewhere, f"use common/observe.py's lists: {elsewhere}"
+    assert not elsewhere, f"use observe/recorder.py's lists: {elsewhere}"
 
 
 def test_stage_directory_file_names_are_spelled_once():

@@ -1,4 +1,4 @@
-"""Reruns from what a stage actually read (``common.observe``): the audit's cases that no rule
+"""Reruns from what a stage actually read (``observe.recorder``): the audit's cases that no rule
 reading the code can see, each a separate ``python wf.py`` after one edit (other hash seeds).
 The edit reruns exactly the stage that read it, the log names the read, the result is new; an
 unchanged rerun skips every stage, the one that writes into the folder it reads too."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from parsl_torch.common.observe import _folded, _source_of
+from parsl_torch.observe.recorder import _folded, _source_of
 
 from .conftest import clean_env
 
@@ -312,8 +312,8 @@ def test_a_module_read_through_its_compiled_cache_keeps_its_sources_state(tmp_pa
     state, or every stage importing your module would rerun as "mymod.py changed while its last run ran"
     (it did: the observer below Python recorded the cache's state under the source's name)."""
     from parsl_torch.apps.identity.reads import changed_while_running
-    from parsl_torch.common import preload
-    from parsl_torch.common.observe import file_state
+    from parsl_torch.observe import native as preload
+    from parsl_torch.observe.recorder import file_state
 
     assert preload.library() is not None, preload.why_not()
     (tmp_path / "proj").mkdir()
@@ -333,7 +333,7 @@ def test_a_module_read_through_its_compiled_cache_keeps_its_sources_state(tmp_pa
 
 def _observed(tmp_path: Path, code: str) -> set[str]:
     """What ``python -c code`` read, observed as a rank's processes are."""
-    from parsl_torch.common.observe import reads_of
+    from parsl_torch.observe.recorder import reads_of
     from parsl_torch.launch.shim import observing_env
 
     folder = tmp_path / "reads"
@@ -443,7 +443,7 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
     without the observer are told (``x``), not taken as observed (the system's static ``ldconfig``, which
     ``ctypes.util.find_library`` runs, is not). Python's own listings and lookups stay the Python observer's (the import
     system's are no input)."""
-    from parsl_torch.common import preload
+    from parsl_torch.observe import native as preload
 
     _loaders()
     assert preload.library() is not None, preload.why_not()
@@ -488,7 +488,7 @@ def test_the_preloaded_observer_sees_what_compiled_code_and_programs_read(tmp_pa
                       f"x a static program, which does not load the observer: {tmp_path / 'static_count'}"], unseen
     assert not any(line.startswith("d ") and "site-packages" in line or "python3" in line for line in reads), reads
     assert f"d {tmp_path}" not in reads  # (the import system lists sys.path's folders: Python's own listing)
-    from parsl_torch.common.observe import reads_of
+    from parsl_torch.observe.recorder import reads_of
     from parsl_torch.launch.shim import observing_env
 
     for program, unseen in ((tmp_path / "gotool", "a Go program, which reads through its own system calls, unseen"),
@@ -615,7 +615,7 @@ def test_without_a_compiler_python_observation_alone_applies_and_says_so(tmp_pat
     """No compiler (here: ``CC`` naming none): no library, and ``doctor`` says what is then not observed; a
     Python process asked to load a library that does not load says its reads are not all seen."""
     from parsl_torch.cli.doctor import check_observer
-    from parsl_torch.common import preload
+    from parsl_torch.observe import native as preload
 
     monkeypatch.setenv("CC", "no-such-cc")
     monkeypatch.setenv("PARSL_TORCH_CACHE_DIR", str(tmp_path / "cache"))
@@ -639,7 +639,7 @@ def test_without_a_compiler_python_observation_alone_applies_and_says_so(tmp_pat
     broken = {**observing_env(str(folder), os.environ, [sys.executable]), "LD_PRELOAD": "/gone/parsl-torch-observe.so"}
     subprocess.run([sys.executable, "-c", "pass"], env=clean_env(**broken), check=True, timeout=60,
                    capture_output=True)
-    from parsl_torch.common.observe import reads_of
+    from parsl_torch.observe.recorder import reads_of
 
     assert [line for line in reads_of(str(folder)) if line.startswith("x ")] == [
         f"x the observer of compiled code did not load in {sys.executable} (LD_PRELOAD=/gone/parsl-torch-observe.so)"]

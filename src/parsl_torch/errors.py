@@ -1,4 +1,4 @@
-"""One exception family: every user mistake is a ParslTorchError whose message
+"""Layer 0, everywhere. One exception family: every user mistake is a ParslTorchError whose message
 names the value, where it came from, and the fix."""
 
 from __future__ import annotations

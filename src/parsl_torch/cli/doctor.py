@@ -18,13 +18,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import sites
-from ..common import preload, settings
+from ..parslext import PATCHES
+from ..parslext import check as check_parsl_patches
+from ..observe import native as preload
+from ..common import settings
 from ..common.entrypoints import CLI
 from ..common.environ import find_local_tool, path_with_python_bin
 from ..core.device import get_backend, get_torch_device_type
 from ..core.dist import collective_timeout
-from ..errors import ParslTorchError
+from ..errors import ConfigError, ParslTorchError
 from ..launch.accelerators import visible_accelerators
+from ..launch.leanparsl import parsl_for_a_workflow
 from ..launch.schedulers import get_scheduler
 
 SMOKE_TIMEOUT_S = 90
@@ -144,6 +148,22 @@ def check_observer() -> Check:
     return Check("reads below Python", "ok", f"observed (the preloaded observer: {library})")
 
 
+_REINSTALL = "pip install -e . in parsl-torch's folder (the Parsl version pyproject.toml names)"
+
+
+def check_parsl() -> Check:
+    """What parsl-torch reaches into in Parsl's private parts is where it expects it (``parslext``)."""
+    try:
+        parsl_for_a_workflow()
+        check_parsl_patches()
+    except ConfigError as exc:
+        return Check("parsl internals", "error", str(exc).split(". Install")[0], _REINSTALL)
+    except ImportError as exc:
+        return Check("parsl internals", "error", f"cannot import Parsl: {exc}", _REINSTALL)
+    return Check("parsl internals", "ok", f"parsl {_version('parsl')}: the {len(PATCHES)} places parsl-torch "
+                 f"reaches into hold")
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
@@ -225,7 +245,7 @@ def _cause(output: str) -> str:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
-    check_python, check_torch, check_device, check_timeout, check_mpi, check_scheduler, check_wandb, check_observer,
+    check_python, check_torch, check_device, check_timeout, check_mpi, check_scheduler, check_wandb, check_observer, check_parsl,
     _optional("parsl", "parsl", "needed for sites and workflows", "parsl"),
     _optional("globus-compute", "globus-compute-sdk", "optional: remote submission", "'parsl-torch[globus]'"),
 )

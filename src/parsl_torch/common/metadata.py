@@ -10,8 +10,6 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .observe import unobserved
-from .preload import without_observer
 
 REDACTED = "***"
 #: words that make a name secret (the name is split at _ - . / and camelCase)
@@ -171,12 +169,12 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def git_commit() -> str:
-    """HEAD of the git repository around the current directory, or ''."""
+def git_commit(env: Mapping[str, str] | None = None) -> str:
+    """HEAD of the git repository around the current directory, or ''; ``env``: git's environment (a rank's
+    without its observer: ``observe.native.without_observer``)."""
     try:
-        with unobserved():  # (parsl-torch's own look, not the stage's reads)
-            out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                 env=without_observer(os.environ))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             env=dict(os.environ if env is None else env))
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""

@@ -226,7 +226,7 @@ WORKFLOW = _add(Setting("PARSL_TORCH_WORKFLOW", "the token of the workflow that 
 LAUNCH_NOTIFY = _add(Setting("PARSL_TORCH_LAUNCH_NOTIFY", "where a rank's shim reports to `parsl-torch launch` "
                              "(host:port)", None, text, INTERNAL))
 OBSERVE = _add(Setting("PARSL_TORCH_OBSERVE", "set in a stage's environment: the ranks' shims observe what their "
-                       "Python processes read (`common.observe`), and tell the supervisor", False, flag, INTERNAL))
+                       "Python processes read (`observe.recorder`), and tell the supervisor", False, flag, INTERNAL))
 READS_DIR = _add(Setting("PARSL_TORCH_READS_DIR", "the node-local folder where a rank's Python processes write "
                          "what they read (set by the shim)", None, text, INTERNAL))
 OBSERVE_SKIP = _add(Setting("PARSL_TORCH_OBSERVE_SKIP", "the places whose reads are no input (installed packages, "

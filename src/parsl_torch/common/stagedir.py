@@ -43,7 +43,7 @@ ENV, ARGV = ".env.json", ".argv.json"
 PAYLOAD, RESULT = "payload.pkl", "result.pkl"
 #: on an endpoint: the user modules a remote function stage reaches, shipped with it (first on the ranks' path)
 SOURCES = ".sources"
-#: what the ranks' Python processes read, merged by the supervisor (``common.observe``)
+#: what the ranks' Python processes read, merged by the supervisor (``observe.recorder``)
 READS = ".reads.json"
 #: the files of the call before this one (a new call starts in an empty directory); PREVIOUS_PARTIAL while moving
 PREVIOUS, PREVIOUS_PARTIAL = ".previous", ".previous.partial"
@@ -77,7 +77,7 @@ class IdentityRecord:
 
 @dataclass(frozen=True)
 class ReadsRecord:
-    """What a call's ranks read (``f``/``F``/``d``/``e`` lines, ``common.observe``), over every launch of the
+    """What a call's ranks read (``f``/``F``/``d``/``e`` lines, ``observe.recorder``), over every launch of the
     call (``add_reads``), and how many of the last launch's ``expected`` ranks told it (fewer: not all was
     seen)."""
 

@@ -26,6 +26,8 @@ import numpy as np
 
 from ..common import settings, stagedir
 from ..common.metadata import git_commit, package_versions, redact, utc_now
+from ..observe.recorder import unobserved
+from ..observe.native import without_observer
 from ..core.device import get_torch_device_type
 from ..core.deadline import await_ruling, sweep_rungs
 from ..core.dist import collective_timeout
@@ -270,7 +272,7 @@ class History:
             "world_size": topo.world_size, "num_nodes": topo.num_nodes,
             "nodes": json.dumps(list(topo.nodes)), "hostname": topo.hostname,
             "device": get_torch_device_type(), "backend": backend,
-            "versions": json.dumps(package_versions()), "git_commit": git_commit(),
+            "versions": json.dumps(package_versions()), "git_commit": _git_commit(),
             "config": json.dumps(redact(self.config), default=str),
             "segments": json.dumps(self._segments),
         }
@@ -396,3 +398,10 @@ class History:
             self.mark_failed()
         elif self._finalized is None:
             self.finalize()
+
+
+def _git_commit() -> str:
+    """The commit of the code the stage runs: parsl-torch's own look (its ``git`` not observed), not the
+    stage's reads."""
+    with unobserved():
+        return git_commit(without_observer(os.environ))

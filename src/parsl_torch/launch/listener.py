@@ -87,7 +87,7 @@ class RankListener:
     record nor make this process hold what it sends):
 
     * a failure report (one line on its own connection): a ``RankReport``;
-    * a rank's reads (one line on its own connection, closed here once taken: ``common.observe``);
+    * a rank's reads (one line on its own connection, closed here once taken: ``observe.recorder``);
     * a node's heartbeat: local rank 0's shim says hello (host, its node's
       ranks), then a newline every few seconds, and "bye" when it ends. EOF
       without bye: a ``NodeSilent`` "vanished"; silence for ``node_timeout``
@@ -116,7 +116,7 @@ class RankListener:
         self.selector.register(self.server, selectors.EVENT_READ)
         self._closed = False
         self.greeted: set[str] = set()  # short names of the nodes that said hello
-        self.reads: set[str] = set()  # what the ranks' Python processes read (``common.observe``), merged
+        self.reads: set[str] = set()  # what the ranks' Python processes read (``observe.recorder``), merged
         self.read_ranks: set[int] = set()  # the ranks that sent theirs
         self.stopped: dict[int, tuple[str, float]] = {}  # rank -> (host, since when): stopped by a signal
         threading.Thread(target=self._serve, daemon=True).start()

@@ -24,7 +24,9 @@ import os
 import runpy
 import sys
 
+from .. import parslext
 from ..common import entrypoints, settings
+from ..errors import ConfigError
 from .leanparsl import lean_imports
 
 
@@ -83,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.path[:0] = opts.path
         os.environ["PYTHONPATH"] = os.pathsep.join([*opts.path, *filter(None, [os.environ.get("PYTHONPATH")])])
     with lean_imports():
+        try:
+            parslext.check(parslext.IN_THE_POOL)  # (the pool's Python may not be the workflow's)
+        except ConfigError as exc:
+            sys.exit(f"parsl-torch-pool: {exc}")
         _place_with_slots(opts.quarantine, opts.spares, tuple(filter(None, opts.accelerators.split(","))),
                           opts.visibility)
         _fork_workers_from_a_preloaded_server()

@@ -31,11 +31,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
-from ..common import preload, settings
+from ..observe import native as preload
+from ..common import settings
 from ..common.blocks import deadline_from_env
 from ..common.entrypoints import SHIM
 from ..common.pmi import finish_pmi
-from ..common.observe import boot_folder, observed_any, reads_of, skipped_places, temp_folders
+from ..observe.recorder import boot_folder, observed_any, reads_of, skipped_places, temp_folders
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
 from .cpushare import pin
@@ -96,7 +97,7 @@ def _observing(address: str | None) -> str | None:
 
 def observing_env(folder: str, environ: Mapping[str, str], cmd: list[str]) -> dict[str, str]:
     """What a rank's environment gets so that every process in it is observed into ``folder``: Python's
-    through its ``sitecustomize``, every process's through the preloaded library (``common.preload``). What
+    through its ``sitecustomize``, every process's through the preloaded library (``observe.native``). What
     ``cmd`` reads unseen (a static program; a program where the library could not be built) is said in
     the folder, so that the stage makes no skip promise (a Python is its own observer's to judge: not read
     here at every rank's start)."""

@@ -1,5 +1,5 @@
-"""Sites: one YAML file per machine in ``site_configs/``, turned into a
-``parsl.Config`` on demand.
+"""Layer 3, the workflow process or a login node. Sites: one YAML file per machine in
+``site_configs/``, turned into a ``parsl.Config`` on demand.
 
 Search path: the directories in ``PARSL_TORCH_SITE_PATH`` (``:``-separated),
 then the files shipped with the package; the first file named ``<site>.yaml``

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from ...common.observe import launch_variable
+from ...observe.recorder import launch_variable
 from .digests import sha
 
 

@@ -1,4 +1,4 @@
-"""What a finished stage read, as its ranks' Python processes saw it (``common.observe``), kept with
+"""What a finished stage read, as its ranks' Python processes saw it (``observe.recorder``), kept with
 its call: a skip needs every such read unchanged, besides an equal identity.
 
 A call's record holds one digest per read, taken when the stage finished (so a stage that
@@ -24,7 +24,7 @@ from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 
 from ...common import stagedir
-from ...common.observe import file_state, session_variable
+from ...observe.recorder import file_state, session_variable
 from ...core.log import get_logger
 from .digests import DigestCache, sha
 from .environment import env_components
@@ -110,7 +110,7 @@ def _names_digest(stage_env: Mapping[str, str], environ: Mapping[str, str] | Non
     return sha(json.dumps(sorted(_whole_environment(stage_env, environ))).encode())
 
 
-#: a recorded read's kind (``common.observe``) -> its key in a call's record, before its path
+#: a recorded read's kind (``observe.recorder``) -> its key in a call's record, before its path
 _KEYS = {"f": "read ", "F": "read folder ", "d": "listed ", "m": "stat ", "k": "kind "}
 
 

@@ -22,8 +22,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ... import sites
-from ...common import preload, settings, stagedir
+from ... import parslext, sites
+from ...observe import native as preload
+from ...common import settings, stagedir
 from ...common.diskspace import NO_SPACE, free_text
 from ...common.runlock import RunLock
 from ...core.log import get_logger, said_once_when_unwritable
@@ -237,6 +238,7 @@ def workflow(site: str = "auto", run_dir: str | os.PathLike = "runs/default", *,
     """
     settings.check_user_settings()  # (read on the ranks too late: a bad one would fail every stage, minutes in)
     parsl_for_a_workflow()
+    parslext.check()  # (a Parsl that moved what parsl-torch patches: named now, not a task that never ends)
     request = WorkflowRequest.of(site, run_dir, fresh, retries, max_continuations, on_error, gc_executor, keywords)
     loaded, others, users_dfk = sites_checked(request)
     run_dir = _made_run_dir(request.run_dir)

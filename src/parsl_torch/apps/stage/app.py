@@ -25,7 +25,7 @@ from typing import Any
 
 from ...common import settings
 from ...common.metadata import argument_secrets
-from ...common.preload import python_program
+from ...observe.native import python_program
 from ...common.records import ENV_NAME
 from ...common.stagedir import RESULT, STDERR, STDOUT
 from ...errors import ConfigError

@@ -22,7 +22,7 @@ from ...common.diskspace import no_space
 from ...common.files import open_private
 from ...common.gcpause import paused_gc, rank_gc
 from ...common.metadata import argument_secrets
-from ...common.observe import unobserved
+from ...observe.recorder import unobserved
 from ...common.raised import write_raised
 from ...core.dist import cleanup, exit_process, setup_torch
 from .options import load_call

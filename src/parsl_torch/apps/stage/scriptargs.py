@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ...common.preload import python_program
+from ...observe.native import python_program
 from ...errors import ConfigError
 
 #: a glob pattern's characters

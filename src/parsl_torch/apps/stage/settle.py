@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common import stagedir
-from ...common.observe import file_state
+from ...observe.recorder import file_state
 from ...common.outcome import Cause, read_outcome
 
 #: seconds a final outcome waits for Parsl's own answer (which comes within a second when the worker lives)

@@ -38,7 +38,7 @@ from ...common.blocks import CONTINUE_EXIT
 from ...common.entrypoints import stage_module
 from ...common.files import write_atomic
 from ...common.gcpause import paused_gc
-from ...common.observe import begin_call, begin_reads, observed_any, reads_of, unobserved
+from ...observe.recorder import begin_call, begin_reads, observed_any, reads_of, unobserved
 from ...common.outcome import Cause, Outcome
 from ...common.raised import claim_first, first_claimed, read_raised
 from ...core.dist import exit_process
@@ -157,7 +157,7 @@ class _Parent:
         """Fork the call, wait for its child; its exit code, and what the parent did to it ("" or why it
         was stopped)."""
         if (folder := settings.READS_DIR.get()) is not None:
-            begin_call(folder)  # (what this call reads is its child's: ``common.observe``)
+            begin_call(folder)  # (what this call reads is its child's: ``observe.recorder``)
         fork_safe()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()

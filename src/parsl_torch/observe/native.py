@@ -1,10 +1,10 @@
-"""The observer below Python: ``observe_preload.c``, built with the system's C compiler on first use and
+"""The observer below Python: ``native.c``, built with the system's C compiler on first use and
 preloaded (``LD_PRELOAD``) into every process of an observed rank, Python or not.
 
 It sees what compiled code reads (safetensors, tokenizers, pyarrow, sentencepiece, HDF5, a tool such as
 ``sort``), what a shell script or a binary stage reads, the paths such programs look for and do not find,
 and the programs a stage starts; it writes into the rank's folder, in the Python observer's lines
-(``common.observe``). Built once per source digest, machine and C library into the cache folder
+(``observe.recorder``). Built once per source digest, machine and C library into the cache folder
 (``PARSL_TORCH_CACHE_DIR``, shared by the nodes); where no compiler is found, Python's observation
 alone applies and ``why_not`` says so.
 """
@@ -21,10 +21,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .observe import skipped_places
+from ..common import settings
+from .recorder import skipped_places
 
-SOURCE = Path(__file__).with_name("observe_preload.c")
+SOURCE = Path(__file__).with_name("native.c")
 #: in the library's file name: how a process's ``LD_PRELOAD`` is known to carry it
 MARK = "parsl-torch-observe"
 

@@ -43,14 +43,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 
 try:
-    from . import observe_more as _more
+    from . import watches as _watches
 except ImportError:  # loaded by its path (a rank's sitecustomize, before any package): its sibling the same way
     import importlib.util as _util
 
-    _spec = _util.spec_from_file_location("parsl_torch_observe_more",
-                                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe_more.py"))
-    _more = _util.module_from_spec(_spec)  # type: ignore[arg-type]
-    _spec.loader.exec_module(_more)  # type: ignore[union-attr]
+    _spec = _util.spec_from_file_location("parsl_torch_observe_watches",
+                                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "watches.py"))
+    _watches = _util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(_watches)  # type: ignore[union-attr]
 
 #: a folder with more files read than this is recorded as the folder with every file in it (``F PATH``)
 MANY = 256
@@ -59,7 +59,7 @@ BEGIN = "parsl-torch: observe: begin"
 #: the audit event that tells the recorder that this thread reads for parsl-torch itself (True) or no longer
 QUIET = "parsl-torch: observe: quiet"
 #: the ``sitecustomize.py`` of a rank's processes (``boot_folder``): the standard library and this file only
-BOOT = """# parsl-torch: observe what this process reads (common/observe.py), then the sitecustomize this one hides
+BOOT = """# parsl-torch: observe what this process reads (observe/recorder.py), then the sitecustomize this one hides
 import importlib.machinery, importlib.util, os, sys
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
@@ -168,7 +168,7 @@ class Recorder:
         self.local = threading.local()  # (set while the recorder itself opens its file)
         self.lock = threading.Lock()
         self.out: int | None = None
-        self.below = _more.Below(self.line)
+        self.below = _watches.Below(self.line)
 
     def hook(self, event: str, args: tuple) -> None:
         if event not in _EVENTS:
@@ -186,7 +186,7 @@ class Recorder:
             path, mode, flags = args
             if isinstance(path, int):
                 return
-            reads, writes = _more.access(mode, flags)
+            reads, writes = _watches.access(mode, flags)
             if writes:
                 self.note("w", path)
             if reads:
@@ -211,7 +211,7 @@ class Recorder:
     def child(self, program: object, argv: object, env: object) -> None:
         """A child the user's code starts: a Python without this observer reads unseen, a program other than
         Python reads its whole environment."""
-        said = _more.child_lines(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
+        said = _watches.child_lines(program, argv, os.environ if env is None else env, os.path.join(self.folder, "boot"))
         if said and _reader(self, 2) == "user":
             self.line(said)
 
@@ -220,7 +220,7 @@ class Recorder:
             text = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
         except TypeError:
             return
-        text = _more.resolved(text)
+        text = _watches.resolved(text)
         if kind == "w" and _in_cache_folder(text):
             return  # a module's cache (or its temporary) written is Python's doing: no write of its source
         full = _source_of(text)
@@ -321,9 +321,9 @@ def install(folder: str, since: float) -> Recorder:
     recorder = Recorder(os.path.join(os.path.abspath(folder), ""), since)
     sys.addaudithook(recorder.hook)
     os.register_at_fork(after_in_child=recorder.after_fork)
-    _more.watch_environ(recorder, lambda depth: _reader(recorder, depth + 1), package_setting)
-    _more.watch_h5py(recorder)
-    _more.watch_lookups(recorder, lambda depth: _reader(recorder, depth + 1) == "user")
+    _watches.watch_environ(recorder, lambda depth: _reader(recorder, depth + 1), package_setting)
+    _watches.watch_h5py(recorder)
+    _watches.watch_lookups(recorder, lambda depth: _reader(recorder, depth + 1) == "user")
     recorder.line(STARTED)  # (a rank whose Python could not observe writes nothing: its shim tells)
     return recorder
 

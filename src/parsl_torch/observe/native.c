@@ -1,8 +1,8 @@
-/* parsl-torch: what a stage's processes read below Python, for reruns (common/preload.py builds it).
+/* parsl-torch: what a stage's processes read below Python, for reruns (observe/native.py builds it).
  *
  * Preloaded (LD_PRELOAD) into every process of an observed rank, Python or not, it appends a line per new
  * thing read to <PARSL_TORCH_READS_DIR>/<pid>.txt, the file and format the Python observer uses
- * (common/observe.py): "f PATH" a file opened to read or looked for and not found, "t STATE PATH" its
+ * (observe/recorder.py): "f PATH" a file opened to read or looked for and not found, "t STATE PATH" its
  * state at that first read, "m PATH" a path whose metadata was looked at (stat, access: its kind, size and
  * time), "w PATH" opened to write, "d PATH" a folder listed (opendir, and the C library's own listings:
  * scandir, glob, nftw/ftw, fts, getdents64), "e *" the whole environment read (a program other than Python
@@ -753,7 +753,7 @@ static int program_path(const char *file, int search, char *out) {
 }
 
 /* a Python's one-letter options that drop its observer (isolated, no site, no PYTHON* variables), as
- * observe_more.drops_observer reads them: "" if none */
+ * watches.drops_observer reads them: "" if none */
 static void dropping_options(char *const argv[], char *flags) {
     int n = 0;
     flags[0] = 0;
@@ -774,7 +774,7 @@ static void dropping_options(char *const argv[], char *flags) {
     }
 }
 
-/* why a Python child will not load its observer ("": it will): as observe_more.drops_observer says it */
+/* why a Python child will not load its observer ("": it will): as watches.drops_observer says it */
 static void python_why(const char *program, char *const argv[], char *const envp[], char *why, size_t size) {
     char flags[4], boot[PT_MAX + 8];
     dropping_options(argv, flags);

@@ -2,7 +2,7 @@
 itself (the standard library only): the environment's reads, ``h5py.File`` (the HDF5 library opens files
 in C), paths the user's code looks for and does not find, whether a Python child that a process starts
 will load the observer at all, and what the preloaded observer of compiled code must be told
-(``common.preload``).
+(``observe.native``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 
 class Below:
-    """The preloaded observer of compiled code in this process (``common.preload``; inert where it is not
+    """The preloaded observer of compiled code in this process (``observe.native``; inert where it is not
     loaded), told what only Python knows: that this process observes itself (Python's lookups and listings
     are judged here: the import system's are no input), which listing is about to be Python's, and a warm
     rank's next call."""
