@@ -9,6 +9,8 @@ login node) that must not import what runs on the ranks.
 
 from __future__ import annotations
 
+import sys
+
 SUPERVISE = "parsl_torch.launch.supervise"  # fail fast, time out, leave nothing behind
 SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for each rank
 PREFLIGHT = "parsl_torch.launch.preflight"  # a rank of the pre-flight check: Python starts, answers
@@ -20,6 +22,16 @@ WATCHDOG = "parsl_torch.apps.session.watchdog"  # ends what a workflow started w
 INTERCHANGE = "parsl_torch.launch.interchange"  # Parsl's interchange, its Parsl imported lean
 POOL_PRELOAD = "parsl_torch.launch.pool_preload"  # imported (not run) by the worker pool's forkserver
 STAGES_PACKAGE = "parsl_torch.stages"  # built-in stage NAME runs as python -m parsl_torch.stages.NAME
+
+
+def internal_arguments(module: str, argv: list[str] | None, usage: str, who: str) -> list[str] | None:
+    """The arguments of a module that parsl-torch runs itself (``usage``: their names; ``who`` runs it), or
+    None once its usage line is printed (a person ran it by hand)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == len(usage.split()) and not argv[0].startswith("-"):
+        return argv
+    print(f"usage: python -m {module} {usage}  ({who}; not for use by hand)", file=sys.stderr)
+    return None
 
 
 def stage_module(stage: str) -> str:

@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from ...common import settings
 from ...common.diskspace import no_space
+from ...common.entrypoints import STAGE_MAIN, internal_arguments
 from ...common.files import open_private
 from ...common.gcpause import paused_gc, rank_gc
 from ...common.metadata import argument_secrets
@@ -30,10 +31,7 @@ from .rankmain import as_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0].startswith("-"):
-        print(f"usage: python -m {__name__} PAYLOAD RESULT  (written by a distributed_app; not for use by hand)",
-              file=sys.stderr)
+    if (argv := internal_arguments(STAGE_MAIN, argv, "PAYLOAD RESULT", "written by a distributed_app")) is None:
         return 2
     payload, result = argv
     rank_gc()

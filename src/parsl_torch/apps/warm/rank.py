@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from ...common import settings, stagedir
 from ...common.blocks import CONTINUE_EXIT
-from ...common.entrypoints import stage_module
+from ...common.entrypoints import WARM_RANK, internal_arguments, stage_module
 from ...common.files import write_atomic
 from ...common.gcpause import paused_gc
 from ...observe.recorder import begin_call, begin_reads, observed_any, reads_of, unobserved
@@ -302,10 +302,7 @@ def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, fir
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print(f"usage: python -m {__name__} GROUP_DIR  (started by a warm workflow; not for use by hand)",
-              file=sys.stderr)
+    if (argv := internal_arguments(WARM_RANK, argv, "GROUP_DIR", "started by a warm workflow")) is None:
         return 2
     import importlib
 
