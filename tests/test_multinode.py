@@ -21,6 +21,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import parsl_torch as pt
@@ -482,6 +483,31 @@ def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_
     ran_on = ["n1", "n3"] if base == "nsslurm" else ["n1", "n2", "n3"]
     assert history.attrs["hostname"] == "n1" and history.attrs["nodes"] == ran_on
     assert "n2" in (wf.run_dir / "parsl" / "quarantine.json").read_text()
+
+
+def test_a_sharded_train_that_lost_a_node_resumes_from_node_memory_on_the_spare(cluster, sites_here, tmp_path,
+                                                                               monkeypatch):
+    """FSDP over 2 nodes x 2 ranks and a spare: every step each rank keeps its shard in its node's memory
+    (the cluster's nodes each have their own /dev/shm) and a copy in the next node's; n2 is lost at step 6,
+    and its memory with it. The retry, on n1 and the spare n3, resumes at step 6 from node memory (n2's
+    shards from their copies on n1; no checkpoint file exists yet), and every step's loss is bitwise that of
+    the same training uninterrupted."""
+    site_variant(tmp_path, monkeypatch, "nspbs", "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+    cfg = {**TRAIN, "steps": 10, "checkpoint_every": 100, "snapshot_every": 1, "strategy": "fsdp"}
+    with pt.workflow(site="nsspare", run_dir="runs/memory", retries=1) as wf:
+        plain = train(cfg, num_nodes=2, ranks_per_node=2, stage="uninterrupted").result(timeout=600)
+        future = train(cfg, num_nodes=2, ranks_per_node=2, env={"PARSL_TORCH_FAULT": f"hang@2:6:{tmp_path / 'once'}"})
+        _wait_for(tmp_path / "once", "the stopped rank", future)
+        cluster.module.lose_node("n2")
+        result = future.result(timeout=600)
+    assert result["resumed_from"] == 6 and result["world_size"] == 4
+    assert "resumed from the state kept in node memory at step 6 (no checkpoint file read)" in \
+        (wf.run_dir / "train" / "stderr.txt").read_text()
+    history, before = pt.read_history(result["history"]), pt.read_history(plain["history"])
+    assert list(history.steps) == list(range(10)) and history.attrs["nodes"] == ["n1", "n2", "n3"]
+    assert np.array_equal(history.metrics["loss"], before.metrics["loss"])  # bitwise
 
 
 @pytest.mark.parametrize("site, warm", [("nspbs", True), ("nsslurm", False)],

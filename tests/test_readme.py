@@ -40,6 +40,7 @@ EXAMPLES = {
     "import parsl_torch.compat.ezpz as ezpz": ("python", "", ()),
     "parsl_torch.compat.ezpz.alias()": ("python", "", ()),
     "def long_loop(steps: int)": ("python", "200", ()),
+    "def kept_loop(steps: int)": ("python", "True", ()),
     # two sites need a Globus Compute endpoint: here both are the local site (test_remote runs the
     # same flow across a local site and an endpoint's engine)
     'sites=["polaris-gc", "local"]': ("python", "accuracy ", (('sites=["polaris-gc", "local"]', 'sites=["local"]'),)),

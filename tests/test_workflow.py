@@ -244,10 +244,44 @@ def test_retry_resumes_from_the_checkpoint_without_lost_or_duplicated_steps(tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "killed-once").exists()  # the first attempt did die
     stderr = (run_dir / "train" / "stderr.txt").read_text()
-    assert "resumed from the checkpoint of step 20" in stderr
+    # the state kept in node memory (at the checkpoint of step 20 too, so never older than the file): no file read
+    kept = re.search(r"resumed from the state kept in node memory at step (\d+) \(no checkpoint file read\)", stderr)
+    assert kept and 20 <= int(kept[1]) <= 30, stderr[-3000:]
     data = pt.read_history(run_dir / "train" / "train.h5")
     assert list(data.steps) == list(range(40))
     assert not np.isnan(data.metrics["loss"]).any()
+
+
+@pytest.mark.slow
+def test_a_sharded_train_killed_resumes_from_node_memory_with_the_losses_of_an_uninterrupted_run(tmp_path):
+    """FSDP on 2 ranks, a state kept in node memory every 5 steps, no checkpoint file until the end: rank 1
+    is killed as step 30 starts; the retry resumes at step 30 from node memory (each rank its own shard) and
+    every step's loss is bitwise that of the same training uninterrupted; nothing is left in node memory."""
+    cfg = {**SMALL, "strategy": "fsdp", "checkpoint_every": 1000, "snapshot_every": 5}
+    script = tmp_path / "wf.py"
+    script.write_text(f"""import json, sys
+import parsl_torch as pt
+from parsl_torch.stages.train import train
+
+with pt.workflow(site="local", run_dir=sys.argv[1], retries=1):
+    print("RESULT " + json.dumps(train({cfg!r}, outputs=["train.h5", "model.pt"]).result()))
+""")
+    results = []
+    for run, fault in (("plain", None), ("killed", f"kill@1:30:{tmp_path / 'killed-once'}")):
+        out = subprocess.run([sys.executable, str(script), str(tmp_path / run)], capture_output=True, text=True,
+                             timeout=400, env=clean_env(**({"PARSL_TORCH_FAULT": fault} if fault else {})))
+        assert out.returncode == 0, out.stderr[-3000:]
+        results.append(json.loads(out.stdout.split("RESULT ", 1)[1]))
+    assert (tmp_path / "killed-once").exists() and [r["resumed_from"] for r in results] == [0, 30]
+    assert "at step 30 (no checkpoint file read)" in (tmp_path / "killed" / "train" / "stderr.txt").read_text()
+    plain, killed = (pt.read_history(r["history"]) for r in results)
+    assert list(killed.steps) == list(range(40))
+    assert np.array_equal(plain.metrics["loss"], killed.metrics["loss"])  # bitwise
+    import hashlib
+
+    for run in ("plain", "killed"):  # (this test's stage directories': other tests may train meanwhile)
+        where = hashlib.sha256(str(tmp_path / run / "train").encode()).hexdigest()[:16]
+        assert not (Path("/dev/shm") / f"parsl-torch-{os.getuid()}" / where).exists(), "state left in node memory"
 
 
 @pytest.fixture

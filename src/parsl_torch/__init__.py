@@ -23,6 +23,7 @@ _LAZY = {
     "should_checkpoint": "core.deadline",
     "to_be_continued": "core.deadline",
     "stop_requested": "core.deadline",
+    "Snapshots": "core.snapshot",
     "get_rank": "core.ranks",
     "get_world_size": "core.ranks",
     "get_local_rank": "core.ranks",

@@ -2,7 +2,7 @@
 
 Runs inside the node's fresh namespaces (network, UTS, PID, mount): sets the
 hostname, bind-mounts the node's /etc/hosts, an empty /etc/resolv.conf and its
-own storage (cluster.NODE_LOCAL),
+own storage (cluster.NODE_LOCAL), mounts its own /dev/shm (its memory),
 waits until the host side has plugged its network in, starts the node's
 daemons (the exec daemon that stands in for sshd/PALS, and slurmd when the
 cluster has Slurm), then reaps orphans forever. As PID 1 it ignores SIGTERM;
@@ -30,6 +30,8 @@ def main() -> None:
         mounts.append(tuple(spec["node_local"]))
     for src, dst in mounts:
         subprocess.run(["mount", "--bind", str(src), str(dst)], check=True)
+    # the node's own memory file system: what a node keeps in /dev/shm is lost with it, as on a real node
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g,mode=1777", "tmpfs", "/dev/shm"], check=True)
     go = node_dir / "network-ready"
     while not go.exists():
         time.sleep(0.02)

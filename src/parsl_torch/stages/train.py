@@ -41,6 +41,7 @@ from ..core.precision import (
 )
 from ..core.ranks import get_rank, get_world_size
 from ..core.recompute import checkpoint_every
+from ..core.snapshot import Snapshots
 from ..core.topology import env_topology
 from ..errors import ConfigError
 from . import faults
@@ -84,6 +85,9 @@ class TrainConfig:
     activation_checkpointing: str = "none"  # none | full | selective | selective:K (core.recompute)
     parallel: Layout | None = None  # every parallel dimension (core.layout), instead of strategy/tp_size
     checkpoint_every: int = 50
+    #: steps between states kept in node memory (``core.snapshot``); None: chosen so they cost 2 % of the
+    #: step time; 0: none
+    snapshot_every: int | None = None
     log_every: int = 20
     read_every: int | None = None  # steps between reads of the loss from the device (None: log_every on a GPU, 1 on a CPU)
     seed: int = 0
@@ -93,6 +97,8 @@ class TrainConfig:
         at_least(self, 1, "steps", "checkpoint_every", "log_every")
         if self.read_every is not None:
             at_least(self, 1, "read_every")
+        if self.snapshot_every is not None:
+            at_least(self, 0, "snapshot_every")
         if not 0 < self.lr < math.inf:
             raise ConfigError(f"lr: must be a finite number > 0, got {self.lr!r}")
         precision, dtype = normalize_precision(self.precision), normalize_precision(self.dtype, "dtype")
@@ -163,6 +169,7 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     final = _mean(loss.detach(), run.device) if loss is not None and start < cfg.steps \
         else float(state.get("loss") or math.nan)
     path = run.history.finalize(history_path)
+    run.snapshots.finish()  # (its state in node memory: the computation is done)
     if stopped is not None:
         get_logger(__name__).info("[%s] stopped at step %d: a sweep cut it", stage, stopped)
     return {"stage": stage, "final_loss": final, "steps": cfg.steps, "stopped_at": stopped, "resumed_from": start,
@@ -184,6 +191,7 @@ class _Training:
     opt: Any
     scaler: Any
     history: Any
+    snapshots: Any  # ``core.snapshot.Snapshots``: the state kept in node memory every few steps
     per_token: float  # FLOPs per token
     peak: float | None  # the device's peak FLOP/s
 
@@ -215,8 +223,10 @@ class _Training:
         history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
                           units=UNITS, descriptions=DESCRIPTIONS, read_every=read_every)
         forward = torch.compile(model) if cfg.compile else model  # (checkpoints hold the module's own names)
-        return cls(cfg, stage, device, precision, model, forward, opt, grad_scaler(precision, device.type), history,
-                   per_token, peak_flops(device))
+        run = cls(cfg, stage, device, precision, model, forward, opt, grad_scaler(precision, device.type), history,
+                  None, per_token, peak_flops(device))
+        run.snapshots = _snapshots(run)
+        return run
 
 
 def _resume(run: _Training, checkpoint_path: Any) -> tuple[dict[str, Any], int]:
@@ -224,6 +234,9 @@ def _resume(run: _Training, checkpoint_path: Any) -> tuple[dict[str, Any], int]:
     from . import checkpoint as ckpt
 
     cfg, stage, logger = run.cfg, run.stage, get_logger(__name__)
+    if (kept := run.snapshots.restore()) is not None:  # (this computation's state in node memory: newest)
+        run.history.resume(before_step=kept)
+        return {"step": kept}, kept
     state = ckpt.read(checkpoint_path) if Path(checkpoint_path).exists() else None
     if state is not None and state.get("call") != settings.CALL_ID.raw():
         # a checkpoint of another call of this stage (another config, code or input): never resume it
@@ -241,6 +254,53 @@ def _resume(run: _Training, checkpoint_path: Any) -> tuple[dict[str, Any], int]:
     run.history.resume(before_step=state["step"])
     logger.info("[%s] resumed from the checkpoint of step %d (%s)", stage, state["step"], checkpoint_path)
     return state, state["step"]
+
+
+def _snapshots(run: _Training) -> Any:
+    """The stage's state kept in node memory (``core.snapshot``): model, optimizer, RNG and scaler; one copy
+    serves every rank where the layout only replicates (ddp, none)."""
+    import torch
+
+    def state() -> dict[str, Any]:
+        run.history.sync()  # (collective) the history on disk covers every step the state does
+        run.history.flush()
+        kept = {"model": run.model.state_dict(), "opt": run.opt.state_dict(), "rng": torch.get_rng_state()}
+        if run.device.type == "cuda":
+            kept["device_rng"] = torch.cuda.get_rng_state(run.device)
+        return {**kept, "scaler": run.scaler.state_dict()} if run.scaler is not None else kept
+
+    def load(kept: dict[str, Any]) -> None:
+        for name, target in run.model.state_dict().items():
+            (target.to_local() if hasattr(target, "to_local") else target).copy_(kept["model"][name])
+        run.opt.load_state_dict(_optimizer_state(run.opt, kept["opt"]))
+        torch.set_rng_state(kept["rng"])
+        if "device_rng" in kept:
+            torch.cuda.set_rng_state(kept["device_rng"], run.device)
+        if run.scaler is not None:
+            run.scaler.load_state_dict(kept["scaler"])
+
+    cfg = run.cfg
+    return Snapshots(state, load, replicated=cfg.parallel is None and cfg.strategy in ("none", "ddp"),
+                     every=cfg.snapshot_every, enabled=cfg.snapshot_every != 0 and not hasattr(run.model, "step"))
+    # (a pipeline schedule: its file checkpoints only)
+
+
+def _optimizer_state(opt: Any, kept: dict[str, Any]) -> dict[str, Any]:
+    """A kept optimizer state as the optimizer takes it: a sharded parameter's state as its shard (kept as
+    this rank's part), the rest as it is."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for index, entries in kept["state"].items():
+        param = params[index]
+        if not hasattr(param, "device_mesh"):
+            continue
+        from torch.distributed.tensor import DTensor
+
+        for key, value in entries.items():
+            if getattr(value, "dim", lambda: 0)() > 0:
+                entries[key] = DTensor.from_local(value.to(param.to_local().device), param.device_mesh,
+                                                  param.placements, run_check=False, shape=param.shape,
+                                                  stride=param.stride())
+    return kept
 
 
 def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float | None, int | None]:
@@ -266,6 +326,8 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
         saving = time.perf_counter()
+        if run.snapshots.active and (run.snapshots.due(step) or (step + 1) % cfg.checkpoint_every == 0):
+            run.snapshots.keep(step)  # (at each file checkpoint too: node memory is never older than the file)
         if _checkpoint_if_due(run, step, loss, checkpoint_path):
             return loss, compile_s, step + 1
         reads.since += time.perf_counter() - saving  # (a checkpoint's time is not a step's)

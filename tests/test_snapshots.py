@@ -1,0 +1,25 @@
+"""The state kept in node memory (``core.snapshot``): which step a retry resumes at, and from whom each
+rank gets its state, decided from what each node's memory holds (the runs: test_workflow, test_multinode)."""
+
+from __future__ import annotations
+
+from parsl_torch.core.snapshot import _newest
+
+
+def held(*entries: tuple[str, int, int]) -> dict:
+    return {entry: f"/dev/shm/{entry}" for entry in entries}
+
+
+def test_a_sharded_state_resumes_at_the_newest_step_every_rank_can_get_from_the_nodes_left():
+    # 4 ranks, 2 per node; node 2 (ranks 2, 3) lost: ranks 0, 1 hold their own states and the copies of 2, 3
+    # (at step 6; the copies of step 7 never arrived), the spare's ranks 2, 3 hold nothing
+    left = held(("rank", 0, 7), ("rank", 1, 7), ("rank", 0, 6), ("rank", 1, 6), ("peer", 2, 6), ("peer", 3, 6))
+    assert _newest([left, left, {}, {}], 4, replicated=False) == (6, {2: 0, 3: 0})
+    assert _newest([left, left, {}, {}], 4, replicated=True) == (7, {2: 0, 3: 0})  # any copy serves any rank
+    assert _newest([{}, {}, {}, {}], 4, replicated=False) == (None, {})  # a new job: the file checkpoint
+
+
+def test_a_state_no_rank_can_get_is_never_resumed():
+    only_own = held(("rank", 0, 5), ("rank", 1, 5))  # no copies elsewhere: ranks 2, 3 lost theirs
+    assert _newest([only_own, only_own, {}, {}], 4, replicated=False) == (None, {})
+    assert _newest([only_own] * 2, 2, replicated=False) == (5, {})  # every rank on a node that holds its own
