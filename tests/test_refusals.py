@@ -340,3 +340,17 @@ def test_script_app_runs_a_program_as_it_is_and_refuses_python_for_it(tmp_path):
         pt.script_app(program, python=sys.executable)
     with pytest.raises(ConfigError, match=r"python='/opt/bin/py3'\): python= names a Python interpreter"):
         pt.script_app(tmp_path / "train.py", python="/opt/bin/py3")
+
+
+def test_an_option_a_built_in_stage_does_not_take_is_named_with_those_it_takes():
+    """``train(cfg, envs=...)`` was a TypeError from a dataclass; ``env=`` reaches the ranks as a function
+    stage's does (test_multinode's node-memory test passes it)."""
+    from parsl_torch.stages.evaluate import evaluate
+    from parsl_torch.stages.train import train
+
+    small = {"steps": 2, "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "seq_len": 8}}
+    with pytest.raises(ConfigError, match=r"stage 'train': 'envs': not an option of the built-in train stage "
+                                          r"\(it takes stage, num_nodes, ranks_per_node, walltime, site, min_nodes, env\)"):
+        train(small, envs={"A": "1"})
+    with pytest.raises(ConfigError, match=r"stage 'check': 'nodes', 'ppn': not an option of the built-in evaluate"):
+        evaluate({"model": small["model"]}, inputs=["model.pt"], stage="check", nodes=2, ppn=1)

@@ -306,7 +306,7 @@ def test_the_watchdog_ends_a_dead_workflows_renamed_children_too(tmp_path):
     parent = tmp_path / "parent.py"
     parent.write_text(textwrap.dedent("""
         import os, subprocess, sys, time
-        from parsl_torch.apps import watchdog
+        from parsl_torch.apps.session import watchdog
         dog = watchdog.start(sys.argv[1])  # a token per mode: the first one's watchdog may still sweep
         # no token, and a title as Parsl's interchange sets it
         child = subprocess.Popen(["bash", "-c", "exec -a 'parsl: fake interchange' sleep 600"], env={})

@@ -104,8 +104,8 @@ def evaluate(config: Any, inputs=(), outputs=("eval.h5",), **call: Any):
     if len(inputs) != 1:
         raise ConfigError(f"stage {call.get('stage', STAGE)!r}: inputs must hold exactly one checkpoint "
                           f"(e.g. inputs=[train_future.outputs[1]]), got {len(inputs)}")
-    return submit_builtin(BuiltinCall(STAGE, cfg, tuple(inputs), tuple(outputs),
-                                      tuple(data_files(cfg.data)), **call), _evaluate)
+    return submit_builtin(BuiltinCall.of(STAGE, cfg, tuple(inputs), tuple(outputs), tuple(data_files(cfg.data)),
+                                         call), _evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -447,8 +447,8 @@ def train(config: Any, outputs=("train.h5", "model.pt"), **call: Any):
     """Submit the train stage: ``config`` (YAML path, mapping or TrainConfig) is
     checked here, before anything is submitted. Returns a StageFuture."""
     cfg = load_config(config, TrainConfig, call.get("stage", STAGE))
-    return submit_builtin(BuiltinCall(STAGE, cfg, (), tuple(outputs), tuple(data_files(cfg.data)),
-                                      **call), _train, functools.partial(check_world, cfg))
+    return submit_builtin(BuiltinCall.of(STAGE, cfg, (), tuple(outputs), tuple(data_files(cfg.data)), call),
+                          _train, functools.partial(check_world, cfg))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -151,6 +152,17 @@ class BuiltinCall:
     walltime: float | None = None
     site: str | None = None  # another of the workflow's sites
     min_nodes: int | None = None  # the fewest nodes it may go on with after a node loss
+    env: dict[str, str] | None = None  # its ranks' environment variables, over the site's
+
+    @classmethod
+    def of(cls, builtin: str, config: Any, inputs: tuple, outputs: tuple, files: tuple[str, ...],
+           options: dict[str, Any]) -> BuiltinCall:
+        """A call with the stage options asked for; one it does not take is named, with those it takes."""
+        takes = [f.name for f in dataclasses.fields(cls)][5:]
+        if unknown := [name for name in options if name not in takes]:
+            raise ConfigError(f"stage {options.get('stage') or builtin!r}: {', '.join(map(repr, unknown))}: not an "
+                              f"option of the built-in {builtin} stage (it takes {', '.join(takes)})")
+        return cls(builtin, config, inputs, outputs, files, **options)
 
     @property
     def name(self) -> str:

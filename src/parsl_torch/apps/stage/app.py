@@ -383,4 +383,5 @@ def submit_builtin(call: BuiltinCall, app: DistributedApp, check: Callable[[int,
     what of its config needs the call's ranks (``DistributedApp.reading``)."""
     return app.reading(call.files, check)(call.config, inputs=list(call.inputs), outputs=list(call.outputs),
                                    stage=call.stage, num_nodes=call.num_nodes, ranks_per_node=call.ranks_per_node,
-                                   walltime=call.walltime, site=call.site, min_nodes=call.min_nodes)
+                                   walltime=call.walltime, site=call.site, min_nodes=call.min_nodes,
+                                   env=call.env)
