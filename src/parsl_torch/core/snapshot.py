@@ -64,6 +64,7 @@ class Snapshots:
         self.group = dist.new_group(backend="gloo") if enabled and dist.is_initialized() and self.world > 1 else None
         self._writer: threading.Thread | None = None
         self._warned = False
+        self._writer_cpu = 0.0  # CPU seconds the last snapshot's writer took
         self.stall = 0.0  # seconds the last snapshot held the step
         self._since, self._last = time.perf_counter(), -1
 
@@ -84,8 +85,9 @@ class Snapshots:
         t0 = time.perf_counter()
         host = _to_host(self.state())
         self.stall = time.perf_counter() - t0
-        if not self.fixed:
-            self.every = self._agreed(max(1, math.ceil(self.stall / (COST * max(per_step, 1e-9)))))
+        if not self.fixed:  # (the writer's CPU too: where the ranks use every core, it is theirs)
+            cost = self.stall + self._writer_cpu
+            self.every = self._agreed(max(1, math.ceil(cost / (COST * max(per_step, 1e-9)))))
         self._writer = threading.Thread(target=self._write, args=(step + 1, host), daemon=True,
                                         name="parsl-torch-snapshot")
         self._writer.start()
@@ -112,6 +114,7 @@ class Snapshots:
         still answer its pair), then the files; node memory that is full costs the snapshot, not the run."""
         import torch
 
+        started = time.thread_time()
         buffer = io.BytesIO()
         torch.save(host, buffer)
         data = buffer.getvalue()
@@ -128,6 +131,8 @@ class Snapshots:
                 get_logger(__name__).warning("the state of step %d could not be kept in node memory (%s): a retry "
                                              "resumes from an older one or the checkpoint file", step, exc)
                 self._warned = True
+        finally:
+            self._writer_cpu = time.thread_time() - started
 
     def restore(self) -> int | None:
         """Collective: the newest state every rank can get, loaded (the step it is at), or None."""
