@@ -514,8 +514,9 @@ def test_a_sharded_train_that_lost_a_node_resumes_from_node_memory_on_the_spare(
                          ids=["warm", "slurm"])  # (cold ranks on the PBS site: the spare's test above)
 def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allows(cluster, sites_here, tmp_path,
                                                                                   monkeypatch, site, warm):
-    """A 2-node block, a 2-node train with min_nodes=1: n2 is lost at step 6; no node is free, so the
-    retry resumes from the checkpoint of step 6 on n1 alone (2 ranks). Every step once, the loss still
+    """A 2-node block, a 2-node train with min_nodes=1: n2 is lost at step 6; no node is free, so it goes
+    on from step 6 on n1 alone (2 ranks): cold, in place (the same launch's supervisor starts the ranks
+    again on the node left; they resume from node memory), warm, through a retry of its group. Every step once, the loss still
     falls, and the result and the history name both segments. In warm ranks too: the retry's group starts
     on the node left. On Slurm too: the job survives (--no-kill), the retry's step overlaps the lost one."""
     monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")  # rank 2 (n2) stops at step 6
@@ -537,8 +538,12 @@ def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allo
     assert (history.attrs["hostname"], history.attrs["num_nodes"], history.attrs["world_size"]) == ("n1", 1, 2)
     loss = history.metrics["loss"]
     assert all(map(math.isfinite, loss)) and loss[6:].mean() < loss[:2].mean()
-    assert "starting 2 of 4 rank(s), on 1 node(s): the block lost nodes" in (wf.run_dir / "train" /
-                                                                           "stderr.txt").read_text()
+    said = (wf.run_dir / "train" / "stderr.txt").read_text()
+    if warm:  # (a warm group ends with its node: its retry goes through Parsl, on the node left)
+        assert "starting 2 of 4 rank(s), on 1 node(s): the block lost nodes" in said
+    else:  # in place: the same launch's supervisor goes on, no retry through Parsl (one attempt, one log)
+        assert "node n2 lost: the stage goes on in place on the 1 node(s) left (n1), 2 rank(s)" in said
+        assert not (wf.run_dir / "train" / "stderr.1.txt").exists()
 
 
 def test_a_node_that_fails_the_preflight_check_is_skipped_before_the_stage_starts(cluster, sites_here, tmp_path,

@@ -88,6 +88,28 @@ def overlapping(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(argv)
 
 
+#: each launcher's flags that name its ranks, its nodes and how many (Parsl's prefixes: mpi_prefix_composer)
+_SHAPE_FLAGS = {"mpiexec": ("-n", "-hosts", None), "srun": ("--ntasks", "--nodelist", "--nodes"),
+                "aprun": ("-n", "-node-list", None)}
+
+
+def on_nodes_left(command: Sequence[str], prefix: Sequence[str], hosts: Sequence[str], lost: str,
+                  ranks_per_node: int) -> tuple[list[str], list[str]] | None:
+    """The launch command and hosts of the same ranks per node on ``hosts`` less ``lost``: ``prefix`` (Parsl's
+    launch prefix, which ``command`` starts with) with its ranks and nodes rewritten. None where the command
+    does not start with it or its launcher is not one of Parsl's."""
+    left = [h for h in hosts if h and h != lost]
+    flags = _SHAPE_FLAGS.get(os.path.basename(prefix[0])) if prefix else None
+    if not left or flags is None or list(command[:len(prefix)]) != list(prefix):
+        return None
+    values = dict(zip(flags, (str(len(left) * ranks_per_node), ",".join(left), str(len(left)))))
+    rewritten = list(prefix)
+    for i, word in enumerate(prefix[:-1]):
+        if word in values:
+            rewritten[i + 1] = values[word]
+    return [*rewritten, *command[len(prefix):]], left
+
+
 def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
     """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
     unstarted (its retry is free: ``apps.stage.continuation``), which places it on other nodes."""

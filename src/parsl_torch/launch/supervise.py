@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,17 +45,18 @@ from pathlib import Path
 from ..common import settings, stagedir
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SUPERVISE
-from ..common.outcome import Cause, Outcome, forget_outcome, write_outcome
+from ..common.outcome import Cause, Outcome, forget_outcome, read_outcome, write_outcome
 from ..common.procs import reap, stop
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
 from ..errors import TopologyError
 from . import quarantine
 from .cpushare import CpuShare, bound
-from .events import Event, LauncherExited, NodeSilent, RankReport, blame_stopped, cause_within, describe_exit
+from .events import (NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, blame_stopped, cause_within,
+                     describe_exit)
 from .listener import RankListener, short_queue
 from .machines import get_machine
-from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, overlapping, refuse_nodes
+from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, on_nodes_left, overlapping, refuse_nodes
 from .nodeloss import say as _say
 from .plan import LaunchPlan
 from .preflight import silent_nodes
@@ -295,6 +297,7 @@ def _arguments(argv: list[str]) -> tuple[Any, list[str]]:
     parser.add_argument("--preflight", type=float, default=0, help="seconds each node has to answer first")
     parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
     parser.add_argument("--result", help="the file rank 0 writes when the function returns: without it the launch failed")
+    parser.add_argument("--min-nodes", type=int, default=0, help="after a lost node, go on in place on as few")
     opts = parser.parse_args(argv[:split])
     if not argv[split + 1:]:
         parser.error("no command after --")
@@ -351,9 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ``PARSL_MPI_NODELIST`` at a fresh port, fail fast, time out, leave nothing
     behind.
     """
-    opts, command = _arguments(sys.argv[1:] if argv is None else argv)
+    opts, given = _arguments(sys.argv[1:] if argv is None else argv)
     hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
-    command, env = _launch_of(command, hosts, opts.env_file)
+    command, env = _launch_of(given, hosts, opts.env_file)
     ranks = _ranks_given(opts.ranks)
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, ranks,
                       tuple(h for h in hosts if h), env)
@@ -375,8 +378,41 @@ def main(argv: list[str] | None = None) -> int:
         return CONTINUE_EXIT
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
         return refuse_nodes(silent, stage_dir)
-    return supervise(plan, timeout=opts.timeout, owner=LockWatch(run_dir) if run_dir else None, stage_dir=stage_dir,
-                     result=opts.result, check_s=opts.preflight or LOSS_CHECK_S)
+    owner, started = LockWatch(run_dir) if run_dir else None, time.time()
+    code = supervise(plan, timeout=opts.timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
+                     check_s=opts.preflight or LOSS_CHECK_S)
+    prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))  # (Parsl's launch prefix, which ``given`` starts with)
+    while code == NODE_LOST_EXIT and stage_dir and (left := _nodes_left(opts, given, prefix, hosts, stage_dir)):
+        given, hosts = left  # (in place: no new launch through Parsl; the ranks resume from node memory)
+        prefix = given[:len(prefix)]
+        command, env = _launch_of(given, hosts, opts.env_file)
+        plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, len(hosts) * _ranks_per_node(), tuple(hosts),
+                          env)
+        timeout = None if opts.timeout is None else max(opts.timeout - (time.time() - started), 1.0)
+        code = supervise(plan, timeout=timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
+                         check_s=opts.preflight or LOSS_CHECK_S)
+    return code
+
+
+def _ranks_per_node() -> int:
+    value = os.environ.get("PARSL_RANKS_PER_NODE", "")
+    return int(value) if value.isdigit() else 0
+
+
+def _nodes_left(opts: Any, given: list[str], prefix: list[str], hosts: list[str],
+                stage_dir: str) -> tuple[list[str], list[str]] | None:
+    """After a lost node (checked), where the stage's min_nodes allows: the launch on the nodes left, said; None
+    where it cannot go on in place (the stage fails, and its retry goes through Parsl: a spare, the nodes left)."""
+    outcome = read_outcome(stage_dir)
+    if not opts.min_nodes or outcome is None or outcome.cause is not Cause.NODE_LOST or not outcome.host:
+        return None
+    left = on_nodes_left(given, prefix, hosts, outcome.host, _ranks_per_node()) if _ranks_per_node() else None
+    if left is None or len(left[1]) < opts.min_nodes:
+        return None
+    _say(f"node {outcome.host} lost: the stage goes on in place on the {len(left[1])} node(s) left "
+         f"({', '.join(left[1])}), {len(left[1]) * _ranks_per_node()} rank(s) (its min_nodes is {opts.min_nodes}), "
+         f"from the state its ranks kept")
+    return left
 
 
 if __name__ == "__main__":

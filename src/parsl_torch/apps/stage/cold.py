@@ -28,6 +28,7 @@ from ...common.stagedir import IDENTITY, PAYLOAD, PREVIOUS, RESULT, STARTED, STD
 from ...common.stagedir import read as read_record
 from ...core.log import get_logger
 from ...errors import StageError
+from ...launch.packing import MIN_NODES_KEY
 from .. import identity
 from .call import StageCall
 from ..identity.freshdir import start_fresh
@@ -146,6 +147,10 @@ def _command(call: StageCall, rank_cmd: str) -> str:
     flags = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     if opts.preflight and opts.num_nodes > 1:
         flags += f"--preflight {opts.preflight:g} "
+    # after a lost node it goes on in place on the nodes left, as many as its min_nodes; not a warm group's
+    # serving call (a fixed id): the group ends with its node, and the workflow runs the call elsewhere
+    if call.id is None and (fewest := call.resource_specification.get(MIN_NODES_KEY)) is not None:
+        flags += f"--min-nodes {fewest} "
     if call.returns:  # rank 0 must leave its return value, or the stage failed
         flags += f"--result {RESULT} "
     binding = shlex.join(opts.launcher_args)
