@@ -510,8 +510,8 @@ def test_a_sharded_train_that_lost_a_node_resumes_from_node_memory_on_the_spare(
     assert np.array_equal(history.metrics["loss"], before.metrics["loss"])  # bitwise
 
 
-@pytest.mark.parametrize("site, warm", [("nspbs", True), ("nsslurm", False)],
-                         ids=["warm", "slurm"])  # (cold ranks on the PBS site: the spare's test above)
+@pytest.mark.parametrize("site, warm", [("nspbs", True), ("nsslurm", False), ("nspbs", False)],
+                         ids=["warm", "slurm", "pbs"])
 def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allows(cluster, sites_here, tmp_path,
                                                                                   monkeypatch, site, warm):
     """A 2-node block, a 2-node train with min_nodes=1: n2 is lost at step 6; no node is free, so it goes

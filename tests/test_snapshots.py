@@ -23,3 +23,20 @@ def test_a_state_no_rank_can_get_is_never_resumed():
     only_own = held(("rank", 0, 5), ("rank", 1, 5))  # no copies elsewhere: ranks 2, 3 lost theirs
     assert _newest([only_own, only_own, {}, {}], 4, replicated=False) == (None, {})
     assert _newest([only_own] * 2, 2, replicated=False) == (5, {})  # every rank on a node that holds its own
+
+
+def test_the_launch_on_the_nodes_left_rewrites_only_parsls_prefix():
+    """After a lost node, a stage whose min_nodes allows it goes on in place: the same command on the nodes
+    left, the launcher's ranks and nodes rewritten (Parsl's prefixes), nothing else."""
+    from parsl_torch.launch.nodeloss import on_nodes_left
+
+    tail = ["--bind-to", "core", "python", "-m", "parsl_torch.launch.shim", "-n", "4"]
+    mpiexec = ["mpiexec", "-n", "6", "-ppn", "2", "-hosts", "n1,n2,n3"]
+    assert on_nodes_left(mpiexec + tail, mpiexec, ["n1", "n2", "n3"], "n2", 2) == \
+        (["mpiexec", "-n", "4", "-ppn", "2", "-hosts", "n1,n3", *tail], ["n1", "n3"])
+    srun = ["srun", "--ntasks", "4", "--ntasks-per-node", "2", "--nodelist", "n1,n2", "--nodes", "2"]
+    assert on_nodes_left(srun + tail, srun, ["n1", "n2"], "n1", 2) == \
+        (["srun", "--ntasks", "2", "--ntasks-per-node", "2", "--nodelist", "n2", "--nodes", "1", *tail], ["n2"])
+    assert on_nodes_left(["torchrun", *tail], ["torchrun"], ["n1", "n2"], "n2", 2) is None  # not Parsl's
+    assert on_nodes_left(["mpiexec", "-n", "2", *tail], mpiexec, ["n1", "n2"], "n2", 2) is None  # another prefix
+    assert on_nodes_left(mpiexec + tail, mpiexec, ["n1"], "n1", 2) is None  # no node left
