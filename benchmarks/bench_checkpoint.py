@@ -8,25 +8,17 @@ usage: python benchmarks/bench_checkpoint.py [--dim 768] [--layers 8] [--ranks 2
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from common import BIN, bench_env
+from common import rank_json
 
 HERE = Path(__file__).resolve().parent
 
 
 def run(mode: str, ranks: int, dim: int, layers: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", str(ranks), "--", sys.executable,
-                              str(HERE / "ranks" / "checkpoint_io.py"), mode, tmp, str(dim), str(layers)],
-                             capture_output=True, text=True, timeout=1800, env=bench_env())
-        if out.returncode:
-            raise SystemExit(f"{mode} failed:\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return rank_json(HERE / "ranks" / "checkpoint_io.py", ranks, mode, tmp, str(dim), str(layers))
 
 
 def main() -> None:

@@ -8,13 +8,10 @@ usage: python benchmarks/bench_snapshot.py [--dim 512] [--layers 4] [--steps 100
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from common import BIN, bench_env
+from common import bench_env, rank_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -22,13 +19,8 @@ HERE = Path(__file__).resolve().parent
 def run(mode: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as stage_dir:  # (a computation of a stage: its state is kept)
         env = bench_env(PARSL_TORCH_CALL_ID=f"bench-{mode}", PARSL_TORCH_STAGE_DIR=stage_dir)
-        out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", "2", "--", sys.executable,
-                              str(HERE / "ranks" / "snapshot_steps.py"), mode, args.strategy, str(args.dim),
-                              str(args.layers), str(args.steps)], capture_output=True, text=True, timeout=1800,
-                             env=env, cwd=stage_dir)
-        if out.returncode:
-            raise SystemExit(f"{mode} failed:\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return rank_json(HERE / "ranks" / "snapshot_steps.py", 2, mode, args.strategy, str(args.dim),
+                         str(args.layers), str(args.steps), env=env, cwd=stage_dir)
 
 
 def main() -> None:

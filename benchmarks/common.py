@@ -22,6 +22,19 @@ def bench_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def rank_json(script: Path, ranks: int, *args: str, env: dict[str, str] | None = None,
+              cwd: str | None = None) -> dict:
+    """Rank 0's JSON line (its last line) of ``script`` on ``ranks`` ranks through ``parsl-torch launch``;
+    exits with its stderr if it failed."""
+    out = subprocess.run([str(BIN / "parsl-torch"), "launch", "-n", str(ranks), "--", sys.executable, str(script),
+                          *args], capture_output=True, text=True, timeout=1800, env=env or bench_env(), cwd=cwd)
+    if out.returncode:
+        raise SystemExit(f"{script.name} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    import json
+
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def timed(argv: list[str], env: dict[str, str], timeout: float = 1800) -> float:
     """Seconds ``argv`` took; exits with its stderr if it failed."""
     t0 = time.perf_counter()
