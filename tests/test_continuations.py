@@ -254,7 +254,9 @@ def test_a_train_stage_longer_than_its_blocks_finishes_in_several_with_every_ste
     saved, resumed = None, 0
     for attempt in attempts:
         text = attempt.read_text()
-        if saved is not None and f"resumed from the checkpoint of step {saved} " in text:
+        # (from node memory, which holds the state of every checkpoint, or from the file)
+        if saved is not None and re.search(rf"resumed from (the checkpoint of|the state kept in node memory at) "
+                                           rf"step {saved} ", text):
             resumed += 1
         else:
             assert saved is None or "resumed from" not in text, (saved, attempt.name, text[-2000:])

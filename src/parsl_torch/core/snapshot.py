@@ -62,6 +62,8 @@ class Snapshots:
         self.folder = node_folder(settings.CALL_ID.raw() or "", settings.STAGE_DIR.raw() or os.getcwd(),
                                   None if replicated else self.world) if enabled else None
         self.group = dist.new_group(backend="gloo") if enabled and dist.is_initialized() and self.world > 1 else None
+        # a replicated state is kept once per node (its first rank's), a sharded one by every rank
+        self.writes = not replicated or env_topology().local_rank == 0
         self._writer: threading.Thread | None = None
         self._warned = False
         self._writer_cpu = 0.0  # CPU seconds the last snapshot's writer took
@@ -76,21 +78,26 @@ class Snapshots:
         """Whether to keep the state after ``step`` (0-based; the state is then at ``step + 1``)."""
         return self.active and step - self._last >= (self.every or 1)
 
-    def keep(self, step: int) -> None:
+    def keep(self, step: int, again: bool = True) -> None:
         """The state after ``step``, kept: copied to host memory now, written to node memory (and sent to
-        the next node's, sharded) by a thread; the interval adjusted to the measured stall. Collective."""
+        the next node's, sharded) by a thread; the interval adjusted to the measured stall. Collective.
+        ``again=False``: not where the state of ``step`` is kept already (or nothing is kept here)."""
+        if not self.active or (not again and self._last == step):
+            return
         per_step = (time.perf_counter() - self._since) / max(step - self._last, 1)
         self._last = step
         self.wait()
         t0 = time.perf_counter()
-        host = _to_host(self.state())
+        state = self.state()  # (on every rank: it may be collective)
+        host = _to_host(state) if self.writes else None
         self.stall = time.perf_counter() - t0
         if not self.fixed:  # (the writer's CPU too: where the ranks use every core, it is theirs)
             cost = self.stall + self._writer_cpu
             self.every = self._agreed(max(1, math.ceil(cost / (COST * max(per_step, 1e-9)))))
-        self._writer = threading.Thread(target=self._write, args=(step + 1, host), daemon=True,
-                                        name="parsl-torch-snapshot")
-        self._writer.start()
+        if host is not None:
+            self._writer = threading.Thread(target=self._write, args=(step + 1, host), daemon=True,
+                                            name="parsl-torch-snapshot")
+            self._writer.start()
         self._since = time.perf_counter()
 
     def _agreed(self, every: int) -> int:
@@ -105,6 +112,7 @@ class Snapshots:
         return int(value.item())
 
     def wait(self) -> None:
+        """Until the last state is written (before the process ends)."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None

@@ -326,8 +326,8 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
         if cfg.compile and compile_s is None:
             compile_s = dt  # the first step compiles: its time is kept apart, in the result
         saving = time.perf_counter()
-        if run.snapshots.active and (run.snapshots.due(step) or (step + 1) % cfg.checkpoint_every == 0):
-            run.snapshots.keep(step)  # (at each file checkpoint too: node memory is never older than the file)
+        if run.snapshots.due(step):
+            run.snapshots.keep(step)
         if _checkpoint_if_due(run, step, loss, checkpoint_path):
             return loss, compile_s, step + 1
         reads.since += time.perf_counter() - saving  # (a checkpoint's time is not a step's)
@@ -413,11 +413,13 @@ def _checkpoint_if_due(run: _Training, step: int, loss: Any, checkpoint_path: An
         ckpt.save(checkpoint_path, run.model, run.opt, step + 1, as_dict(cfg.model), settings.CALL_ID.raw(),
                   strategy, loss=_mean(loss.detach(), run.device), stopped=stopping)
         note_checkpoint(step + 1, time.perf_counter() - t0)
+        run.snapshots.keep(step, again=False)  # (node memory is never older than the file: a retry resumes there)
     if stopping:
         return True
     if block_ending:
         get_logger(__name__).info("[%s] the block ends soon: checkpoint of step %d saved, to be continued in "
                                   "the next block", run.stage, step + 1)
+        run.snapshots.wait()  # (written whole before the process ends: the next block resumes there)
         to_be_continued(step + 1)
     return False
 
