@@ -263,13 +263,17 @@ def test_a_sharded_train_killed_resumes_from_node_memory_with_the_losses_of_an_u
 import parsl_torch as pt
 from parsl_torch.stages.train import train
 
-with pt.workflow(site="local", run_dir=sys.argv[1], retries=1):
+with pt.workflow(site="local", run_dir=sys.argv[1], retries=int(sys.argv[2])):
     print("RESULT " + json.dumps(train({cfg!r}, outputs=["train.h5", "model.pt"]).result()))
 """)
     results = []
-    for run, fault in (("plain", None), ("killed", f"kill@1:30:{tmp_path / 'killed-once'}")):
-        out = subprocess.run([sys.executable, str(script), str(tmp_path / run)], capture_output=True, text=True,
-                             timeout=400, env=clean_env(**({"PARSL_TORCH_FAULT": fault} if fault else {})))
+    for run, retries, fault in (("plain", 1, None), ("killed", 1, f"kill@1:30:{tmp_path / 'killed-once'}"),
+                                ("failed", 0, f"kill@1:30:{tmp_path / 'failed-once'}")):
+        out = subprocess.run([sys.executable, str(script), str(tmp_path / run), str(retries)], capture_output=True,
+                             text=True, timeout=400, env=clean_env(**({"PARSL_TORCH_FAULT": fault} if fault else {})))
+        if run == "failed":  # no retry: its state in node memory goes when its workflow ends
+            assert out.returncode != 0 and "rank 1 on" in out.stderr, out.stderr[-3000:]
+            continue
         assert out.returncode == 0, out.stderr[-3000:]
         results.append(json.loads(out.stdout.split("RESULT ", 1)[1]))
     assert (tmp_path / "killed-once").exists() and [r["resumed_from"] for r in results] == [0, 30]
@@ -279,7 +283,7 @@ with pt.workflow(site="local", run_dir=sys.argv[1], retries=1):
     assert np.array_equal(plain.metrics["loss"], killed.metrics["loss"])  # bitwise
     import hashlib
 
-    for run in ("plain", "killed"):  # (this test's stage directories': other tests may train meanwhile)
+    for run in ("plain", "killed", "failed"):  # (this test's stage directories': other tests may train meanwhile)
         where = hashlib.sha256(str(tmp_path / run / "train").encode()).hexdigest()[:16]
         assert not (Path("/dev/shm") / f"parsl-torch-{os.getuid()}" / where).exists(), "state left in node memory"
 

@@ -41,9 +41,27 @@ def node_folder(call: str, stage_dir: str, world: int | None) -> Path | None:
         return None
     import hashlib
 
-    where = hashlib.sha256(os.path.abspath(stage_dir).encode()).hexdigest()[:16]
     computation = hashlib.sha256(call.encode()).hexdigest()[:16]
-    return MEMORY / f"parsl-torch-{os.getuid()}" / where / f"{computation}-{world or 'any'}"
+    return _stage_folder(stage_dir) / f"{computation}-{world or 'any'}"
+
+
+def _stage_folder(stage_dir: str | os.PathLike) -> Path:
+    import hashlib
+
+    return MEMORY / f"parsl-torch-{os.getuid()}" / hashlib.sha256(os.path.abspath(stage_dir).encode()).hexdigest()[:16]
+
+
+def forget(run_dir: str | os.PathLike) -> None:
+    """What the stages of ``run_dir`` kept in this node's memory, gone: their workflow ended, so no retry of
+    theirs can come (a stage that finished took its own; this is a failed one's, which would stay until the
+    node restarts). Other nodes' memory ends with their batch job."""
+    if not Path(run_dir).is_dir():
+        return
+    for stage_dir in Path(run_dir).iterdir():
+        if stage_dir.is_dir() and (folder := _stage_folder(stage_dir)).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (MEMORY / f"parsl-torch-{os.getuid()}").rmdir()
 
 
 class Snapshots:

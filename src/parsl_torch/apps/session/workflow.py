@@ -28,6 +28,7 @@ from ...common import settings, stagedir
 from ...common.diskspace import NO_SPACE, free_text
 from ...common.runlock import RunLock
 from ...core.log import get_logger, said_once_when_unwritable
+from ...core.snapshot import forget as forget_kept_states
 from ...errors import ConfigError
 from ...launch.leanparsl import parsl_for_a_workflow
 from .. import identity
@@ -285,6 +286,7 @@ def _current_while(wf: Workflow, request: WorkflowRequest) -> Iterator[None]:
         wf.status.finish(ended)
         watching.stop()
         _current.reset(token)
+        forget_kept_states(wf.run_dir)  # (the stages' states in this node's memory: no retry can come now)
 
 
 @contextlib.contextmanager
