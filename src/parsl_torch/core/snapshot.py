@@ -11,6 +11,7 @@ interval is chosen by measurement: the stall at most ``COST`` of the steps it co
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import math
 import os
@@ -39,15 +40,11 @@ def node_folder(call: str, stage_dir: str, world: int | None) -> Path | None:
     the world size its states are for (None: any, replicated states)."""
     if not call or not MEMORY.is_dir() or not os.access(MEMORY, os.W_OK):
         return None
-    import hashlib
-
     computation = hashlib.sha256(call.encode()).hexdigest()[:16]
     return _stage_folder(stage_dir) / f"{computation}-{world or 'any'}"
 
 
 def _stage_folder(stage_dir: str | os.PathLike) -> Path:
-    import hashlib
-
     return MEMORY / f"parsl-torch-{os.getuid()}" / hashlib.sha256(os.path.abspath(stage_dir).encode()).hexdigest()[:16]
 
 

@@ -406,11 +406,12 @@ def _nodes_left(opts: Any, given: list[str], prefix: list[str], hosts: list[str]
     outcome = read_outcome(stage_dir)
     if not opts.min_nodes or outcome is None or outcome.cause is not Cause.NODE_LOST or not outcome.host:
         return None
-    left = on_nodes_left(given, prefix, hosts, outcome.host, _ranks_per_node()) if _ranks_per_node() else None
+    per_node = _ranks_per_node()
+    left = on_nodes_left(given, prefix, hosts, outcome.host, per_node) if per_node else None
     if left is None or len(left[1]) < opts.min_nodes:
         return None
     _say(f"node {outcome.host} lost: the stage goes on in place on the {len(left[1])} node(s) left "
-         f"({', '.join(left[1])}), {len(left[1]) * _ranks_per_node()} rank(s) (its min_nodes is {opts.min_nodes}), "
+         f"({', '.join(left[1])}), {len(left[1]) * per_node} rank(s) (its min_nodes is {opts.min_nodes}), "
          f"from the state its ranks kept")
     return left
 
