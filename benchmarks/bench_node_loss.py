@@ -1,12 +1,12 @@
 """On the multi-node test cluster (tests/cluster, root): the time from a node's loss to the first
-training step after it, and the steps trained again, when the stage's retry starts on a spare node of
-the same block (``mpi.spare_nodes: 1``; it resumes from the state kept in node memory), when it goes on
-in place with the node left (``min_nodes=1``, a 2-node block: the same launch's supervisor, no retry
-through Parsl), against a full requeue (the stage fails; the workflow runs again in a new batch job:
-here on the same nodes, whose memory still holds the state; elsewhere, the file checkpoint), measured in
-the same run. A 2-node x 2-rank
-train with a file checkpoint every 20 steps and a state in node memory every 2; rank 2 (on n2) stops at step 26, n2 is lost (link down,
-its processes killed); NODE_TIMEOUT 10 s names it.
+training step after it, and the steps trained again, side by side in one run: in place on a spare of the
+same block (``mpi.spare_nodes: 1``: the stage's supervisor claims the spare and starts the same ranks again
+there, within the same call; they resume from the state kept in node memory), a retry on a spare through
+Parsl (a warm stage, whose group ends with its node), in place on the node left (``min_nodes=1``), and a
+full requeue (the stage fails; the workflow runs again in a new batch job: here on the same nodes, whose
+memory still holds the state; elsewhere, the file checkpoint). A 2-node x 2-rank train with a file
+checkpoint every 20 steps and a state in node memory every 2; rank 2 (on n2) stops at step 26, n2 is lost
+(link down, its processes killed); NODE_TIMEOUT 10 s names it.
 
 usage: sudo python benchmarks/bench_node_loss.py [--node-timeout 10]
 """
@@ -31,15 +31,21 @@ import cluster  # noqa: E402  (the test harness)
 WORKFLOW = """
 import sys, parsl_torch as pt
 from parsl_torch.stages.train import train
-with pt.workflow(site=sys.argv[1], run_dir=sys.argv[2], retries=int(sys.argv[3])):
-    min_nodes = int(sys.argv[5]) if len(sys.argv) > 5 else None
-    print(train(sys.argv[4], num_nodes=2, ranks_per_node=2, min_nodes=min_nodes).result()["resumed_from"])
+site, run_dir, retries, config, min_nodes, warm = sys.argv[1:]
+with pt.workflow(site=site, run_dir=run_dir, retries=int(retries), warm=warm == "warm"):
+    print(train(config, num_nodes=2, ranks_per_node=2, min_nodes=int(min_nodes) or None).result()["resumed_from"])
 """
 STOP_AT = 26
 CHECKPOINT_EVERY = 20
 #: a state kept in node memory every this many steps (the measured default keeps them rarer on steps as
 #: short as this model's, 5 ms: its history's sync costs more than 2 % of them)
 SNAPSHOT_EVERY = 2
+#: (name, site, min_nodes, warm) of each recovery measured, before the full requeue
+CASES = (("spare", "nsspare", 0, False), ("retry", "nsspare", 0, True), ("elastic", "nspbs", 1, False))
+LABELS = {"spare": "in place on a spare of the same block (mpi.spare_nodes: 1; cold stage: the same call)",
+          "retry": "retry on a spare through Parsl (a warm stage: its group ends with the node)",
+          "elastic": "in place on the node left, 2 ranks (min_nodes=1)",
+          "requeue": "full requeue (the stage fails, the workflow runs again in a new job)"}
 
 
 def _first_step_after(progress: Path, step: int, since: float, limit: float = 300) -> float:
@@ -60,12 +66,12 @@ def _resumed(proc: subprocess.Popen) -> int:
     return int((out.decode() if isinstance(out, bytes) else out).strip().splitlines()[-1])
 
 
-def one(env: dict[str, str], tmp: Path, site: str, retries: int, name: str,
-        *extra: str) -> tuple[subprocess.Popen, Path]:
+def one(env: dict[str, str], tmp: Path, site: str, retries: int, name: str, min_nodes: int = 0,
+        warm: bool = False) -> tuple[subprocess.Popen, Path]:
     run = tmp / name
     once = tmp / f"{name}.once"
     proc = subprocess.Popen([sys.executable, str(tmp / "wf.py"), site, str(run), str(retries), str(tmp / "train.yaml"),
-                             *extra],
+                             str(min_nodes), "warm" if warm else "cold"],
                             env={**env, "PARSL_TORCH_FAULT": f"hang@2:{STOP_AT}:{once}"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     while not once.exists():
@@ -89,19 +95,14 @@ def main() -> None:
                 "model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16}}))
             (tmp / "wf.py").write_text(WORKFLOW)
 
-            proc, progress = one(env, tmp, "nsspare", 1, "spare")
-            lost = time.perf_counter()
-            cluster.lose_node("n2")
-            spare = _first_step_after(progress, STOP_AT + 1, lost)
-            spare_from = _resumed(proc)
-            cluster.restart_node("n2")
-
-            proc, progress = one(env, tmp, "nspbs", 1, "elastic", "1")
-            lost = time.perf_counter()
-            cluster.lose_node("n2")
-            elastic = _first_step_after(progress, STOP_AT + 1, lost)
-            elastic_from = _resumed(proc)
-            cluster.restart_node("n2")
+            measured = {}
+            for case, site, min_nodes, warm in CASES:
+                proc, progress = one(env, tmp, site, 1, case, min_nodes, warm)
+                lost = time.perf_counter()
+                cluster.lose_node("n2")
+                seconds = _first_step_after(progress, STOP_AT + 1, lost)
+                measured[case] = seconds, _resumed(proc)
+                cluster.restart_node("n2")
 
             proc, progress = one(env, tmp, "nspbs", 0, "requeue")
             lost = time.perf_counter()
@@ -109,21 +110,19 @@ def main() -> None:
             proc.communicate(timeout=300)  # the stage fails, naming n2
             cluster.restart_node("n2")  # (the scheduler's replacement node)
             rerun = subprocess.Popen([sys.executable, str(tmp / "wf.py"), "nspbs", str(tmp / "requeue"), "0",
-                                      str(tmp / "train.yaml")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            requeue = _first_step_after(progress, STOP_AT + 1, lost)
-            requeue_from = _resumed(rerun)
+                                      str(tmp / "train.yaml"), "0", "cold"], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+            measured["requeue"] = _first_step_after(progress, STOP_AT + 1, lost), _resumed(rerun)
     finally:
         cluster.down(quiet=True)
-    print("node loss -> first training step after it (2 nodes x 2 ranks, NODE_TIMEOUT "
-          f"{args.node_timeout:g} s):\n"
-          "| recovery | seconds | steps trained again |\n|---|---|---|\n"
-          f"| retry on a spare node of the same block (mpi.spare_nodes: 1) | {spare:.1f} | {STOP_AT - spare_from} |\n"
-          f"| in place on the node left, 2 ranks (min_nodes=1) | {elastic:.1f} | {STOP_AT - elastic_from} |\n"
-          f"| full requeue (the stage fails, the workflow runs again in a new job) | {requeue:.1f} | "
-          f"{STOP_AT - requeue_from} |\n"
-          f"-> the spare is {requeue / spare:.2f}x, elastic {requeue / elastic:.2f}x faster than the requeue; all include the {args.node_timeout:g} s in which "
-          f"the node is named lost; the requeue's new job starts at once here (fake PBS), where a real queue "
-          f"adds its wait (ezpz publishes 9-11 s per resume on Sunspot, after its own detection)")
+    requeue = measured["requeue"][0]
+    print(f"node loss -> first training step after it (2 nodes x 2 ranks, NODE_TIMEOUT {args.node_timeout:g} s):\n"
+          "| recovery | seconds | steps trained again | vs the requeue |\n|---|---|---|---|")
+    for case, (seconds, resumed_from) in measured.items():
+        print(f"| {LABELS[case]} | {seconds:.1f} | {STOP_AT - resumed_from} | {requeue / seconds:.2f}x faster |")
+    print(f"all include the {args.node_timeout:g} s in which the node is named lost and the check that it is; the "
+          f"requeue's new job starts at once here (fake PBS), where a real queue adds its wait (ezpz publishes 9-11 s "
+          f"per resume on Sunspot, after its own detection)")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,37 @@ def test_the_pool_scheduler_places_every_queued_stage_once_in_order(tmp_path):
     assert placed[64:] == [(64, "sim00005"), (65, "sim00063"), (66, "sim00000")]
 
 
+def test_a_spare_claimed_to_go_on_in_place_is_never_given_twice(tmp_path):
+    """A block of n1..n4 with two spares (n3, n4 held back): a 2-node stage on n1, n2 is offered both; its
+    supervisor, n2 lost, claims n4 (taken: no other stage's claims it); a second stage's lost node claims n3;
+    the first stage ends: the pool gives back its claimed n4 (and nothing more: its loss was replaced), and
+    the second's end gives back n3. A loss no claim replaced (a warm group's) releases an untaken spare."""
+    import pickle
+    import queue
+
+    from parsl_torch.launch import quarantine
+    from parsl_torch.launch.pool import scheduler_class
+
+    (tmp_path / "nodefile").write_text("n1\nn2\nn3\nn4\n")
+    path, tasks, results = tmp_path / "quarantine.json", queue.Queue(), queue.Queue()
+    with sim.in_job(tmp_path / "nodefile"):
+        scheduler = scheduler_class(str(path), 2, (), "CUDA_VISIBLE_DEVICES")(tasks, results)
+        scheduler.put_task({"task_id": 1, "context": {"resource_spec": {"num_nodes": 2, "num_ranks": 4}}})
+        given = tasks.get_nowait()["context"]["resource_spec"]
+        assert (given["MPI_NODELIST"], given["torch_spares"]) == ("n1,n2", "n3,n4")
+        quarantine.add(path, sim.JOB, "n2", "node n2 lost")
+        assert quarantine.claim_spare(path, sim.JOB, ["n4", "n3"], "n1,n2") == "n4"
+        assert quarantine.claim_spare(path, sim.JOB, ["n4", "n2"], "n5,n6") is None  # taken, lost
+        assert quarantine.claim_spare(path, sim.JOB, ["n4", "n3"], "n5,n6") == "n3"
+        results.put(pickle.dumps({"type": "result", "task_id": 1}))
+        scheduler.get_result(block=False)
+        assert [e.split('#')[0] for e in scheduler.spare_nodes] == ["n3"]
+    held = quarantine.read(tmp_path / quarantine.SPARES_FILE)[sim.JOB]
+    assert held == {"n4": "the block's, after the stage on n1,n2", "n3": "n5,n6"}
+    assert quarantine.release_spares(path, sim.JOB, ["n3"], "n5,n6", 1) == ["n3"]
+    assert quarantine.release_spares(path, "other", ["n7", "n8"], "n1,n2", 1) == ["n8"]  # a loss, no claim
+
+
 def placements(scheduler, tasks, results) -> list[tuple[int, str]]:
     """80 one-node stages queued on 64 nodes, then stages 5, 63 and 0 end: (stage, node) as each started."""
     import pickle

@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 
 import parsl_torch as pt
+from parsl_torch.apps.session.status import plain as plain_status
+from parsl_torch.apps.session.status import read as read_status
 from parsl_torch.errors import StageError
 from parsl_torch.launch.nodeloss import LOSS_CHECK_S
 from parsl_torch.stages.train import train
@@ -242,7 +244,9 @@ def test_lost_node_is_named_within_the_collective_timeout_and_the_retry_resumes(
     assert float(errors[1]) < 40, f"named {errors[1]} s after the loss: later than the collective timeout"
     assert result["resumed_from"] == 6 and result["world_size"] == 4
     first = (wf.run_dir / "train" / "stderr.1.txt").read_text()  # each attempt its own log
-    assert "node n2 did not answer a check within 10 s: it is lost" in first
+    # a node silent for the node timeout is not checked again (its shim sent nothing for 10 s)
+    assert "node n2 (ranks 2, 3): no heartbeat for 10 s (node down or its network cut); stopping the other 3 " \
+           "rank(s)\n" in first
     history = pt.read_history(result["history"])
     # the retry ran on the nodes that remained, in the block's order: n1, n3 (on n2 it could not have finished)
     assert history.attrs["hostname"] == "n1"
@@ -458,40 +462,52 @@ def test_a_lost_node_is_named_within_its_bound_whatever_parsl_hears(cluster, sit
     assert took < 10 + LOSS_CHECK_S + 15, f"named {took:.0f} s after the loss"
 
 
-@pytest.mark.parametrize("base", ["nspbs", "nsslurm"])
-def test_the_retry_of_a_stage_that_lost_a_node_starts_on_a_spare(cluster, sites_here, tmp_path, monkeypatch, base):
+@pytest.mark.parametrize("base, warm", [("nspbs", True), ("nsslurm", False)], ids=["pbs-warm", "slurm-cold"])
+def test_a_stage_that_lost_a_node_goes_on_on_a_spare(cluster, sites_here, tmp_path, monkeypatch, base, warm):
     """A 3-node block with one spare (mpi.spare_nodes): a 2-node train gets n1 and n2 (n3 held back); n2 is
-    lost; the retry resumes from the checkpoint on n1 and the spare n3. On Slurm the job survives the loss
-    (provider.survive_node_loss: --no-kill) and the retry's step overlaps the lost one, which holds n1
+    lost. A cold stage goes on in place on n1 and the spare n3 (its supervisor claims n3, the same call: no
+    retry through Parsl), resumes at step 6 from the state its ranks kept in node memory (no checkpoint file
+    read), every step's loss bitwise that of the same training uninterrupted; a warm stage's group ends with
+    its node, and its retry resumes from the checkpoint on n1 and the spare. On Slurm the job survives the
+    loss (provider.survive_node_loss: --no-kill) and the new step overlaps the lost one, which holds n1
     until Slurm marks n2 down (SlurmdTimeout, 20 s here: it would wait "Requested nodes are busy")."""
     site_variant(tmp_path, monkeypatch, base, "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
-    monkeypatch.setenv("PARSL_TORCH_FAULT", f"hang@2:6:{tmp_path / 'once'}")  # rank 2 (n2) stops at step 6
     monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
     monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
-    with pt.workflow(site="nsspare", run_dir="runs/spare", retries=1) as wf:
+    cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2}
+    with pt.workflow(site="nsspare", run_dir="runs/spare", retries=1, warm=warm) as wf:
         with pytest.raises(pt.ConfigError, match=r"blocks of 3 node\(s\) \(provider.nodes_per_block, 1 of them spare"):
             train(TRAIN, num_nodes=3, ranks_per_node=1, stage="too-wide")
-        future = train({**TRAIN, "steps": 10, "checkpoint_every": 2}, num_nodes=2, ranks_per_node=2)
+        plain = None if warm else train(cfg, num_nodes=2, ranks_per_node=2, stage="plain").result(timeout=600)
+        # rank 2 (n2) stops at step 6
+        future = train(cfg, num_nodes=2, ranks_per_node=2, env={"PARSL_TORCH_FAULT": f"hang@2:6:{tmp_path / 'once'}"})
         _wait_for(tmp_path / "once", "the stopped rank", future)
         cluster.module.lose_node("n2")
         result = future.result(timeout=600)
     assert result["resumed_from"] == 6 and result["world_size"] == 4
     history = pt.read_history(result["history"])
     assert list(history.steps) == list(range(10))
-    # the retry ran on n1 and the spare n3
-    # (the nodes: Slurm's step's, PBS's node file's, which is the job's)
+    # it went on on n1 and the spare n3 (the nodes: Slurm's step's, PBS's node file's, which is the job's)
     ran_on = ["n1", "n3"] if base == "nsslurm" else ["n1", "n2", "n3"]
     assert history.attrs["hostname"] == "n1" and history.attrs["nodes"] == ran_on
     assert "n2" in (wf.run_dir / "parsl" / "quarantine.json").read_text()
+    said = (wf.run_dir / "train" / "stderr.txt").read_text()
+    if not warm:  # in place: one attempt, one log; the status names the lost node and the spare
+        assert "node n2 lost: the stage goes on in place on the spare n3 (the block's mpi.spare_nodes), the same " \
+               "4 rank(s)" in said and not (wf.run_dir / "train" / "stderr.1.txt").exists()
+        assert "resumed from the state kept in node memory at step 6 (no checkpoint file read)" in said
+        assert np.array_equal(history.metrics["loss"], pt.read_history(plain["history"]).metrics["loss"])  # bitwise
+        status = plain_status(*read_status(wf.run_dir))
+        assert "quarantined: node n2 of job" in status and "spare: node n3 of job" in status, status
 
 
 def test_a_sharded_train_that_lost_a_node_resumes_from_node_memory_on_the_spare(cluster, sites_here, tmp_path,
                                                                                monkeypatch):
     """FSDP over 2 nodes x 2 ranks and a spare: every step each rank keeps its shard in its node's memory
     (the cluster's nodes each have their own /dev/shm) and a copy in the next node's; n2 is lost at step 6,
-    and its memory with it. The retry, on n1 and the spare n3, resumes at step 6 from node memory (n2's
-    shards from their copies on n1; no checkpoint file exists yet), and every step's loss is bitwise that of
-    the same training uninterrupted."""
+    and its memory with it. The stage goes on in place on n1 and the spare n3 and resumes at step 6 from
+    node memory (n2's shards from their copies on n1; no checkpoint file exists yet), and every step's loss
+    is bitwise that of the same training uninterrupted."""
     site_variant(tmp_path, monkeypatch, "nspbs", "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
     monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "40")
     monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
@@ -503,11 +519,37 @@ def test_a_sharded_train_that_lost_a_node_resumes_from_node_memory_on_the_spare(
         cluster.module.lose_node("n2")
         result = future.result(timeout=600)
     assert result["resumed_from"] == 6 and result["world_size"] == 4
-    assert "resumed from the state kept in node memory at step 6 (no checkpoint file read)" in \
-        (wf.run_dir / "train" / "stderr.txt").read_text()
+    said = (wf.run_dir / "train" / "stderr.txt").read_text()
+    assert "resumed from the state kept in node memory at step 6 (no checkpoint file read)" in said
+    assert "goes on in place on the spare n3" in said  # (the same call)
     history, before = pt.read_history(result["history"]), pt.read_history(plain["history"])
     assert list(history.steps) == list(range(10)) and history.attrs["nodes"] == ["n1", "n2", "n3"]
     assert np.array_equal(history.metrics["loss"], before.metrics["loss"])  # bitwise
+
+
+def test_a_spare_lost_too_goes_on_with_the_node_left_and_says_both(cluster, sites_here, tmp_path, monkeypatch):
+    """A fault during recovery: n2 lost at step 6, the stage goes on in place on n1 and the spare n3; n3 is lost
+    too at step 8 and no spare is left: with min_nodes=1 it goes on in place on n1 alone from the state kept at
+    step 8 (without min_nodes it would fail naming n3). Every step once; the log says both losses."""
+    site_variant(tmp_path, monkeypatch, "nspbs", "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "60")
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+    cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2, "lr": 1e-2}
+    faults = f"hang@2:6:{tmp_path / 'once'};hang@2:8:{tmp_path / 'twice'}"  # rank 2: on n2, then on n3
+    with pt.workflow(site="nsspare", run_dir="runs/twice", retries=0) as wf:
+        future = train(cfg, num_nodes=2, ranks_per_node=2, min_nodes=1, env={"PARSL_TORCH_FAULT": faults})
+        _wait_for(tmp_path / "once", "the stopped rank", future)
+        cluster.module.lose_node("n2")
+        _wait_for(tmp_path / "twice", "the stopped rank on the spare", future)
+        cluster.module.lose_node("n3")
+        result = future.result(timeout=600)
+    assert result["resumed_from"] == 8 and result["world_size"] == 2
+    history = pt.read_history(result["history"])
+    assert list(history.steps) == list(range(10)) and history.attrs["nodes"] == ["n1", "n2", "n3"]
+    said = (wf.run_dir / "train" / "stderr.txt").read_text()
+    assert "node n2 lost: the stage goes on in place on the spare n3" in said
+    assert "node n3 lost: the stage goes on in place on the 1 node(s) left (n1), 2 rank(s)" in said
+    assert set(json.loads((wf.run_dir / "parsl" / "quarantine.json").read_text()).popitem()[1]) == {"n2", "n3"}
 
 
 @pytest.mark.parametrize("site, warm", [("nspbs", True), ("nsslurm", False), ("nspbs", False)],

@@ -23,12 +23,16 @@ def test_a_state_no_rank_can_get_is_never_resumed():
     only_own = held(("rank", 0, 5), ("rank", 1, 5))  # no copies elsewhere: ranks 2, 3 lost theirs
     assert _newest([only_own, only_own, {}, {}], 4, replicated=False) == (None, {})
     assert _newest([only_own] * 2, 2, replicated=False) == (5, {})  # every rank on a node that holds its own
+    # a node lost during a snapshot: of n1's pairs one exchanged step 8 (its older state gone), one did not
+    half = held(("rank", 0, 8), ("peer", 2, 8), ("rank", 1, 6), ("peer", 3, 6))
+    assert _newest([half, half, {}, {}], 4, replicated=False) == (None, {})  # (the file checkpoint serves)
+    assert _newest([half, half, {}, {}], 4, replicated=True) == (8, {2: 0, 3: 0})  # (any rank's serves)
 
 
 def test_the_launch_on_the_nodes_left_rewrites_only_parsls_prefix():
     """After a lost node, a stage whose min_nodes allows it goes on in place: the same command on the nodes
-    left, the launcher's ranks and nodes rewritten (Parsl's prefixes), nothing else."""
-    from parsl_torch.launch.nodeloss import on_nodes_left
+    left (or on a spare), the launcher's ranks and nodes rewritten (Parsl's prefixes), nothing else."""
+    from parsl_torch.launch.nodeloss import on_nodes_left, on_spare
 
     tail = ["--bind-to", "core", "python", "-m", "parsl_torch.launch.shim", "-n", "4"]
     mpiexec = ["mpiexec", "-n", "6", "-ppn", "2", "-hosts", "n1,n2,n3"]
@@ -40,3 +44,6 @@ def test_the_launch_on_the_nodes_left_rewrites_only_parsls_prefix():
     assert on_nodes_left(["torchrun", *tail], ["torchrun"], ["n1", "n2"], "n2", 2) is None  # not Parsl's
     assert on_nodes_left(["mpiexec", "-n", "2", *tail], mpiexec, ["n1", "n2"], "n2", 2) is None  # another prefix
     assert on_nodes_left(mpiexec + tail, mpiexec, ["n1"], "n1", 2) is None  # no node left
+    # with a spare of the block's, the same ranks: the spare in the lost node's place
+    assert on_spare(mpiexec + tail, mpiexec, ["n1", "n2", "n3"], "n2", "n4", 2) == \
+        (["mpiexec", "-n", "6", "-ppn", "2", "-hosts", "n1,n4,n3", *tail], ["n1", "n4", "n3"])

@@ -366,7 +366,8 @@ def test_stage_command_adds_the_sites_binding_after_the_mpi_prefix(tmp_path):
     opts = StageOptions(str(tmp_path), 2, 12, 600.0, (("WANDB_API_KEY", "s3cr3t"),), ("--cpu-bind", "list:1-8:9-16"))
     # (as in your own Parsl config: no verdict left its identity, the worker computes it)
     cmd = stage_command(StageCall(opts, "mpi", (), script=("python", "train.py", "--token", "t0k"), identify_on_worker=True))
-    assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --ranks 24 -- $PARSL_MPI_PREFIX "
+    assert ("-m parsl_torch.launch.supervise --env-file .env.json --timeout 600 --in-place --ranks 24 -- "
+            "$PARSL_MPI_PREFIX "
             "--cpu-bind list:1-8:9-16 ") in cmd
     assert cmd.startswith(f"cd {tmp_path} && ")
     assert cmd.endswith(f"-m parsl_torch.launch.shim --argv-file {tmp_path / '.argv.json'}")

@@ -7,6 +7,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,14 +51,19 @@ def reap(token: str, spare: frozenset[int] = frozenset()) -> int:
     return killed
 
 
-def stop(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM to a process and its process group, SIGKILL if they are not gone after ``grace`` s."""
+def stop(proc: subprocess.Popen, grace: float, done: Callable[[], bool] | None = None) -> None:
+    """SIGTERM to a process and its process group, SIGKILL if they are not gone after ``grace`` s, or as soon
+    as ``done()`` says what mattered has ended (a launcher may wait on a lost node's daemon for ever)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         _signal_group(proc, sig)
-        try:
-            proc.wait(timeout=grace)
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline and not (done is not None and done()):
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            proc.wait()
             return
-        except subprocess.TimeoutExpired:
-            continue
+        if sig is signal.SIGKILL:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)

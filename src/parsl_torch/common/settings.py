@@ -206,6 +206,9 @@ QUARANTINE = _add(Setting("PARSL_TORCH_QUARANTINE", "the file where a block's lo
 NODES_SHORT = _add(Setting("PARSL_TORCH_NODES_SHORT", "why a stage's block cannot give it the nodes it asks for "
                            "(its lost nodes quarantined): set by parsl-torch's worker pool, reported by the "
                            "supervisor as the stage's error", None, text, INTERNAL))
+SPARES = _add(Setting("PARSL_TORCH_SPARES", "the spare nodes a stage's block holds back as it starts (set by "
+                     "parsl-torch's worker pool): after a lost node the supervisor claims one and goes on in place",
+                     None, text, INTERNAL))
 ACCELERATORS = _add(Setting("PARSL_TORCH_ACCELERATORS", "the accelerators of its node that a stage sharing the "
                             "node holds, as VARIABLE=ids (CUDA_VISIBLE_DEVICES=2,3): set by parsl-torch's worker "
                             "pool, put in the ranks' environment by the supervisor", None, text, INTERNAL))

@@ -119,11 +119,12 @@ class RankListener:
         self.reads: set[str] = set()  # what the ranks' Python processes read (``observe.recorder``), merged
         self.read_ranks: set[int] = set()  # the ranks that sent theirs
         self.stopped: dict[int, tuple[str, float]] = {}  # rank -> (host, since when): stopped by a signal
+        self._nodes: dict[socket.socket, dict] = {}  # heartbeat connections: node info + last_seen
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
         buffers: dict[socket.socket, bytearray] = {}
-        nodes: dict[socket.socket, dict] = {}  # heartbeat connections: node info + last_seen
+        nodes = self._nodes
         next_scan = time.monotonic() + SCAN_S
         while not self._closed:
             try:
@@ -145,6 +146,10 @@ class RankListener:
                         nodes.pop(sock)  # (named for the timeout it passed: the look comes up to SCAN_S later)
                         self.events.put(_silent("lost", node, self.node_timeout))
                         self._drop(sock, buffers)
+
+    def connected(self) -> int:
+        """How many nodes' shims are connected now (a node's connection ends with its last rank there)."""
+        return len(self._nodes)
 
     def _receive(self, sock: socket.socket, buffers: dict, nodes: dict, now: float) -> None:
         """What a connection sent: its complete lines taken; its end, a stranger's bytes or a line longer

@@ -95,19 +95,32 @@ _SHAPE_FLAGS = {"mpiexec": ("-n", "-hosts", None), "srun": ("--ntasks", "--nodel
 
 def on_nodes_left(command: Sequence[str], prefix: Sequence[str], hosts: Sequence[str], lost: str,
                   ranks_per_node: int) -> tuple[list[str], list[str]] | None:
-    """The launch command and hosts of the same ranks per node on ``hosts`` less ``lost``: ``prefix`` (Parsl's
-    launch prefix, which ``command`` starts with) with its ranks and nodes rewritten. None where the command
-    does not start with it or its launcher is not one of Parsl's."""
-    left = [h for h in hosts if h and h != lost]
+    """The launch command and hosts of the same ranks per node on ``hosts`` less ``lost`` (None: see
+    ``relaunched``)."""
+    return relaunched(command, prefix, [h for h in hosts if h and h != lost], ranks_per_node)
+
+
+def on_spare(command: Sequence[str], prefix: Sequence[str], hosts: Sequence[str], lost: str, spare: str,
+             ranks_per_node: int) -> tuple[list[str], list[str]] | None:
+    """The launch command and hosts of the same ranks on ``hosts`` with ``spare`` in ``lost``'s place: the
+    lost node's ranks start there (None: see ``relaunched``)."""
+    return relaunched(command, prefix, [spare if h == lost else h for h in hosts if h], ranks_per_node)
+
+
+def relaunched(command: Sequence[str], prefix: Sequence[str], hosts: Sequence[str],
+               ranks_per_node: int) -> tuple[list[str], list[str]] | None:
+    """The launch command of the same ranks per node on ``hosts``, and the hosts: ``prefix`` (Parsl's launch
+    prefix, which ``command`` starts with) with its ranks and nodes rewritten. None where there is no host, the
+    command does not start with the prefix or its launcher is not one of Parsl's."""
     flags = _SHAPE_FLAGS.get(os.path.basename(prefix[0])) if prefix else None
-    if not left or flags is None or list(command[:len(prefix)]) != list(prefix):
+    if not hosts or flags is None or list(command[:len(prefix)]) != list(prefix):
         return None
-    values = dict(zip(flags, (str(len(left) * ranks_per_node), ",".join(left), str(len(left)))))
+    values = dict(zip(flags, (str(len(hosts) * ranks_per_node), ",".join(hosts), str(len(hosts)))))
     rewritten = list(prefix)
     for i, word in enumerate(prefix[:-1]):
         if word in values:
             rewritten[i + 1] = values[word]
-    return [*rewritten, *command[len(prefix):]], left
+    return [*rewritten, *command[len(prefix):]], list(hosts)
 
 
 def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:

@@ -20,6 +20,8 @@ from ..common import settings
 #: a key of a task's resource specification, which Parsl's worker exports as PARSL_<KEY>: why the
 #: block cannot give the stage its nodes
 SHORT_KEY = settings.NODES_SHORT.name.removeprefix("PARSL_").lower()
+#: the key for the spare nodes the block holds back as the stage starts (its supervisor may claim one)
+SPARES_KEY = settings.SPARES.name.removeprefix("PARSL_").lower()
 #: the resource specification's key for a stage's ``min_nodes`` (its executor lets it through)
 MIN_NODES_KEY = "min_nodes"
 #: the key for the accelerators a stage that shares its node holds ("CUDA_VISIBLE_DEVICES=2,3")

@@ -19,7 +19,7 @@ from parsl.executors.high_throughput.mpi_resource_management import (
 
 from . import quarantine
 from .cpushare import CpuShare
-from .packing import ACCELERATORS_KEY, CPU_SHARE_KEY, MIN_NODES_KEY, SHORT_KEY, Grant, Slots
+from .packing import ACCELERATORS_KEY, CPU_SHARE_KEY, MIN_NODES_KEY, SHORT_KEY, SPARES_KEY, Grant, Slots
 
 log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
 
@@ -124,6 +124,7 @@ class PoolScheduler(MPITaskScheduler):
         self.grants[tid] = grant
         resources["MPI_NODELIST"] = ",".join(Slots.name(e) for e in grant.nodes)
         resources[SHORT_KEY] = ""  # (a worker keeps the variables of its earlier tasks: each task sets its own)
+        resources[SPARES_KEY] = ",".join(Slots.name(e) for e in self.spare_nodes)  # (its supervisor may claim one)
         resources[ACCELERATORS_KEY] = f"{self.visibility}={','.join(grant.accelerators)}" if grant.accelerators else ""
         resources[CPU_SHARE_KEY] = str(CpuShare(tuple(map(self.accelerators.index, grant.accelerators)),
                                            len(self.accelerators))) if grant.accelerators else ""
@@ -145,12 +146,19 @@ class PoolScheduler(MPITaskScheduler):
         return result_pkl
 
     def _give_back(self, grant: Grant) -> None:
-        """A task's nodes go back, except lost ones: each lost node releases a spare, so the retry of
-        the stage that lost it starts at once."""
+        """A task's nodes go back, except lost ones: each lost node releases a spare (the one its supervisor
+        claimed to go on in place, which is free now; else one held back), so the retry of the stage that
+        lost it starts at once."""
         lost = self.lost()
         gone = [e for e in grant.nodes if Slots.name(e).split(".")[0] in lost]
         self.slots.give_back(grant)
-        if gone:
-            released = [self.spare_nodes.pop() for _ in range(min(len(gone), len(self.spare_nodes)))]
+        if not self.spare_nodes or not self.quarantine_path:
+            return
+        names = [Slots.name(e) for e in self.spare_nodes]
+        holder = ",".join(Slots.name(e) for e in grant.nodes)
+        released = quarantine.release_spares(self.quarantine_path, quarantine.job_of() or "", names, holder, len(gone))
+        entries = [next(e for e in self.spare_nodes if Slots.name(e) == name) for name in released]
+        self.spare_nodes = [e for e in self.spare_nodes if e not in entries]
+        if released:
             log.warning("parsl-torch: lost node(s) %s are not handed out again; spare(s) released: %s",
-                        sorted(Slots.name(e) for e in gone), [Slots.name(e) for e in released])
+                        sorted(Slots.name(e) for e in gone), released)

@@ -3,7 +3,8 @@ heartbeat, or its processes vanished), keyed by the batch job it belongs to, in 
 quarantine file (``<run_dir>/parsl/quarantine.json``); parsl-torch's worker pool
 (``launch.pool``) reads it before it takes a task's nodes back, and ``parsl-torch status``
 lists it. A node name is quarantined in its job only: the next job may get a repaired node of
-that name."""
+that name. Beside it, the block's spares that are taken (``spares.json``): a supervisor claims one to
+go on in place after a loss, the pool gives them back to the block; no spare is given twice."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..common.files import write_atomic
@@ -49,3 +50,55 @@ def add(path: str | os.PathLike, job: str, node: str, why: str) -> None:
         data = read(path)
         data.setdefault(job, {})[node] = why
         write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+
+
+# -- spares: a block's nodes held back for lost ones -------------------------------------------
+#: beside the quarantine file: job -> {spare node: who holds it}, a spare no one else may take
+SPARES_FILE = "spares.json"
+#: the holder of a spare that the block's pool gave back to its free nodes
+THE_BLOCK = "the block"
+
+
+def _spares_path(path: str | os.PathLike) -> Path:
+    return Path(path).with_name(SPARES_FILE)
+
+
+@contextlib.contextmanager
+def _held_spares(path: str | os.PathLike, job: str) -> Iterator[dict[str, str]]:
+    """This job's taken spares, changed in place and written back if changed, one process at a time (the quarantine
+    file's lock: a supervisor's claim and the pool's release must not interleave)."""
+    spares = _spares_path(path)
+    with open(Path(path).with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = read(spares)
+        held = data.setdefault(job, {})
+        before = dict(held)
+        yield held
+        if held != before:
+            write_atomic(spares, json.dumps(data, indent=1, sort_keys=True))
+
+
+def claim_spare(path: str | os.PathLike, job: str, offered: Sequence[str], holder: str) -> str | None:
+    """One of the spares ``offered`` to a stage (those its block held back when it started) that is neither
+    lost nor taken, now ``holder``'s (a stage's nodes, as its pool granted them); None when none is left."""
+    lost = {n.split(".")[0] for n in lost_nodes(path, job)}
+    with _held_spares(path, job) as held:
+        spare = next((s for s in offered if s and s not in held and s.split(".")[0] not in lost), None)
+        if spare is not None:
+            held[spare] = holder
+    return spare
+
+
+def release_spares(path: str | os.PathLike, job: str, spares: Sequence[str], holder: str, losses: int) -> list[str]:
+    """Of the block's ``spares``, those to give back to its free nodes when the stage ``holder`` ends having lost
+    ``losses`` of its nodes: those it claimed (it has ended), then untaken ones for the losses its claims did not
+    replace (a claimed spare that was lost too is one more loss). Each is marked the block's."""
+    lost = {n.split(".")[0] for n in lost_nodes(path, job)}
+    with _held_spares(path, job) as held:
+        claimed = [s for s in spares if held.get(s) == holder]
+        replaced = len([s for s in claimed if s.split(".")[0] not in lost])
+        free = [s for s in reversed(spares) if s not in held]
+        released = claimed + free[:max(losses - replaced, 0)]
+        held.update({s: f"{THE_BLOCK}'s, after the stage on {held[s]}" if s in claimed else f"{THE_BLOCK}'s"
+                     for s in released})
+    return released

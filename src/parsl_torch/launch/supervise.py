@@ -7,11 +7,13 @@
   processes vanish, or that goes silent for settings.NODE_TIMEOUT seconds
   (default 30; a powered-off node sends nothing, not even a reset), is named
   with its ranks and everything is stopped. Without this the other nodes'
-  ranks fail only at the collective timeout, naming themselves. Then the node
-  is checked (``preflight``; this host needs none): one that answers was not
-  lost, its ranks' processes were ended (by the program itself, an
-  out-of-memory killer), an application failure (exit 137); one that does
-  not is lost (exit 75) and quarantined in the block's job.
+  ranks fail only at the collective timeout, naming themselves. A node whose
+  processes vanished is then checked (``preflight``; this host needs none): one
+  that answers was not lost, its ranks' processes were ended (by the program
+  itself, an out-of-memory killer), an application failure (exit 137); one
+  that does not is lost (exit 75) and quarantined in the block's job. A silent
+  node is not checked again: its shim, which does nothing else, sent nothing
+  for the node timeout (down, cut off or frozen: no use to the launch).
 * ``timeout`` stops everything and exits 124; SIGINT/SIGTERM stop everything
   and exit 128+signal.
 * A block that ends: the ranks get settings.DEADLINE (the block's end less
@@ -56,7 +58,7 @@ from .events import (NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankRepo
                      describe_exit)
 from .listener import RankListener, short_queue
 from .machines import get_machine
-from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, on_nodes_left, overlapping, refuse_nodes
+from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes
 from .nodeloss import say as _say
 from .plan import LaunchPlan
 from .preflight import silent_nodes
@@ -105,7 +107,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     if outcome.cause is Cause.OK and result and not os.path.exists(result):
         outcome = no_result(result)
         _say(outcome.summary)
-    if outcome.cause is Cause.NODE_LOST and outcome.host:
+    if outcome.cause is Cause.NODE_LOST and outcome.host and not watch.silent:
         if stage_dir:  # (first: a scheduler that ends the job for the lost node ends this process during the check)
             write_outcome(stage_dir, dataclasses.replace(outcome, checking=check_s))
         outcome = checked(plan, outcome, check_s)
@@ -135,6 +137,7 @@ class _Watch:
         self.deadline = time.monotonic() + timeout if timeout else None
         self.next_owner_check = time.monotonic() + OWNER_CHECK_S
         self.received: list[int] = []
+        self.silent = False  # a node was named for its silence (the node timeout: no check needed after it)
         self.others = f"the other {plan.num_ranks - 1} rank(s)" if plan.num_ranks else "the other ranks"
 
     def run(self) -> Outcome:
@@ -168,11 +171,15 @@ class _Watch:
 
     def _node_lost(self, event: NodeSilent, stopping: bool = True) -> Outcome:
         event = blame(event, self.plan.nodes, greeted(self.listener, self.plan.nodes, event))
+        self.silent = event.kind == "lost"
         if not stopping:  # (the launcher already ended)
             _say(event.describe(lost=False))
             return event.outcome()
-        _say(f"{event.describe(lost=False)}; stopping {self.others}, then checking the node")
-        stop(self.proc, min(self.grace, LOST_NODE_GRACE_S))  # the lost node's processes cannot answer
+        then = "" if self.silent else ", then checking the node"
+        _say(f"{event.describe(lost=False)}; stopping {self.others}{then}")
+        # the lost node's processes cannot answer, and the launcher may wait for its daemon there: ended
+        # once every other node's shims have (their ranks are gone; a new launch may take their devices)
+        stop(self.proc, min(self.grace, LOST_NODE_GRACE_S), done=lambda: not self.listener.connected())
         return event.outcome()
 
     def _rank_ended(self, report: RankReport) -> Outcome:
@@ -297,7 +304,9 @@ def _arguments(argv: list[str]) -> tuple[Any, list[str]]:
     parser.add_argument("--preflight", type=float, default=0, help="seconds each node has to answer first")
     parser.add_argument("--env-file", help="a JSON object of variables for the ranks (kept off the command line)")
     parser.add_argument("--result", help="the file rank 0 writes when the function returns: without it the launch failed")
-    parser.add_argument("--min-nodes", type=int, default=0, help="after a lost node, go on in place on as few")
+    parser.add_argument("--in-place", action="store_true",
+                        help="after a lost node, go on in place: on a spare of the block's, else (--min-nodes) on the nodes left")
+    parser.add_argument("--min-nodes", type=int, default=0, help="with --in-place: on as few nodes left")
     opts = parser.parse_args(argv[:split])
     if not argv[split + 1:]:
         parser.error("no command after --")
@@ -382,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     code = supervise(plan, timeout=opts.timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
                      check_s=opts.preflight or LOSS_CHECK_S)
     prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))  # (Parsl's launch prefix, which ``given`` starts with)
-    while code == NODE_LOST_EXIT and stage_dir and (left := _nodes_left(opts, given, prefix, hosts, stage_dir)):
+    while code == NODE_LOST_EXIT and stage_dir and (left := _in_place(opts, given, prefix, hosts, stage_dir)):
         given, hosts = left  # (in place: no new launch through Parsl; the ranks resume from node memory)
         prefix = given[:len(prefix)]
         command, env = _launch_of(given, hosts, opts.env_file)
@@ -399,18 +408,27 @@ def _ranks_per_node() -> int:
     return int(value) if value.isdigit() else 0
 
 
-def _nodes_left(opts: Any, given: list[str], prefix: list[str], hosts: list[str],
-                stage_dir: str) -> tuple[list[str], list[str]] | None:
-    """After a lost node (checked), where the stage's min_nodes allows: the launch on the nodes left, said; None
-    where it cannot go on in place (the stage fails, and its retry goes through Parsl: a spare, the nodes left)."""
+def _in_place(opts: Any, given: list[str], prefix: list[str], hosts: list[str],
+              stage_dir: str) -> tuple[list[str], list[str]] | None:
+    """After a lost node (checked), the launch that goes on in place, said: the same ranks with a spare of the
+    block's in the lost node's place, else on the nodes left where the stage's min_nodes allows. None where it
+    cannot (the stage fails, and its retry goes through Parsl)."""
     outcome = read_outcome(stage_dir)
-    if not opts.min_nodes or outcome is None or outcome.cause is not Cause.NODE_LOST or not outcome.host:
-        return None
     per_node = _ranks_per_node()
-    left = on_nodes_left(given, prefix, hosts, outcome.host, per_node) if per_node else None
+    if not opts.in_place or outcome is None or outcome.cause is not Cause.NODE_LOST or not outcome.host or not per_node:
+        return None
+    lost, path, job = outcome.host, settings.QUARANTINE.get(), quarantine.job_of()
+    offered = (settings.SPARES.get() or "").split(",")
+    if path and job and (spare := quarantine.claim_spare(path, job, offered, os.environ.get("PARSL_MPI_NODELIST", ""))):
+        launch = on_spare(given, prefix, hosts, lost, spare, per_node)
+        if launch is not None:
+            _say(f"node {lost} lost: the stage goes on in place on the spare {spare} (the block's mpi.spare_nodes), "
+                 f"the same {len(hosts) * per_node} rank(s), from the state its ranks kept")
+            return launch
+    left = on_nodes_left(given, prefix, hosts, lost, per_node) if opts.min_nodes else None
     if left is None or len(left[1]) < opts.min_nodes:
         return None
-    _say(f"node {outcome.host} lost: the stage goes on in place on the {len(left[1])} node(s) left "
+    _say(f"node {lost} lost: the stage goes on in place on the {len(left[1])} node(s) left "
          f"({', '.join(left[1])}), {len(left[1]) * per_node} rank(s) (its min_nodes is {opts.min_nodes}), "
          f"from the state its ranks kept")
     return left

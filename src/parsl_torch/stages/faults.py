@@ -4,7 +4,8 @@ Installed once per stage as a forward pre-hook of the model, so no line of the t
 is about it: ``kill|hang@RANK:STEP[:ONCE_FILE]`` (that rank dies, or hangs, as step STEP starts;
 with ONCE_FILE only the first time) and ``slow@RANK:SECONDS`` (that rank takes SECONDS longer
 every step: a training time no machine beats). ``killsave@RANK:STEP`` kills the rank inside a
-sharded checkpoint's save (``checkpoint``: after its shards of STEP are written).
+sharded checkpoint's save (``checkpoint``: after its shards of STEP are written). Several step
+faults: separated by ``;``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def install(model: Any, rank: int, first_step: int) -> None:
     steps = itertools.count(first_step)
 
     def before_forward(_module: Any, _args: Any) -> None:
-        _at_step(spec, rank, next(steps))
+        step = next(steps)
+        for one in spec.split(";"):
+            _at_step(one, rank, step)
 
     import torch
 

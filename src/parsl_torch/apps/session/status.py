@@ -220,6 +220,7 @@ def read(run_dir: str | os.PathLike) -> tuple[dict[str, Any], list[StageRow]]:
                 stage.update(state="stopped", error="the workflow's process is gone")
     rows = [_row(run_dir, name, s, data.get("stages", {})) for name, s in data.get("stages", {}).items()]
     data["quarantined"] = quarantine.read(run_dir / "parsl" / quarantine.FILE)
+    data["spares"] = quarantine.read(run_dir / "parsl" / quarantine.SPARES_FILE)
     return data, rows
 
 
@@ -292,9 +293,12 @@ def ending(data: dict[str, Any]) -> str:
 
 
 def quarantined_lines(data: dict[str, Any]) -> list[str]:
-    """A line per node a block lost: no stage is placed on it again in that job."""
-    return [f"quarantined: node {node} of job {job}: {why}" for job, nodes in data.get("quarantined", {}).items()
-            for node, why in sorted(nodes.items())]
+    """A line per node a block lost (no stage is placed on it again in that job) and per spare taken."""
+    return [*(f"quarantined: node {node} of job {job}: {why}" for job, nodes in data.get("quarantined", {}).items()
+              for node, why in sorted(nodes.items())),
+            *(f"spare: node {node} of job {job}: " + (why if why.startswith(quarantine.THE_BLOCK) else
+                                                       f"in a lost node's place for the stage on {why}")
+              for job, nodes in data.get("spares", {}).items() for node, why in sorted(nodes.items()))]
 
 
 def plain(data: dict[str, Any], rows: list[StageRow]) -> str:

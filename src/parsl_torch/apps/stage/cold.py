@@ -147,10 +147,13 @@ def _command(call: StageCall, rank_cmd: str) -> str:
     flags = f"--timeout {opts.walltime:g} " if opts.walltime else ""
     if opts.preflight and opts.num_nodes > 1:
         flags += f"--preflight {opts.preflight:g} "
-    # after a lost node it goes on in place on the nodes left, as many as its min_nodes; not a warm group's
-    # serving call (a fixed id): the group ends with its node, and the workflow runs the call elsewhere
-    if call.id is None and (fewest := call.resource_specification.get(MIN_NODES_KEY)) is not None:
-        flags += f"--min-nodes {fewest} "
+    # after a lost node it goes on in place: on a spare of its block's, else on the nodes left, as many as its
+    # min_nodes; not a warm group's serving call (a fixed id): the group ends with its node, and the workflow
+    # runs the call elsewhere
+    if call.id is None:
+        flags += "--in-place "
+        if (fewest := call.resource_specification.get(MIN_NODES_KEY)) is not None:
+            flags += f"--min-nodes {fewest} "
     if call.returns:  # rank 0 must leave its return value, or the stage failed
         flags += f"--result {RESULT} "
     binding = shlex.join(opts.launcher_args)
