@@ -120,7 +120,7 @@ def main() -> None:
           "| recovery | seconds | steps trained again | vs the requeue |\n|---|---|---|---|")
     for case, (seconds, resumed_from) in measured.items():
         print(f"| {LABELS[case]} | {seconds:.1f} | {STOP_AT - resumed_from} | {requeue / seconds:.2f}x faster |")
-    print(f"all include the {args.node_timeout:g} s in which the node is named lost and the check that it is; the "
+    print(f"all include the {args.node_timeout:g} s of silence in which the node is named lost; the "
           f"requeue's new job starts at once here (fake PBS), where a real queue adds its wait (ezpz publishes 9-11 s "
           f"per resume on Sunspot, after its own detection)")
 

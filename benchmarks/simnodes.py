@@ -193,6 +193,10 @@ class SimNodes:
         """Every node says bye and closes, as finished ranks' shims do."""
         async def all_bye() -> None:
             await asyncio.gather(*(self._close(name, bye=True) for name in list(self._writers)))
+            beats = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in beats:  # (each stops at its next beat; not left pending when the loop stops)
+                task.cancel()
+            await asyncio.gather(*beats, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(all_bye(), self.loop).result(timeout=120)
         self.loop.call_soon_threadsafe(self.loop.stop)

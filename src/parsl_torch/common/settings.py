@@ -154,8 +154,9 @@ TIMEOUT = _add(Setting("PARSL_TORCH_TIMEOUT", "seconds a collective may wait (de
                        "job in minutes, not torch's default 10-30 min)", 300.0,
                        bounded_seconds(1.0, ": below 1 s every collective of a real job times out")))
 NODE_TIMEOUT = _add(Setting("PARSL_TORCH_NODE_TIMEOUT", "seconds of silence after which a node of a launch counts "
-                            "as lost (default 30, at least 6: 3 of the ranks' 2 s heartbeats; see \"When a node "
-                            "is lost\")", 30.0,
+                            "as lost (default 10: no healthy node of 2,048 simulated ones was called lost at 6 under "
+                            "full load, `bench_node_timeout.py`; at least 6: 3 of the ranks' 2 s heartbeats; see "
+                            "\"When a node is lost\")", 10.0,
                             bounded_seconds(MIN_NODE_TIMEOUT_S, ": below 3 heartbeat periods (2 s each) healthy "
                                                                 "nodes are called lost")))
 GPU_ORDER = _add(Setting("PARSL_TORCH_GPU_ORDER", "accelerator per local rank, e.g. `3,2,1,0` (set by launches on "

@@ -5,7 +5,7 @@
   within seconds. mpiexec alone would wait for the other ranks forever.
 * Each node's first shim keeps a heartbeat connection open: a node whose
   processes vanish, or that goes silent for settings.NODE_TIMEOUT seconds
-  (default 30; a powered-off node sends nothing, not even a reset), is named
+  (default 10; a powered-off node sends nothing, not even a reset), is named
   with its ranks and everything is stopped. Without this the other nodes'
   ranks fail only at the collective timeout, naming themselves. A node whose
   processes vanished is then checked (``preflight``; this host needs none): one
