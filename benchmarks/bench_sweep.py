@@ -1,14 +1,19 @@
-"""A sweep as a grid and with ASHA, side by side in one run (``pt.sweep``, docs/sweeps.md):
+"""A sweep as a grid, with ASHA and as the one-short-budget baseline, side by side in one run (``pt.sweep``,
+docs/sweeps.md):
 
 1. the same space (36 trials of the built-in Transformer: 9 learning rates, poor at both ends, times 4
-   widths) trained to the same budget as a grid (``scheduler="none"``) and with ``asha``, one rank
-   each, two at a time (the local site's slots), in one workflow; every trial that finishes is
-   evaluated. Printed: the rank-steps each used (asha's against the grid's; goal <= 1/3), the best
-   evaluation loss each found (asha's within 2 % of the grid's), and the wall times and their ratio;
+   widths) trained to the same budget as a grid (``scheduler="none"``), with ``asha``, and as the
+   baseline of Egele et al. (2023): every configuration to ``min_steps``, the best ``--top`` of them
+   to the end (trained anew: a longer budget is another computation); one rank each, two at a time
+   (the local site's slots), in one workflow; every trial that finishes is evaluated. Printed: the
+   rank-steps each used against the grid's, the best evaluation loss each found, and the wall times;
 2. what the decisions cost the workflow process at 1,000 simulated trials: each judged at 4 rungs, the
    record written after each look, and one look at 1,000 trials that wait for a slot.
 
-usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--dims 16,32,48,64] [--decisions-only]
+   Before it, the pause-and-promote form of the rule (not built in ``pt.sweep`` yet), simulated against
+   ASHA's stopping form and the baseline (``simulated_promotion``).
+
+usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--dims 16,32,48,64] [--top 6] [--decisions-only]
 (``--dims 16,32,48``: 27 trials; ``--dims 16,24,32,40,48,56,64``: 63)
 """
 
@@ -34,19 +39,36 @@ steps, min_steps, dims = int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv
 model = {"kind": "transformer", "vocab_size": 64, "dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32}
 base = {"model": model, "data": {"batch_size": 16}, "checkpoint_every": 1000, "log_every": 1000}
 space = {"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], "model.dim": dims}
+top = int(sys.argv[5])
 out = {}
+
+
+def evaluated(trials):  # each finished trial's evaluation loss
+    evals = {t.name: evaluate({"model": t.config["model"], "batches": 8}, inputs=[t.result["checkpoint"]],
+                              stage=f"eval-{t.name}", ranks_per_node=1)
+             for t in trials if t.state == "finished"}
+    return {name: e.result()["eval_loss"] for name, e in evals.items()}
+
+
+def summary(trials, losses, t0, rank_steps):
+    best = min(trials, key=lambda t: losses.get(t.name, 1e9))
+    return {"wall": time.perf_counter() - t0, "rank_steps": rank_steps, "best": min(losses.values()),
+            "finished": len(losses), "trials": len(trials), "best_lr": best.config["lr"]}
+
+
 with pt.workflow(site="local", run_dir=sys.argv[1]):
     for scheduler in ("none", "asha"):
         t0 = time.perf_counter()
         trials = pt.sweep(space, base=base, steps=steps, min_steps=min_steps, eta=3, scheduler=scheduler,
                           name=scheduler, ranks_per_node=1)
-        evals = {t.name: evaluate({"model": t.config["model"], "batches": 8}, inputs=[t.result["checkpoint"]],
-                                  stage=f"eval-{t.name}", ranks_per_node=1)
-                 for t in trials if t.state == "finished"}
-        losses = {name: e.result()["eval_loss"] for name, e in evals.items()}
-        out[scheduler] = {"wall": time.perf_counter() - t0, "rank_steps": sum(t.step for t in trials),
-                          "best": min(losses.values()), "finished": len(losses), "trials": len(trials),
-                          "best_lr": min(trials, key=lambda t: losses.get(t.name, 1e9)).config["lr"]}
+        out[scheduler] = summary(trials, evaluated(trials), t0, sum(t.step for t in trials))
+    # the one-short-budget baseline: every configuration to min_steps, the best `top` of them to the end
+    t0 = time.perf_counter()
+    short = pt.sweep(space, base=base, steps=min_steps, scheduler="none", name="short", ranks_per_node=1)
+    kept = sorted(short, key=lambda t: t.value)[:top]
+    trials = pt.sweep([{k: v for k, v in t.config.items() if k != "steps"} for t in kept], base=base, steps=steps,
+                      scheduler="none", name="baseline", ranks_per_node=1)
+    out["baseline"] = summary(trials, evaluated(trials), t0, sum(t.step for t in short) + sum(t.step for t in trials))
 print("RESULT " + json.dumps(out))
 """
 
@@ -115,6 +137,95 @@ def simulated_share(trials: int, rungs: list[int], steps: int, eta: int = 3, ord
     return share
 
 
+def simulated_promotion(trials: int, rungs: list[int], steps: int, eta: int = 3, slots: int = 2, top: int = 6,
+                        orders: int = 300, late: float = 0.0) -> dict[str, tuple[float, float]]:
+    """What the pause-and-promote form of the rule would use, against ASHA's stopping form and the
+    one-short-budget baseline (every trial to the first rung, the best ``top`` of them to the end), over
+    ``orders`` random arrival orders of ``trials`` simulated trials on ``slots`` slots (a step a unit of
+    time; a quality each, a little noise at each rung, and with ``late`` a head start or a slow start each,
+    up to ``late`` at the first rung and gone by the end: the short-horizon bias): per scheme, the mean of its rank-steps against
+    the grid's and the share of orders in which it trained the best trial to the end. Not built yet in
+    ``pt.sweep``: this says what building it would buy on this shape of space."""
+    from parsl_torch.apps.sweeps.asha import Asha
+
+    totals = {"asha": [0.0, 0.0], "asha-promote": [0.0, 0.0], "baseline": [0.0, 0.0]}
+    for seed in range(orders):
+        rng = random.Random(seed)
+        quality = [rng.random() for _ in range(trials)]
+        start = [rng.uniform(-late, late) for _ in range(trials)]
+        seen = [[quality[i] + start[i] * (1 - rungs[k] / steps) + rng.gauss(0, 0.05) / (k + 1) for k in range(len(rungs))]
+                for i in range(trials)]
+        order = rng.sample(range(trials), trials)
+        best = min(range(trials), key=quality.__getitem__)
+        for scheme, (used, finished) in (("asha", _stopping(order, seen, rungs, steps, eta)),
+                                          ("asha-promote", _promoting(order, seen, rungs, steps, eta, slots)),
+                                          ("baseline", _baseline(seen, rungs, steps, top))):
+            totals[scheme][0] += used / (trials * steps) / orders
+            totals[scheme][1] += (best in finished) / orders
+    return {scheme: (share, found) for scheme, (share, found) in totals.items()}
+
+
+def _stopping(order: list[int], seen: list[list[float]], rungs: list[int], steps: int, eta: int) -> tuple[int, set]:
+    from parsl_torch.apps.sweeps.asha import Asha
+
+    asha, used, finished = Asha(eta, "min"), 0, set()
+    for i in order:
+        reached = next((at for k, at in enumerate(rungs) if not asha.judge(str(i), k, seen[i][k]).keep), steps)
+        used += reached
+        finished |= {i} if reached == steps else set()
+    return used, finished
+
+
+def _promoting(order: list[int], seen: list[list[float]], rungs: list[int], steps: int, eta: int,
+               slots: int) -> tuple[int, set]:
+    """Event by event: a trial at a rung goes on if it is in the rung's best 1/eta so far, else it pauses;
+    a free slot takes the paused trial that now is (highest rung first) before a new one."""
+    import heapq
+
+    from parsl_torch.apps.sweeps.asha import Asha
+
+    asha, new, paused, running = Asha(eta, "min"), list(order), {}, []  # paused: trial -> rung index
+    reached, finished, now = {}, set(), 0.0
+
+    def start(i: int, k: int) -> None:  # from rung k-1 (its step) to rung k, or to the end
+        at = rungs[k] if k < len(rungs) else steps
+        heapq.heappush(running, (now + at - (rungs[k - 1] if k else 0), i, k))
+
+    def promotable() -> tuple[int, int] | None:
+        for i, k in sorted(paused.items(), key=lambda item: -item[1]):
+            signed = asha.seen[k]
+            position = (len(signed) - 1) / eta
+            low = int(position)
+            cut = signed[low] + (signed[min(low + 1, len(signed) - 1)] - signed[low]) * (position - low)
+            if seen[i][k] <= cut:
+                return i, k
+        return None
+
+    while new or running or (paused and promotable()):
+        while len(running) < slots and ((p := promotable()) or new):
+            if p:
+                del paused[p[0]]
+                start(p[0], p[1] + 1)
+            else:
+                start(new.pop(0), 0)
+        if not running:
+            break
+        now, i, k = heapq.heappop(running)
+        if k == len(rungs):
+            reached[i] = steps
+            finished.add(i)
+        elif asha.judge(str(i), k, seen[i][k]).keep:
+            start(i, k + 1)
+        else:
+            paused[i], reached[i] = k, rungs[k]
+    return sum(reached.values()), finished
+
+
+def _baseline(seen: list[list[float]], rungs: list[int], steps: int, top: int) -> tuple[int, set]:
+    kept = sorted(range(len(seen)), key=lambda i: seen[i][0])[:top]
+    return len(seen) * rungs[0] + top * steps, set(kept)
+
+
 class _Waiting:
     """A trial's future while Parsl holds its task for a free slot."""
 
@@ -130,6 +241,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=81)
     p.add_argument("--min-steps", type=int, default=3)
     p.add_argument("--dims", default="16,32,48,64", help="the widths of the space (times its 9 learning rates)")
+    p.add_argument("--top", type=int, default=6, help="the baseline: how many of the short trials go on to the end")
     p.add_argument("--decisions-only", action="store_true")
     args = p.parse_args()
     cost = decisions_cost()
@@ -139,25 +251,34 @@ def main() -> None:
     rungs = [args.min_steps * 3 ** k for k in range(8) if args.min_steps * 3 ** k < args.steps]
     print(f"simulated: ASHA's rank-steps against the grid's, the mean over 300 random arrival orders: "
           + ", ".join(f"{n} trials {simulated_share(n, rungs, args.steps):.2f}" for n in (16, 27, 64)))
+    n = 9 * len(args.dims.split(","))
+    for late in (0.0, 0.5):
+        sim = simulated_promotion(n, rungs, args.steps, top=args.top, late=late)
+        print(f"simulated, {n} trials on 2 slots, 300 random arrival orders, starts differing by up to {late:g} "
+              f"(qualities 0-1): rank-steps against the grid's (mean), and how often the best trial was trained to "
+              f"the end: " + "; ".join(f"{scheme} {share:.2f}, {found:.0%}" for scheme, (share, found) in sim.items()))
     if args.decisions_only:
         return
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "wf.py").write_text(WORKFLOW)
         dims = json.dumps([int(w) for w in args.dims.split(",")])
         out = subprocess.run([sys.executable, str(Path(d) / "wf.py"), str(Path(d) / "run"), str(args.steps),
-                              str(args.min_steps), dims], capture_output=True, text=True,
+                              str(args.min_steps), dims, str(args.top)], capture_output=True, text=True,
                              env=bench_env(MPLBACKEND="Agg"), cwd=d, timeout=7200)
     if out.returncode:
         raise SystemExit(out.stderr[-4000:])
     r = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    grid, asha = r["none"], r["asha"]
-    print(f"{grid['trials']} trials, {args.steps} steps each, rungs from {args.min_steps} (eta 3), one rank each, 2 at a time:\n"
-          f"| | grid | asha | asha / grid |\n|---|---|---|---|\n"
-          f"| rank-steps | {grid['rank_steps']} | {asha['rank_steps']} | {asha['rank_steps'] / grid['rank_steps']:.2f} |\n"
-          f"| trials trained to the end | {grid['finished']} | {asha['finished']} | |\n"
-          f"| best eval loss (its lr) | {grid['best']:.4f} ({grid['best_lr']:g}) | {asha['best']:.4f} "
-          f"({asha['best_lr']:g}) | {asha['best'] / grid['best']:.3f} |\n"
-          f"| wall s (with evaluations) | {grid['wall']:.1f} | {asha['wall']:.1f} | {asha['wall'] / grid['wall']:.2f} |")
+    grid = r["none"]
+    print(f"{grid['trials']} trials, {args.steps} steps each, rungs from {args.min_steps} (eta 3), one rank each, "
+          f"2 at a time; the baseline: every trial to {args.min_steps} steps, the best {args.top} to the end:\n"
+          "| | grid | asha | baseline | asha / grid | baseline / grid |\n|---|---|---|---|---|---|")
+    rows = (("rank-steps", "rank_steps", "{}"), ("trials trained to the end", "finished", "{}"),
+            ("best eval loss", "best", "{:.4f}"), ("its lr", "best_lr", "{:g}"), ("wall s (with evaluations)", "wall", "{:.1f}"))
+    for label, key, fmt in rows:
+        cells = [fmt.format(r[scheme][key]) for scheme in ("none", "asha", "baseline")]
+        ratios = [f"{r[scheme][key] / grid[key]:.2f}" if key in ("rank_steps", "best", "wall") else ""
+                  for scheme in ("asha", "baseline")]
+        print(f"| {label} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
 if __name__ == "__main__":

@@ -59,11 +59,9 @@ def stop(proc: subprocess.Popen, grace: float, done: Callable[[], bool] | None =
             proc.send_signal(sig)
         _signal_group(proc, sig)
         deadline = time.monotonic() + grace
-        while proc.poll() is None and time.monotonic() < deadline and not (done is not None and done()):
+        while proc.poll() is None and time.monotonic() < deadline:
+            if sig is signal.SIGTERM and done is not None and done():
+                break
             time.sleep(0.05)
         if proc.poll() is not None:
-            proc.wait()
             return
-        if sig is signal.SIGKILL:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace)
