@@ -58,7 +58,8 @@ from .events import (NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankRepo
                      describe_exit)
 from .listener import RankListener, short_queue
 from .machines import get_machine
-from .nodeloss import LOSS_CHECK_S, blame, checked, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes
+from .nodeloss import (LOSS_CHECK_S, blame, checked, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes,
+                       relaunched)
 from .nodeloss import say as _say
 from .plan import LaunchPlan
 from .preflight import silent_nodes
@@ -410,21 +411,20 @@ def _ranks_per_node() -> int:
 
 def _in_place(opts: Any, given: list[str], prefix: list[str], hosts: list[str],
               stage_dir: str) -> tuple[list[str], list[str]] | None:
-    """After a lost node (checked), the launch that goes on in place, said: the same ranks with a spare of the
-    block's in the lost node's place, else on the nodes left where the stage's min_nodes allows. None where it
-    cannot (the stage fails, and its retry goes through Parsl)."""
+    """After a lost node, the launch that goes on in place, said: the same ranks with a spare of the block's in
+    the lost node's place, else on the nodes left where the stage's min_nodes allows. None where it cannot (the
+    stage fails, and its retry goes through Parsl)."""
     outcome = read_outcome(stage_dir)
     per_node = _ranks_per_node()
-    if not opts.in_place or outcome is None or outcome.cause is not Cause.NODE_LOST or not outcome.host or not per_node:
+    if not opts.in_place or outcome is None or outcome.cause is not Cause.NODE_LOST or not outcome.host or not per_node \
+            or relaunched(given, prefix, hosts, per_node) is None:  # (not a launch of Parsl's prefix: none in place)
         return None
     lost, path, job = outcome.host, settings.QUARANTINE.get(), quarantine.job_of()
     offered = (settings.SPARES.get() or "").split(",")
     if path and job and (spare := quarantine.claim_spare(path, job, offered, os.environ.get("PARSL_MPI_NODELIST", ""))):
-        launch = on_spare(given, prefix, hosts, lost, spare, per_node)
-        if launch is not None:
-            _say(f"node {lost} lost: the stage goes on in place on the spare {spare} (the block's mpi.spare_nodes), "
-                 f"the same {len(hosts) * per_node} rank(s), from the state its ranks kept")
-            return launch
+        _say(f"node {lost} lost: the stage goes on in place on the spare {spare} (the block's mpi.spare_nodes), "
+             f"the same {len(hosts) * per_node} rank(s), from the state its ranks kept")
+        return on_spare(given, prefix, hosts, lost, spare, per_node)
     left = on_nodes_left(given, prefix, hosts, lost, per_node) if opts.min_nodes else None
     if left is None or len(left[1]) < opts.min_nodes:
         return None
