@@ -582,6 +582,23 @@ def test_the_report_listener_listens_only_where_the_ranks_are():
         listener.close()
 
 
+def test_a_launcher_that_waits_for_a_lost_nodes_daemon_is_killed_once_the_other_nodes_ranks_are_gone():
+    """After a lost node the launch is stopped with SIGTERM; a launcher that ignores it (mpiexec waits for its
+    daemon on the lost node) is killed as soon as ``done()`` says the other nodes' ranks ended, not after its
+    grace (60 s here: the call returns long before); without ``done`` it gets the whole grace."""
+    from parsl_torch.common.procs import stop
+
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(120)"]
+    for done, grace in ((lambda: True, 60.0), (None, 2.0)):
+        proc = subprocess.Popen(stubborn, stdout=subprocess.PIPE, start_new_session=True)
+        assert proc.stdout.readline() == b"up\n"
+        t0 = time.monotonic()
+        stop(proc, grace, done=done)
+        took = time.monotonic() - t0
+        assert proc.poll() == -signal.SIGKILL and (took < grace / 2 if done else took >= grace), (done, took)
+
+
 def test_a_lost_node_is_quarantined_in_its_job_only(tmp_path):
     from parsl_torch.launch import quarantine
     from parsl_torch.sites.build import workflow_config
