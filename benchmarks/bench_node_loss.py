@@ -79,6 +79,20 @@ def one(env: dict[str, str], tmp: Path, site: str, retries: int, name: str, min_
     return proc, run / "train" / "train.h5.progress.json"
 
 
+def snapshot_cost(steps: int = 100) -> str:
+    """The state kept in node memory as a ratio of the step time (``bench_snapshot.py``'s two runs: without
+    snapshots and with the interval measured, 2 ranks of a Transformer with AdamW, DDP), measured here."""
+    import bench_snapshot
+
+    args = argparse.Namespace(strategy="ddp", dim=512, layers=4, steps=steps)
+    plain, kept = bench_snapshot.run("plain", args), bench_snapshot.run("measured", args)
+    stalls = kept["taken"] * kept["stall_s"] / (steps * plain["mean_s"])
+    return (f"the state kept in node memory: its stalls {stalls:.2%} of the step time ({kept['taken']} snapshots in "
+            f"{steps} steps of {plain['mean_s'] * 1e3:.1f} ms, the last a {kept['stall_s'] * 1e3:.1f} ms stall); the "
+            f"whole run {kept['mean_s'] / plain['mean_s']:.3f}x the plain one's step time (the writer's CPU too, and "
+            f"this shared machine's noise; bench_snapshot.py, 2 ranks, DDP)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node-timeout", type=float, default=10.0)
@@ -123,6 +137,7 @@ def main() -> None:
     print(f"all include the {args.node_timeout:g} s of silence in which the node is named lost; the "
           f"requeue's new job starts at once here (fake PBS), where a real queue adds its wait (ezpz publishes 9-11 s "
           f"per resume on Sunspot, after its own detection)")
+    print(snapshot_cost())
 
 
 if __name__ == "__main__":
