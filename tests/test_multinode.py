@@ -552,6 +552,31 @@ def test_a_spare_lost_too_goes_on_with_the_node_left_and_says_both(cluster, site
     assert set(json.loads((wf.run_dir / "parsl" / "quarantine.json").read_text()).popitem()[1]) == {"n2", "n3"}
 
 
+def test_a_spare_dead_before_it_is_brought_in_is_checked_quarantined_and_passed_over(cluster, sites_here, tmp_path,
+                                                                                     monkeypatch):
+    """The spare n3 is down (link cut) before the stage loses n2: the launch in place checks its nodes first,
+    n3 does not answer, is quarantined, and with no spare left the stage goes on on n1 alone (min_nodes=1)
+    instead of waiting for the ranks' collective timeout on a dead node."""
+    site_variant(tmp_path, monkeypatch, "nspbs", "nsspare", provider={"nodes_per_block": 3}, mpi={"spare_nodes": 1})
+    monkeypatch.setenv("PARSL_TORCH_TIMEOUT", "300")  # (a wait for the dead spare would take this long)
+    monkeypatch.setenv("PARSL_TORCH_NODE_TIMEOUT", "10")
+    cfg = {**TRAIN, "steps": 10, "checkpoint_every": 2, "lr": 1e-2}
+    with pt.workflow(site="nsspare", run_dir="runs/deadspare", retries=0) as wf:
+        future = train(cfg, num_nodes=2, ranks_per_node=2, min_nodes=1,
+                       env={"PARSL_TORCH_FAULT": f"hang@2:6:{tmp_path / 'once'}"})
+        _wait_for(tmp_path / "once", "the stopped rank", future)
+        cluster.module.lose_node("n3")  # (the spare: no stage runs there)
+        cluster.module.lose_node("n2")
+        result = future.result(timeout=600)
+    assert result["resumed_from"] == 6 and result["world_size"] == 2
+    assert list(pt.read_history(result["history"]).steps) == list(range(10))
+    said = (wf.run_dir / "train" / "stderr.txt").read_text()
+    assert "node n2 lost: the stage goes on in place on the spare n3" in said
+    assert "pre-flight: node(s) n3 did not answer: quarantined; the stage goes on in place without it" in said
+    assert "node n3 lost: the stage goes on in place on the 1 node(s) left (n1), 2 rank(s)" in said
+    assert set(json.loads((wf.run_dir / "parsl" / "quarantine.json").read_text()).popitem()[1]) == {"n2", "n3"}
+
+
 @pytest.mark.parametrize("site, warm", [("nspbs", True), ("nsslurm", False), ("nspbs", False)],
                          ids=["warm", "slurm", "pbs"])
 def test_a_train_that_lost_a_node_goes_on_with_the_node_left_when_min_nodes_allows(cluster, sites_here, tmp_path,

@@ -123,9 +123,11 @@ def relaunched(command: Sequence[str], prefix: Sequence[str], hosts: Sequence[st
     return [*rewritten, *command[len(prefix):]], list(hosts)
 
 
-def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
-    """Nodes that failed the pre-flight check: quarantined, and the stage goes back to the block's pool
-    unstarted (its retry is free: ``apps.stage.continuation``), which places it on other nodes."""
+def refuse_nodes(silent: dict[str, str], stage_dir: str | None, in_place: bool = False) -> int:
+    """Nodes that failed the pre-flight check: quarantined. Before a stage's first launch it goes back to the
+    block's pool unstarted (its retry is free: ``apps.stage.continuation``), which places it on other nodes;
+    before a launch in place (``in_place``: a spare brought in), the stage goes on without them (the
+    outcome names the first as lost: ``supervise`` takes another spare, or the nodes left)."""
     path, job = settings.QUARANTINE.get(), quarantine.job_of()
     for host, why in silent.items():
         say(f"pre-flight: node {host} {why}")
@@ -133,8 +135,11 @@ def refuse_nodes(silent: dict[str, str], stage_dir: str | None) -> int:
             quarantine.add(path, job, host, f"pre-flight: {why}")
     kept = "quarantined; the stage was not started and goes to other nodes" if path and job else \
         "the stage was not started (no quarantine outside a workflow's batch job)"
+    if in_place:
+        kept = "quarantined; the stage goes on in place without it"
     summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
     say(summary)
     if stage_dir:
-        write_outcome(stage_dir, Outcome(Cause.PREFLIGHT_FAILED, NODE_LOST_EXIT, summary, host=next(iter(silent))))
+        cause = Cause.NODE_LOST if in_place else Cause.PREFLIGHT_FAILED
+        write_outcome(stage_dir, Outcome(cause, NODE_LOST_EXIT, summary, host=next(iter(silent))))
     return NODE_LOST_EXIT

@@ -394,10 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))  # (Parsl's launch prefix, which ``given`` starts with)
     while code == NODE_LOST_EXIT and stage_dir and (left := _in_place(opts, given, prefix, hosts, stage_dir)):
         given, hosts = left  # (in place: no new launch through Parsl; the ranks resume from node memory)
+        forget_outcome(stage_dir)  # (the stage goes on: the workflow must not end it on the last launch's record)
         prefix = given[:len(prefix)]
         command, env = _launch_of(given, hosts, opts.env_file)
         plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, len(hosts) * _ranks_per_node(), tuple(hosts),
                           env)
+        if silent := silent_nodes(plan, opts.preflight or LOSS_CHECK_S):  # (a spare may be dead itself)
+            code = refuse_nodes(silent, stage_dir, in_place=True)
+            continue
         timeout = None if opts.timeout is None else max(opts.timeout - (time.time() - started), 1.0)
         code = supervise(plan, timeout=timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
                          check_s=opts.preflight or LOSS_CHECK_S)
