@@ -191,15 +191,9 @@ def _promoting(order: list[int], seen: list[list[float]], rungs: list[int], step
         at = rungs[k] if k < len(rungs) else steps
         heapq.heappush(running, (now + at - (rungs[k - 1] if k else 0), i, k))
 
-    def promotable() -> tuple[int, int] | None:
-        for i, k in sorted(paused.items(), key=lambda item: -item[1]):
-            signed = asha.seen[k]
-            position = (len(signed) - 1) / eta
-            low = int(position)
-            cut = signed[low] + (signed[min(low + 1, len(signed) - 1)] - signed[low]) * (position - low)
-            if seen[i][k] <= cut:
-                return i, k
-        return None
+    def promotable() -> tuple[int, int] | None:  # (mode "min": values and cuts are not signed)
+        return next(((i, k) for i, k in sorted(paused.items(), key=lambda item: -item[1])
+                     if seen[i][k] <= asha.cut(k)), None)
 
     while new or running or (paused and promotable()):
         while len(running) < slots and ((p := promotable()) or new):

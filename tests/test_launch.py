@@ -590,7 +590,7 @@ def test_a_launcher_that_waits_for_a_lost_nodes_daemon_is_killed_once_the_other_
 
     stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(120)"]
-    for done, grace in ((lambda: True, 60.0), (None, 2.0)):
+    for done, grace in ((lambda: True, 60.0), (None, 1.0)):
         proc = subprocess.Popen(stubborn, stdout=subprocess.PIPE, start_new_session=True)
         assert proc.stdout.readline() == b"up\n"
         t0 = time.monotonic()

@@ -133,10 +133,9 @@ def refuse_nodes(silent: dict[str, str], stage_dir: str | None, in_place: bool =
         say(f"pre-flight: node {host} {why}")
         if path and job:
             quarantine.add(path, job, host, f"pre-flight: {why}")
-    kept = "quarantined; the stage was not started and goes to other nodes" if path and job else \
-        "the stage was not started (no quarantine outside a workflow's batch job)"
-    if in_place:
-        kept = "quarantined; the stage goes on in place without it"
+    kept = ("quarantined; the stage goes on in place without it" if in_place else
+            "quarantined; the stage was not started and goes to other nodes" if path and job else
+            "the stage was not started (no quarantine outside a workflow's batch job)")
     summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
     say(summary)
     if stage_dir:

@@ -152,7 +152,7 @@ class PoolScheduler(MPITaskScheduler):
         lost = self.lost()
         gone = [e for e in grant.nodes if Slots.name(e).split(".")[0] in lost]
         self.slots.give_back(grant)
-        if not self.spare_nodes or not self.quarantine_path:
+        if not self.spare_nodes or not lost:  # (a spare is claimed only after a loss: no file read per task end)
             return
         names = [Slots.name(e) for e in self.spare_nodes]
         holder = ",".join(Slots.name(e) for e in grant.nodes)

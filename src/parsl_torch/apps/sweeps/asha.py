@@ -64,16 +64,21 @@ class Asha:
         if math.isfinite(value):
             bisect.insort(self.seen[rung], value if self.mode == "min" else -value)
 
-    def judge(self, trial: str, rung: int, value: float) -> Decision:
-        """Records ``value`` at ``rung`` and judges it against the values there before it."""
-        self.see(rung, value)
-        signed = self.seen[rung]
-        if not math.isfinite(value) or not signed:
-            return Decision(trial, rung, value, math.nan, False)
-        # the 1/eta quantile, linear between neighbours (numpy's default), on the best-first order
+    def cut(self, rung: int) -> float:
+        """The rung's 1/eta quantile of the values seen there (signed, as ``seen``), linear between neighbours
+        (numpy's default), on the best-first order; NaN before any value."""
+        signed = self.seen.get(rung, [])
+        if not signed:
+            return math.nan
         position = (len(signed) - 1) / self.eta
         low = math.floor(position)
         high = min(low + 1, len(signed) - 1)
-        cut = signed[low] + (signed[high] - signed[low]) * (position - low)
-        sign = 1 if self.mode == "min" else -1
+        return signed[low] + (signed[high] - signed[low]) * (position - low)
+
+    def judge(self, trial: str, rung: int, value: float) -> Decision:
+        """Records ``value`` at ``rung`` and judges it against the values there before it."""
+        self.see(rung, value)
+        if not math.isfinite(value) or not self.seen[rung]:
+            return Decision(trial, rung, value, math.nan, False)
+        cut, sign = self.cut(rung), 1 if self.mode == "min" else -1
         return Decision(trial, rung, value, sign * cut, sign * value <= cut)
