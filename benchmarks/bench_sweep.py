@@ -1,20 +1,24 @@
-"""A sweep as a grid, with ASHA and as the one-short-budget baseline, side by side in one run (``pt.sweep``,
-docs/sweeps.md):
+"""A sweep as a grid, with ASHA, with pause and promote and as the one-short-budget baseline, side by side,
+three runs (``pt.sweep``, docs/sweeps.md):
 
 1. the same space (36 trials of the built-in Transformer: 9 learning rates, poor at both ends, times 4
-   widths) trained to the same budget as a grid (``scheduler="none"``), with ``asha``, and as the
-   baseline of Egele et al. (2023): every configuration to ``min_steps``, the best ``--top`` of them
-   to the end (trained anew: a longer budget is another computation); one rank each, two at a time
-   (the local site's slots), in one workflow; every trial that finishes is evaluated. Printed: the
-   rank-steps each used against the grid's, the best evaluation loss each found, and the wall times;
+   widths) trained to the same budget as a grid (``scheduler="none"``), with ``asha`` (poor trials
+   stop), with ``asha-promote`` (they pause and may be promoted), and as the baseline of Egele et al.
+   (2023): every configuration to ``min_steps``, the best k of them to the end (trained anew: a longer
+   budget is another computation; k the fewest that spend at least pause-and-promote's rank-steps, or
+   ``--top``); one rank each, two at a time (the local site's slots), in one workflow; every trial that
+   finishes is evaluated. Printed per run: the rank-steps each used against the grid's, the best
+   evaluation loss each found against the grid's, the sweeps' wall time, the share of the slots' time
+   that trials held (from each attempt's start, as its supervisor recorded it, to its end), and
+   whether pause and promote met the issue's marks;
 2. what the decisions cost the workflow process at 1,000 simulated trials: each judged at 4 rungs, the
    record written after each look, and one look at 1,000 trials that wait for a slot.
 
-   Before it, the pause-and-promote form of the rule (not built in ``pt.sweep`` yet), simulated against
-   ASHA's stopping form and the baseline (``simulated_promotion``).
+   Before it, the promotion form simulated against ASHA's stopping form and the baseline over 300
+   random arrival orders (``simulated_promotion``).
 
-usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--dims 16,32,48,64] [--top 6] [--decisions-only]
-(``--dims 16,32,48``: 27 trials; ``--dims 16,24,32,40,48,56,64``: 63)
+usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--dims 16,32,48,64] [--top K] [--runs 3]
+       [--decisions-only]   (``--dims 16,32,48``: 27 trials; ``--dims 16,24,32,40,48,56,64``: 63)
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from pathlib import Path
 from common import bench_env
 
 WORKFLOW = """
-import json, sys, time
+import json, math, sys, time
+from pathlib import Path
 import parsl_torch as pt
+from parsl_torch.apps.sweeps.journal import SweepRecord
 from parsl_torch.stages.evaluate import evaluate
 
 steps, min_steps, dims = int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -50,27 +56,39 @@ def evaluated(trials):  # each finished trial's evaluation loss
     return {name: e.result()["eval_loss"] for name, e in evals.items()}
 
 
-def summary(trials, losses, t0, rank_steps):
+def busy(*names):  # the slot-seconds the sweeps' trials held (their journals)
+    return sum(t.busy_s or 0.0 for n in names
+               for t in SweepRecord.replay(SweepRecord.path_of(Path(sys.argv[1]), n)).trials.values())
+
+
+def summary(trials, losses, t0, rank_steps, *names):
     best = min(trials, key=lambda t: losses.get(t.name, 1e9))
-    return {"wall": time.perf_counter() - t0, "rank_steps": rank_steps, "best": min(losses.values()),
-            "finished": len(losses), "trials": len(trials), "best_lr": best.config["lr"]}
+    wall = time.perf_counter() - t0  # (the sweeps', before the evaluations)
+    return {"wall": wall, "rank_steps": rank_steps, "best": min(losses.values()), "finished": len(losses),
+            "trials": len(trials), "best_lr": best.config["lr"], "busy": busy(*names) / (2 * wall)}
 
 
 with pt.workflow(site="local", run_dir=sys.argv[1]):
-    for scheduler in ("none", "asha"):
+    for scheduler in ("none", "asha", "asha-promote"):
         t0 = time.perf_counter()
         trials = pt.sweep(space, base=base, steps=steps, min_steps=min_steps, eta=3, scheduler=scheduler,
                           name=scheduler, ranks_per_node=1)
-        out[scheduler] = summary(trials, evaluated(trials), t0, sum(t.step for t in trials))
-    # the one-short-budget baseline: every configuration to min_steps, the best `top` of them to the end
+        out[scheduler] = summary(trials, evaluated(trials), t0, sum(t.step for t in trials), scheduler)
+    # the one-short-budget baseline: every configuration to min_steps, the best k of them to the end (k: the
+    # fewest that spend at least pause-and-promote's rank-steps, unless given)
     t0 = time.perf_counter()
     short = pt.sweep(space, base=base, steps=min_steps, scheduler="none", name="short", ranks_per_node=1)
+    used = sum(t.step for t in short)
+    top = top or max(1, math.ceil((out["asha-promote"]["rank_steps"] - used) / steps))
     kept = sorted(short, key=lambda t: t.value)[:top]
     trials = pt.sweep([{k: v for k, v in t.config.items() if k != "steps"} for t in kept], base=base, steps=steps,
                       scheduler="none", name="baseline", ranks_per_node=1)
-    out["baseline"] = summary(trials, evaluated(trials), t0, sum(t.step for t in short) + sum(t.step for t in trials))
+    out["baseline"] = summary(trials, evaluated(trials), t0, used + sum(t.step for t in trials), "short", "baseline")
+    out["baseline"]["top"] = top
 print("RESULT " + json.dumps(out))
 """
+
+SCHEMES = ("none", "asha", "asha-promote", "baseline")
 
 
 def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
@@ -100,7 +118,7 @@ def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
                 judged += 1
             alive = [n for n in alive if record.trials[n].decisions[-1]["keep"]]
         decide_s = time.perf_counter() - t0
-        watch = Watch(run_dir, "bench", {**record.rules, "metric": "loss", "mode": "min", "window": 1}, record,
+        watch = Watch(run_dir, "bench", {**record.rules, "metric": "loss", "mode": "min", "window": 1, "scheduler": "asha"}, record,
                        logging.getLogger("bench"))
         waiting = [Run(name, run_dir / name, _Waiting()) for name in names]
         t0 = time.perf_counter()
@@ -143,9 +161,8 @@ def simulated_promotion(trials: int, rungs: list[int], steps: int, eta: int = 3,
     one-short-budget baseline (every trial to the first rung, the best ``top`` of them to the end), over
     ``orders`` random arrival orders of ``trials`` simulated trials on ``slots`` slots (a step a unit of
     time; a quality each, a little noise at each rung, and with ``late`` a head start or a slow start each,
-    up to ``late`` at the first rung and gone by the end: the short-horizon bias): per scheme, the mean of its rank-steps against
-    the grid's and the share of orders in which it trained the best trial to the end. Not built yet in
-    ``pt.sweep``: this says what building it would buy on this shape of space."""
+    up to ``late`` at the first rung and gone by the end: the short-horizon bias): per scheme, the mean of its
+    rank-steps against the grid's and the share of orders in which it trained the best trial to the end."""
     from parsl_torch.apps.sweeps.asha import Asha
 
     totals = {"asha": [0.0, 0.0], "asha-promote": [0.0, 0.0], "baseline": [0.0, 0.0]}
@@ -178,28 +195,26 @@ def _stopping(order: list[int], seen: list[list[float]], rungs: list[int], steps
 
 def _promoting(order: list[int], seen: list[list[float]], rungs: list[int], steps: int, eta: int,
                slots: int) -> tuple[int, set]:
-    """Event by event: a trial at a rung goes on if it is in the rung's best 1/eta so far, else it pauses;
-    a free slot takes the paused trial that now is (highest rung first) before a new one."""
+    """Event by event, as ``pt.sweep`` decides (``Promotions``): a trial at a rung goes on if it is in the
+    rung's best 1/eta so far, else it pauses; a free slot takes the paused trial that ranks now (highest
+    rung first) before a new one."""
     import heapq
 
-    from parsl_torch.apps.sweeps.asha import Asha
+    from parsl_torch.apps.sweeps.asha import Asha, Promotions
 
-    asha, new, paused, running = Asha(eta, "min"), list(order), {}, []  # paused: trial -> rung index
+    asha, new, running = Asha(eta, "min", promoting=True), list(order), []
+    promotions = Promotions(asha)  # (trial names: str(i))
     reached, finished, now = {}, set(), 0.0
 
     def start(i: int, k: int) -> None:  # from rung k-1 (its step) to rung k, or to the end
         at = rungs[k] if k < len(rungs) else steps
         heapq.heappush(running, (now + at - (rungs[k - 1] if k else 0), i, k))
 
-    def promotable() -> tuple[int, int] | None:  # (mode "min": values and cuts are not signed)
-        return next(((i, k) for i, k in sorted(paused.items(), key=lambda item: -item[1])
-                     if seen[i][k] <= asha.cut(k)), None)
-
-    while new or running or (paused and promotable()):
-        while len(running) < slots and ((p := promotable()) or new):
+    while True:
+        while len(running) < slots and ((p := promotions.next()) or new):
             if p:
-                del paused[p[0]]
-                start(p[0], p[1] + 1)
+                del promotions.paused[p[0]]
+                start(int(p[0]), p[1] + 1)
             else:
                 start(new.pop(0), 0)
         if not running:
@@ -211,7 +226,7 @@ def _promoting(order: list[int], seen: list[list[float]], rungs: list[int], step
         elif asha.judge(str(i), k, seen[i][k]).keep:
             start(i, k + 1)
         else:
-            paused[i], reached[i] = k, rungs[k]
+            promotions.paused[str(i)], reached[i] = (k, seen[i][k]), rungs[k]
     return sum(reached.values()), finished
 
 
@@ -235,7 +250,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=81)
     p.add_argument("--min-steps", type=int, default=3)
     p.add_argument("--dims", default="16,32,48,64", help="the widths of the space (times its 9 learning rates)")
-    p.add_argument("--top", type=int, default=6, help="the baseline: how many of the short trials go on to the end")
+    p.add_argument("--top", type=int, default=0, help="the baseline: how many of the short trials go on to the end "
+                   "(default: the fewest that spend at least asha-promote's rank-steps)")
+    p.add_argument("--runs", type=int, default=3, help="workflows run, one after the other (each prints its table)")
     p.add_argument("--decisions-only", action="store_true")
     args = p.parse_args()
     cost = decisions_cost()
@@ -247,12 +264,18 @@ def main() -> None:
           + ", ".join(f"{n} trials {simulated_share(n, rungs, args.steps):.2f}" for n in (16, 27, 64)))
     n = 9 * len(args.dims.split(","))
     for late in (0.0, 0.5):
-        sim = simulated_promotion(n, rungs, args.steps, top=args.top, late=late)
+        sim = simulated_promotion(n, rungs, args.steps, top=args.top or 6, late=late)
         print(f"simulated, {n} trials on 2 slots, 300 random arrival orders, starts differing by up to {late:g} "
               f"(qualities 0-1): rank-steps against the grid's (mean), and how often the best trial was trained to "
               f"the end: " + "; ".join(f"{scheme} {share:.2f}, {found:.0%}" for scheme, (share, found) in sim.items()))
     if args.decisions_only:
         return
+    for run in range(1, args.runs + 1):
+        _report(run, _one_run(args), args)
+
+
+def _one_run(args: argparse.Namespace) -> dict[str, dict]:
+    """One workflow: the four schemes one after the other, each trial finished evaluated."""
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "wf.py").write_text(WORKFLOW)
         dims = json.dumps([int(w) for w in args.dims.split(",")])
@@ -261,18 +284,27 @@ def main() -> None:
                              env=bench_env(MPLBACKEND="Agg"), cwd=d, timeout=7200)
     if out.returncode:
         raise SystemExit(out.stderr[-4000:])
-    r = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    grid = r["none"]
-    print(f"{grid['trials']} trials, {args.steps} steps each, rungs from {args.min_steps} (eta 3), one rank each, "
-          f"2 at a time; the baseline: every trial to {args.min_steps} steps, the best {args.top} to the end:\n"
-          "| | grid | asha | baseline | asha / grid | baseline / grid |\n|---|---|---|---|---|---|")
-    rows = (("rank-steps", "rank_steps", "{}"), ("trials trained to the end", "finished", "{}"),
-            ("best eval loss", "best", "{:.4f}"), ("its lr", "best_lr", "{:g}"), ("wall s (with evaluations)", "wall", "{:.1f}"))
+    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def _report(run: int, r: dict[str, dict], args: argparse.Namespace) -> None:
+    grid, promote, base = r["none"], r["asha-promote"], r["baseline"]
+    print(f"\nrun {run}: {grid['trials']} trials, {args.steps} steps each, rungs from {args.min_steps} (eta 3), one "
+          f"rank each, 2 at a time; the baseline: every trial to {args.min_steps} steps, the best {base['top']} to "
+          f"the end\n| | grid | asha | asha-promote | baseline |\n|---|---|---|---|---|")
+    rows = (("rank-steps (/ grid)", "rank_steps", "{:.0f}"), ("trials trained to the end", "finished", "{}"),
+            ("best eval loss (/ grid)", "best", "{:.4f}"), ("its lr", "best_lr", "{:g}"),
+            ("wall s, sweeps (/ grid)", "wall", "{:.1f}"), ("slot-time busy", "busy", "{:.0%}"))
     for label, key, fmt in rows:
-        cells = [fmt.format(r[scheme][key]) for scheme in ("none", "asha", "baseline")]
-        ratios = [f"{r[scheme][key] / grid[key]:.2f}" if key in ("rank_steps", "best", "wall") else ""
-                  for scheme in ("asha", "baseline")]
-        print(f"| {label} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+        cells = [fmt.format(r[scheme][key]) + (f" ({r[scheme][key] / grid[key]:.2f})" if "/ grid" in label and
+                                               scheme != "none" else "") for scheme in SCHEMES]
+        print(f"| {label} | {' | '.join(cells)} |")
+    checks = {"within 1 % of the grid's best": promote["best"] <= 1.01 * grid["best"],
+              "at most 25 % of its rank-steps": promote["rank_steps"] <= 0.25 * grid["rank_steps"],
+              "at least as good as the baseline": promote["best"] <= base["best"],
+              "at no more compute": promote["rank_steps"] <= base["rank_steps"],
+              "slots busy at least 90 %": promote["busy"] >= 0.9}
+    print(f"run {run}, asha-promote: " + "; ".join(f"{k}: {'yes' if ok else 'NO'}" for k, ok in checks.items()))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -645,7 +646,16 @@ def test_a_node_that_fails_the_preflight_check_is_skipped_before_the_stage_start
     assert took < 300, f"{took:.0f} s: the check should cost its 5 s, not the collective timeout (400 s)"
 
 
-def test_ranks_start_from_a_node_local_copy_of_the_python_environment(cluster, sites_here, tmp_path, monkeypatch):
+@pytest.fixture
+def node_python_copies(cluster):
+    """The nodes' copies of the Python environment, removed after the test (2 GB each: CI's disk is shared)."""
+    yield
+    for node in ("n1", "n2"):
+        shutil.rmtree(cluster.module.STATE / "nodes" / node / "local" / "parsl-torch-python", ignore_errors=True)
+
+
+def test_ranks_start_from_a_node_local_copy_of_the_python_environment(cluster, sites_here, tmp_path, monkeypatch,
+                                                                      node_python_copies):
     """A Slurm site with node_local_python: each block packs the environment once (the cache), sbcasts
     it to its nodes' own storage (cluster.NODE_LOCAL: a directory per node) and the ranks import torch
     from there; a train stage gives what it gives from the shared environment."""

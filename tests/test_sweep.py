@@ -4,6 +4,7 @@ random instant and run again, in separate processes as users run it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -42,6 +43,32 @@ def test_asha_keeps_the_best_of_each_rung_against_those_that_came_before():
     assert rung_steps(5, 3, 60) == [5, 15, 45] and rung_steps(1, 2, 9) == [1, 2, 4, 8]
 
 
+def test_a_paused_trial_is_promoted_once_later_values_put_it_in_its_rungs_best_the_highest_rung_first():
+    """The promotion form's rule: in the best n // eta of the n values at the rung (at least the best)."""
+    from parsl_torch.apps.sweeps.asha import Promotions
+
+    asha = Asha(eta=2, mode="min", promoting=True)
+    promotions = Promotions(asha)
+    assert asha.judge("a", 0, 2.0).keep  # the first at a rung is its best
+    assert not asha.judge("b", 0, 3.0).keep  # [2, 3]: the best one goes on
+    promotions.paused["b"] = (0, 3.0)
+    assert promotions.next() is None
+    assert not asha.judge("c", 0, 4.0).keep and promotions.next() is None  # [2, 3, 4]: still the best one
+    promotions.paused["c"] = (0, 4.0)
+    assert asha.judge("a", 1, 1.0).keep and not asha.judge("d", 1, 1.2).keep  # rung 1: [1, 1.2]
+    promotions.paused["d"] = (1, 1.2)
+    assert not asha.judge("e", 0, 5.0).keep  # [2, 3, 4, 5]: the best two, b ranks now
+    assert promotions.next() == ("b", 0)
+    assert not asha.judge("f", 1, 5.0).keep and not asha.judge("g", 1, 6.0).keep  # [1, 1.2, 5, 6] at rung 1
+    assert promotions.next() == ("d", 1)  # the higher rung first
+    high = Asha(eta=2, mode="max", promoting=True)
+    assert high.judge("a", 0, 0.5).keep and not high.judge("b", 0, 0.4).keep
+    assert Promotions(high, {"b": (0, 0.4)}).next() is None
+    high.judge("c", 0, 0.1)
+    high.judge("d", 0, 0.2)
+    assert Promotions(high, {"b": (0, 0.4)}).next() == ("b", 0)
+
+
 @pytest.mark.parametrize("call, says", [
     ({"space": []}, r"space=\[\]\): give a list of configurations"),
     ({"space": {"lr": 0.1}}, r"space\['lr'\]=0.1\): give a non-empty list"),
@@ -50,7 +77,8 @@ def test_asha_keeps_the_best_of_each_rung_against_those_that_came_before():
     ({"space": {"model.dimm": [8]}}, r"dimm"),
     ({"space": {"lr": [-1.0]}}, r"lr: must be a finite number > 0"),
     ({"metric": "accuracy"}, r"metric='accuracy'.*records loss"),
-    ({"scheduler": "hyperband"}, r"scheduler='hyperband'\): use one of asha, none"),
+    ({"scheduler": "hyperband"}, r"scheduler='hyperband'\): use one of asha, asha-promote, none"),
+    ({"scheduler": "asha-promote", "slots": 0}, r"slots=0\): the trials to run at once"),
     ({"mode": "lowest"}, r"mode='lowest'"),
     ({"min_steps": 60}, r"min_steps=60.*before the budget"),
     ({"eta": 1}, r"eta=1"),
@@ -192,8 +220,8 @@ for t in trials:
 """
 
 
-def _decisions(run_dir: Path) -> list[tuple]:
-    record = SweepRecord.replay(SweepRecord.path_of(run_dir, "sweep"))
+def _decisions(run_dir: Path, name: str = "sweep") -> list[tuple]:
+    record = SweepRecord.replay(SweepRecord.path_of(run_dir, name))
     if record is None:
         return []
     by = {(d["trial"], d["rung"]): d for t in record.trials.values() for d in t.decisions}
@@ -284,3 +312,113 @@ def test_a_space_whose_keys_collide_or_that_is_too_large_is_refused_and_the_call
                                           r"more than a sweep runs \(at most 10,000 trials"):
         expand({f"k{i}": list(range(10)) for i in range(6)}, {})
 
+
+
+PROMOTE_JOB = """
+import json, sys
+import parsl_torch as pt
+from parsl_torch.apps.sweeps.space import trial_name
+from parsl_torch.stages.train import train
+
+base = {"model": {"kind": "mlp", "vocab_size": 32, "dim": 32, "seq_len": 16}, "data": {"batch_size": 16},
+        "checkpoint_every": 5}
+# four trials, the best and the middling one first in the order they start (their names'): the best goes on (the
+# first at its rung), the middling one pauses; the two worse ones put it in the best half, and it is promoted
+lrs, shift = [5e-3, 1e-4, 1e-5, 2e-6], 0
+while [c["lr"] for c in sorted(({"lr": lr, "log_every": 50 + i + shift} for i, lr in enumerate(lrs)),
+                                 key=lambda c: trial_name("promote", c))][:2] != lrs[:2]:
+    shift += 4
+space = [{"lr": lr, "log_every": 50 + i + shift} for i, lr in enumerate(lrs)]
+with pt.workflow(site="local", run_dir=sys.argv[1]):
+    trials = pt.sweep(space, base=base, steps=10, min_steps=5, eta=2, window=2, scheduler="asha-promote", slots=1,
+                      name="promote", ranks_per_node=1)
+    plain = train({**base, **space[1], "steps": 10}, stage="plain", ranks_per_node=1).result()
+for t in trials:
+    print("TRIAL", t.name, t.state, t.step, json.dumps(t.config["lr"]), t.result["resumed_from"], t.why)
+print("PLAIN", json.dumps(plain["history"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_paused_trial_is_promoted_resumes_its_computation_and_a_killed_sweep_reruns_to_the_same_decisions(tmp_path):
+    """asha-promote: the middling trial pauses at its rung, its slot taken by the next; the two worse ones' values
+    promote it; it goes on from its checkpoint as the same call, every step once in its history, each loss
+    bitwise an uninterrupted trial's. Killed at a random instant and run again: the same decisions, and what
+    ended (paused included) is not run again; a third run skips every trial."""
+    from parsl_torch.history.h5file import read_history
+
+    job, run_dir = tmp_path / "promote_job.py", tmp_path / "run"
+    job.write_text(PROMOTE_JOB)
+    seed = random.randrange(1 << 30)
+    first = subprocess.Popen([sys.executable, str(job), str(run_dir)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=clean_env(MPLBACKEND="Agg"), cwd=tmp_path,
+                             start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and first.poll() is None and not _decisions(run_dir, "promote"):
+        time.sleep(0.2)
+    time.sleep(random.Random(seed).uniform(0.0, 25.0))
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    before, record_before = _decisions(run_dir, "promote"), SweepRecord.replay(SweepRecord.path_of(run_dir, "promote"))
+    ended_before = {d.name for d in run_dir.glob("promote-*") if (d / stagedir.CALL).exists()}
+
+    second = _run(job, run_dir)
+    after = _decisions(run_dir, "promote")
+    assert after[:len(before)] == before, f"seed {seed}: the decisions made before the kill changed"
+    trials = {line.split()[1]: line.split(maxsplit=6)[2:] for line in second.stdout.splitlines()
+              if line.startswith("TRIAL")}
+    by_lr = {float(fields[2]): (name, fields) for name, fields in trials.items()}
+    best, middling, *worst = (by_lr[lr] for lr in (5e-3, 1e-4, 1e-5, 2e-6))
+    assert best[1][:2] == ["finished", "10"] and middling[1][:2] == ["finished", "10"], (seed, second.stdout)
+    assert all(w[1][0] == "stopped" and "not promoted" in w[1][4] for w in worst), (seed, second.stdout)
+    assert middling[1][3] in ("5", "10"), f"seed {seed}: promoted, it resumed from step {middling[1][3]}"
+    record = SweepRecord.replay(SweepRecord.path_of(run_dir, "promote"))
+    assert record.trials[middling[0]].promoted == [0] and not any(record.trials[w[0]].promoted for w in worst)
+    for stage in ended_before - {middling[0]}:  # (the middling one may have ended paused: it goes on)
+        assert f"[{stage}] skipped" in second.stderr, f"seed {seed}: {stage} ran again"
+
+    history = read_history(run_dir / middling[0] / "train.h5")
+    plain = read_history(json.loads(second.stdout.split("PLAIN ", 1)[1].splitlines()[0]))
+    assert list(history.steps) == list(range(10)), f"seed {seed}: {list(history.steps)}"
+    assert list(history.metrics["loss"]) == list(plain.metrics["loss"]), seed  # bitwise: the same computation
+    paused_at = stagedir.read(run_dir / middling[0] / stagedir.RULING, stagedir.RulingRecord)
+    assert paused_at.keep and paused_at.promoted and paused_at.why.startswith("promoted from rung 0"), paused_at
+    promoted_before = record_before is not None and middling[0] in record_before.trials and \
+        record_before.trials[middling[0]].promoted
+    if not (promoted_before and middling[0] in ended_before):  # (else it ended before the kill: skipped)
+        assert f"a sweep {paused_at.why}: it goes on from its checkpoint" in second.stderr, seed
+
+    third = _run(job, run_dir)
+    assert _decisions(run_dir, "promote") == after
+    assert all(f"[{stage}] skipped" in third.stderr for stage in trials), third.stderr[-3000:]
+    assert third.stdout.split("PLAIN")[0] == second.stdout.split("PLAIN")[0]
+    status = subprocess.run([str(BIN / "parsl-torch"), "status", str(run_dir)], capture_output=True, text=True,
+                            env=clean_env(), timeout=600)
+    assert f"{middling[0]}  finished, promoted at rung 0" in status.stdout, status.stdout
+
+
+def test_a_trial_of_your_own_is_paused_only_when_its_loop_resumes_else_stopped_and_said_once(tmp_path, capfd):
+    """asha-promote cannot see whether your loop resumes from a checkpoint: without trial_resumes=True it says
+    so once and judges by stopping (the journal's rules: asha), before any trial is submitted."""
+    from concurrent.futures import Future
+
+    def trial(config, stage, **call):
+        done: Future = Future()
+        done.set_result({"stopped_at": None})
+        return done
+
+    with pt.workflow(site="local", run_dir=tmp_path / "run"):
+        trials = pt.sweep({"lr": [0.1, 0.2]}, steps=10, min_steps=2, trial=trial, scheduler="asha-promote", name="own")
+    said = [line for line in capfd.readouterr().err.splitlines() if "are stopped at their rungs, not paused" in line]
+    assert len(said) == 1 and "trial_resumes=True" in said[0]
+    assert SweepRecord.replay(SweepRecord.path_of(tmp_path / "run", "own")).rules["scheduler"] == "asha"
+    assert len(trials) == 2
+
+
+def test_the_figure_leaves_a_gap_where_a_promoted_trial_waited():
+    from parsl_torch.apps.sweeps.view import _gaps
+
+    steps, values = _gaps(list(range(10)), [float(s) for s in range(10)], {"promoted": [0]}, [5, 15])
+    assert math.isnan(values[6]) and list(steps[:6]) == [0, 1, 2, 3, 4, 5] and list(steps[7:]) == [6, 7, 8, 9]
+    same = _gaps([0, 1, 2], [1.0, 2.0, 3.0], {"promoted": []}, [1])
+    assert list(same[0]) == [0, 1, 2] and list(same[1]) == [1.0, 2.0, 3.0]

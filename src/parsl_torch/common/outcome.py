@@ -55,6 +55,21 @@ class Outcome:
                    data.get("host"), tuple(data.get("ranks") or ()), float(data.get("checking") or 0))
 
 
+#: the exit code of a launch or a warm call that ran past its walltime (as coreutils' ``timeout``)
+TIMEOUT_EXIT = 124
+
+
+def timed_out(seconds: float) -> Outcome:
+    """A launch or a warm call stopped at its walltime: one wording for both routes."""
+    return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {seconds:g} s")
+
+
+def continued(code: int, why: str = "stopped for the block's end", rank: int | None = None,
+              host: str | None = None) -> Outcome:
+    """A launch or a warm call that ended so that its stage continues in the next block (exit ``code``)."""
+    return Outcome(Cause.CONTINUED, code, why, rank, host)
+
+
 def write_outcome(stage_dir: str | os.PathLike, outcome: Outcome) -> None:
     with contextlib.suppress(OSError):  # the exit code still tells the workflow that it failed
         stagedir.write(Path(stage_dir) / stagedir.OUTCOME, outcome)

@@ -100,14 +100,16 @@ class ContinuationRecord:
 @dataclass(frozen=True)
 class RulingRecord:
     """Written by a sweep when it judged the call at the rung of ``step``: it goes on (``keep``), or its
-    ranks stop at the next step they agree on, keep what they wrote and end well. A ruling on another
-    call of the stage is ignored."""
+    ranks stop at the next step they agree on, keep what they wrote and end well (for good, or paused: a
+    later ruling that keeps it, ``promoted``, and the call submitted again resume it from the checkpoint it
+    stopped at). A ruling on another call of the stage is ignored."""
 
     call: str | None
     time: float
     step: int
     keep: bool
     why: str = ""
+    promoted: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ A sweep that cuts a trial asks it to stop through the same agreement: at each ru
 stage's rank 0 waits for the sweep's ruling (``await_ruling``: ``stagedir.RULING`` in its
 stage directory), and looks for a cut at most every STOP_POLL_S between rungs; the ranks
 agree on a cut as on a block's end, and ``stop_requested()`` then tells the stage to save
-and end well rather than to be continued.
+and end well rather than to be continued. A trial the sweep pauses stops the same way; when
+it is promoted, its call is submitted again and resumes from that checkpoint (``promoted``).
 """
 
 from __future__ import annotations
@@ -228,6 +229,15 @@ def await_ruling(step: int) -> None:
         time.sleep(pause)
         pause = min(2 * pause, longest)
     state.stopping = not ruling.keep
+
+
+def promoted() -> bool:
+    """Whether the sweep's last ruling on this call lets it go on: a trial paused at a rung and promoted since
+    resumes from the checkpoint it stopped at, where a cut one would end there again. Every rank reads it (the
+    sweep wrote it before it submitted the call again, and writes no other until the next rung)."""
+    stage_dir = settings.STAGE_DIR.raw()
+    ruling = _ruling(os.path.join(stage_dir, stagedir.RULING)) if stage_dir else None
+    return ruling is not None and ruling.keep
 
 
 def _ruling_file() -> str | None:

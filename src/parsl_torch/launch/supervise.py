@@ -47,7 +47,7 @@ from pathlib import Path
 from ..common import settings, stagedir
 from ..common.blocks import CONTINUE_EXIT, deadline_from_env
 from ..common.entrypoints import SUPERVISE
-from ..common.outcome import Cause, Outcome, forget_outcome, read_outcome, write_outcome
+from ..common.outcome import Cause, Outcome, continued, forget_outcome, read_outcome, timed_out, write_outcome
 from ..common.procs import reap, stop
 from ..common.runlock import LockWatch
 from ..core.topology import free_port
@@ -65,7 +65,6 @@ from .plan import LaunchPlan
 from .preflight import silent_nodes
 
 GRACE_S = 10.0
-TIMEOUT_EXIT = 124
 LOST_NODE_GRACE_S = 3.0
 #: the block has too few nodes left for the stage (EX_UNAVAILABLE)
 TOO_FEW_NODES_EXIT = 69
@@ -193,7 +192,7 @@ class _Watch:
             except subprocess.TimeoutExpired:
                 _say(f"the other ranks did not end within {CONTINUE_WAIT_S:g} s; stopping them")
                 stop(self.proc, self.grace)
-            return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end", report.rank, report.host)
+            return continued(CONTINUE_EXIT, rank=report.rank, host=report.host)
         # a lost node or a SIGKILLed rank makes the ranks elsewhere fail too: name the cause if it follows at once
         cause = cause_within(self.events, 1.0, report)
         if isinstance(cause, NodeSilent):
@@ -217,7 +216,7 @@ class _Watch:
         code = _exit_code(status)
         if code == CONTINUE_EXIT and self.continues():
             _say("the ranks stopped for the block's end; the stage continues in the next block")
-            return Outcome(Cause.CONTINUED, code, "stopped for the block's end")
+            return continued(code)
         if not code:
             return Outcome(Cause.OK, 0, "every rank finished")
         with contextlib.suppress(queue.Empty):  # name the rank (or the lost node) if its report is near
@@ -240,7 +239,7 @@ class _Watch:
             stop(self.proc, self.grace)
             if ending:
                 _say("the stage continues in the next block from its last checkpoint")
-                return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block ended")
+                return continued(CONTINUE_EXIT, "the block ended")
             return Outcome(Cause.SIGNALLED, 128 + self.received[0], f"stopped by {name}")
         if self.owner is not None and time.monotonic() > self.next_owner_check:
             self.next_owner_check = time.monotonic() + OWNER_CHECK_S
@@ -251,7 +250,7 @@ class _Watch:
         if self.deadline and time.monotonic() > self.deadline:
             _say(f"timed out after {self.timeout:g} s; stopping {n} rank(s)")
             stop(self.proc, self.grace)
-            return Outcome(Cause.TIMED_OUT, TIMEOUT_EXIT, f"timed out after {self.timeout:g} s")
+            return timed_out(self.timeout)
         return None
 
 
@@ -384,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if late:  # a block past its deadline took the stage before it stopped taking new ones
         _say("this block is past its deadline: the stage was not started here and goes to the next block")
         if stage_dir:
-            write_outcome(stage_dir, Outcome(Cause.CONTINUED, CONTINUE_EXIT, "the block was past its deadline"))
+            write_outcome(stage_dir, continued(CONTINUE_EXIT, "the block was past its deadline"))
         return CONTINUE_EXIT
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
         return refuse_nodes(silent, stage_dir)

@@ -26,7 +26,7 @@ from ..apps.stage.app import distributed_app, submit_builtin
 from ..apps.session.request import BuiltinCall
 from ..common import settings
 from ..core.deadline import note_checkpoint, should_checkpoint, stop_requested
-from ..core.deadline import to_be_continued
+from ..core.deadline import promoted, to_be_continued
 from ..core.device import get_torch_device
 from ..core.dist import exit_process
 from ..core.flops import flops_per_token, peak_flops, throughput
@@ -163,15 +163,16 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     run = _Training.build(cfg, history_path, stage)
     state, start = _resume(run, checkpoint_path)
     faults.install(run.model, get_rank(), start)  # (the resilience tests' PARSL_TORCH_FAULT)
-    # a checkpoint saved where a sweep cut this call: it ends there again
-    loss, compile_s, stopped = (None, None, start) if state.get("stopped") else _steps(run, start, checkpoint_path)
+    # a checkpoint saved where a sweep cut or paused this call: it ends there again, unless promoted since
+    ended = state.get("stopped") and not promoted()
+    loss, compile_s, stopped = (None, None, start) if ended else _steps(run, start, checkpoint_path)
     # resumed at its last step (killed after the final save, or stopped): the loss that checkpoint recorded
     final = _mean(loss.detach(), run.device) if loss is not None and start < cfg.steps \
         else float(state.get("loss") or math.nan)
     path = run.history.finalize(history_path)
     run.snapshots.finish()  # (its state in node memory: the computation is done)
     if stopped is not None:
-        get_logger(__name__).info("[%s] stopped at step %d: a sweep cut it", stage, stopped)
+        get_logger(__name__).info("[%s] stopped at step %d: a sweep cut or paused it", stage, stopped)
     return {"stage": stage, "final_loss": final, "steps": cfg.steps, "stopped_at": stopped, "resumed_from": start,
             "history": str(path), "checkpoint": str(Path(checkpoint_path).absolute()),
             "world_size": get_world_size(), "segments": run.history.segments, "precision": run.precision,

@@ -94,22 +94,36 @@ class Facts:
     def new_call(self) -> bool:
         return is_new_call(self.stage_dir, self.computation[0])
 
+    @functools.cached_property
+    def promoted(self) -> str | None:
+        """Why a sweep let the paused computation in the directory go on (its ruling), or None."""
+        ruling = stagedir.read_or_none(Path(self.stage_dir) / stagedir.RULING, stagedir.RulingRecord)
+        ours = ruling is not None and ruling.call == self.computation[0]
+        return ruling.why if ours and ruling.promoted else None
+
 
 def decide(facts: Facts) -> Verdict:
     """The verdict on the call ``facts`` are of: it skips only when the cache holds its identity's result,
     its directory's record is of that identity, its outputs are as that call left them and nothing it read
     changed (or is being rewritten now). Pure: every fact comes from ``facts``."""
-    call, key, before = facts.call, facts.key, facts.before
+    key, before = facts.key, facts.before
     hit = facts.cached and before is not None and before.memo_key == key
     gone, changed = facts.spoiled if hit else ([], [])
     read = facts.stale if hit and not gone and not changed else []
     if hit and not gone and not changed and not read:
         return Verdict(key, facts.parts, before)
-    why = spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else \
-        why_rerun(call.stage, call.name, before, facts.parts, facts.cached)
+    why = spoiled_said(gone, changed) if gone or changed else ", ".join(read) if read else _why_it_runs(facts)
     running, anew = facts.computation
     return Verdict(key, facts.parts, before, why, tuple(changed), facts.new_call, before is not None or facts.cached,
                    running, anew)
+
+
+def _why_it_runs(facts: Facts) -> str:
+    """Why a call whose result is not its directory's runs (for the log): a paused sweep trial promoted (the
+    sweep removed its finished call's record), or ``why_rerun``."""
+    if facts.before is None and facts.cached and facts.promoted:
+        return f"a sweep {facts.promoted}: it goes on from its checkpoint"
+    return why_rerun(facts.call.stage, facts.call.name, facts.before, facts.parts, facts.cached)
 
 
 def gate(call: StageCall, args: tuple, kwargs: Mapping[str, Any], cache: DigestCache, holds: Callable[[str], bool],

@@ -116,6 +116,12 @@ class Workflow:
             self._taken.add(name)
             return name
 
+    def release_name(self, name: str) -> None:
+        """``name``'s call ended and it is called again, the same call (a sweep's promoted trial): its name is
+        free for it."""
+        with self._lock:
+            self._taken.discard(name)
+
     def place(self, item: Any, stage_dir: Path) -> Any:
         """An output File (or path) with a relative name moved into the stage's directory. An output
         is the stage's own: a name that leaves its directory (``../x``), or an absolute path into

@@ -1,7 +1,12 @@
-"""Asynchronous successive halving (ASHA, Li et al. 2020), the stopping form: a trial is judged at a rung
-when it gets there, against the trials that got there before it, and goes on only if it is in the best
-``1/eta`` of them. Rungs are at ``min_steps * eta**k`` steps, below the budget. The first trial at a rung
-always goes on (it is the best there so far); a trial whose metric is not a number is cut.
+"""Asynchronous successive halving (ASHA, Li et al. 2020): a trial is judged at a rung when it gets there,
+against the trials that got there before it, and goes on only if it is in the best ``1/eta`` of them.
+Rungs are at ``min_steps * eta**k`` steps, below the budget. The first trial at a rung always goes on
+(it is the best there so far); a trial whose metric is not a number is cut. In the stopping form a trial
+that does not go on stops there. In the promotion form (``promoting``: the paper's rule) a trial goes on
+when it is among the best ``n // eta`` of the ``n`` trials that reached the rung (at least the best one:
+with a finite space, the paper's rule would let none through a rung that fewer than ``eta`` reach, and
+no trial would finish); one that is not waits (``Promotions``) until the trials that reach the rung after
+it put it there.
 
 Pure bookkeeping: no files, no Parsl (``stages.sweep`` runs the trials and keeps the record).
 """
@@ -57,6 +62,7 @@ class Asha:
     eta: int
     mode: str
     seen: dict[int, list[float]] = field(default_factory=dict)
+    promoting: bool = False  # the promotion form's rule: the best max(1, n // eta) of the n values
 
     def see(self, rung: int, value: float) -> None:
         """``value`` seen at ``rung`` (kept sorted, best first: a judgement is a lookup, not a sort)."""
@@ -66,10 +72,13 @@ class Asha:
 
     def cut(self, rung: int) -> float:
         """The rung's 1/eta quantile of the values seen there (signed, as ``seen``), linear between neighbours
-        (numpy's default), on the best-first order; NaN before any value."""
+        (numpy's default), on the best-first order; NaN before any value. Promoting: the ``max(1, n // eta)``-th
+        best value."""
         signed = self.seen.get(rung, [])
         if not signed:
             return math.nan
+        if self.promoting:
+            return signed[max(1, len(signed) // self.eta) - 1]
         position = (len(signed) - 1) / self.eta
         low = math.floor(position)
         high = min(low + 1, len(signed) - 1)
@@ -81,4 +90,23 @@ class Asha:
         if not math.isfinite(value) or not self.seen[rung]:
             return Decision(trial, rung, value, math.nan, False)
         cut, sign = self.cut(rung), 1 if self.mode == "min" else -1
-        return Decision(trial, rung, value, sign * cut, sign * value <= cut)
+        return Decision(trial, rung, value, sign * cut, self.ranks(rung, value))
+
+    def ranks(self, rung: int, value: float) -> bool:
+        """Whether ``value`` is in the best ``1/eta`` of the values seen at ``rung`` now."""
+        return math.isfinite(value) and (value if self.mode == "min" else -value) <= self.cut(rung)
+
+
+@dataclass
+class Promotions:
+    """The trials paused at their rungs (trial -> (rung, value)), and which of them goes on next: the one at
+    the highest rung that now ranks in its rung's best ``1/eta``, the best of those first."""
+
+    asha: Asha
+    paused: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def next(self) -> tuple[str, int] | None:
+        """(trial, rung) of the paused trial to promote now (None: none ranks)."""
+        sign = 1 if self.asha.mode == "min" else -1
+        order = sorted(self.paused.items(), key=lambda item: (-item[1][0], sign * item[1][1]))
+        return next(((trial, rung) for trial, (rung, value) in order if self.asha.ranks(rung, value)), None)

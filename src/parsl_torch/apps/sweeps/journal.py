@@ -1,6 +1,6 @@
 """The record of a sweep that survives its workflow: ``<run_dir>/.sweep.<name>.jsonl``, a journal.
 
-Each event (a trial known, a decision with the call it was made on, a trial's end) is one line appended
+Each event (a trial known, a decision with the call it was made on, a promotion, a trial's end) is one line appended
 to the file: a decision costs one short write however many trials the sweep has (rewriting a whole
 record at 1,000 trials took 170 ms), and a workflow killed in the middle of a write loses at most
 that line (a line that does not parse is the end of the journal). Reading it replays the lines.
@@ -20,13 +20,20 @@ from ...common.files import write_atomic
 @dataclass
 class TrialRecord:
     config: dict[str, Any]
-    state: str = "pending"  # pending | running | stopped | finished | failed
+    state: str = "pending"  # pending | running | paused | stopped | finished | failed
     step: int | None = None  # where it stopped, or its budget when it finished
     call: str | None = None  # the call its decisions were made on (another call: made again)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     result: Any = None  # its stage's result (the train stage's summary)
     value: float | None = None  # the metric at its last step (finished trials: how they rank)
     why: str = ""  # stopped: at which rung and cut; failed: the error
+    promoted: list[int] = field(default_factory=list)  # the rungs it was paused at and promoted from
+    busy_s: float | None = None  # the seconds its attempts held a slot
+
+    @property
+    def alive(self) -> bool:
+        """Whether it went on at every rung it was judged at (or was promoted from it)."""
+        return all(d["keep"] or d["rung"] in self.promoted for d in self.decisions)
 
 
 class SweepRecord:
@@ -99,6 +106,10 @@ class SweepRecord:
     def decide(self, decision: dict[str, Any], call: str | None) -> None:
         self._log({"decision": decision, "call": call})
 
+    def promote(self, trial: str, rung: int) -> None:
+        """A trial paused at ``rung`` goes on."""
+        self._log({"promote": trial, "rung": rung})
+
     def update(self, trial: str, **fields: Any) -> None:
         """A trial's state, step, result, value or why, where they changed."""
         t = self.trials[trial]
@@ -134,8 +145,12 @@ class SweepRecord:
             self.order.append([d["trial"], d["rung"]])
         elif "forget" in entry:
             t = self.trials[entry["forget"]]
-            t.decisions, t.why, t.call = [], "", entry["call"]
+            t.decisions, t.why, t.call, t.promoted = [], "", entry["call"], []
             self.order = [o for o in self.order if o[0] != entry["forget"]]
+        elif "promote" in entry:
+            t = self.trials[entry["promote"]]
+            t.promoted.append(entry["rung"])
+            t.state, t.why = "running", ""
         elif "update" in entry:
             t = self.trials[entry["update"]]
             for k, v in entry.items():

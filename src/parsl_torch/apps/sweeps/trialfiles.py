@@ -2,7 +2,8 @@
 Globus Compute endpoint whose files this machine cannot read (read and written by one small task per look,
 on the site's I/O endpoint: ``globus.io_endpoint_id``, a thread-pool endpoint beside the site's, on its file
 system). What the watcher needs of a trial is small: whose attempt its directory holds, and its history's
-metric at the steps it is judged on; what it leaves there is smaller: the rungs, then each ruling."""
+metric at the steps it is judged on; what it leaves there is smaller: the rungs, then each ruling (and for a
+promoted trial, its finished call's record removed)."""
 
 from __future__ import annotations
 
@@ -69,8 +70,13 @@ def peek_many(asks: Sequence[Ask], metric: str, window: int) -> list[Peek]:
 
 
 def put_many(records: Sequence[tuple[str, Any]]) -> None:
-    """Each record written whole at its path (its folder made): the task that leaves rungs and rulings."""
+    """Each record written whole at its path (its folder made), in their order; None: the file removed (a
+    promoted trial's record of its finished call, so that its call runs again): the task that leaves rungs
+    and rulings."""
     for path, record in records:
+        if record is None:
+            stagedir.forget(path)
+            continue
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         stagedir.write(path, record)
 

@@ -1,5 +1,6 @@
 """What a user sees of a sweep: its table (``parsl-torch status``), best first, and one figure of every
-trial's curve with the rungs drawn and the stopped trials marked (``<run_dir>/sweep-<name>.png``)."""
+trial's curve with the rungs drawn, the stopped trials marked and a gap where a trial paused
+(``<run_dir>/sweep-<name>.png``)."""
 
 from __future__ import annotations
 
@@ -41,14 +42,15 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _state(run_dir: Path, name: str, t: dict[str, Any]) -> str:
     rungs = len(t["decisions"])
-    if t["state"] == "stopped":
-        return f"stopped at step {t['step']}, rung {rungs - 1}"
+    promoted = f", promoted at rung {', '.join(map(str, t['promoted']))}" if t.get("promoted") else ""
+    if t["state"] in ("stopped", "paused"):
+        return f"{t['state']} at step {t['step']}, rung {rungs - 1}{promoted}"
     if t["state"] in ("running", "pending"):
         progress = [stagedir.read_or_none(p, stagedir.ProgressRecord)
                     for p in (Path(run_dir) / name).glob("*" + stagedir.PROGRESS_SUFFIX)]
         steps = [p.step + 1 for p in progress if p is not None]
-        return f"running at step {max(steps)}" if steps and t["state"] == "running" else t["state"]
-    return t["state"]
+        return (f"running at step {max(steps)}" if steps and t["state"] == "running" else t["state"]) + promoted
+    return t["state"] + promoted
 
 
 def _value(t: dict[str, Any]) -> float | None:
@@ -65,7 +67,7 @@ def best_first(record: dict[str, Any]) -> list[str]:
         t = record["trials"][stage]
         value = _value(t)
         value = sign * value if value is not None and math.isfinite(value) else math.inf
-        return {"finished": 0, "stopped": 1, "running": 2}.get(t["state"], 3), -len(t["decisions"]), value
+        return {"finished": 0, "stopped": 1, "paused": 1, "running": 2}.get(t["state"], 3), -len(t["decisions"]), value
 
     return sorted(record["trials"], key=key)
 
@@ -89,6 +91,17 @@ def table(run_dir: Path, name: str, record: dict[str, Any]) -> str:
     return "\n".join([head, line(COLUMNS), line(["-" * w for w in widths]), *(line(r) for r in body)])
 
 
+def _gaps(steps: Any, values: Any, t: dict[str, Any], rungs: list[int]) -> tuple[Any, Any]:
+    """The curve with a gap after each rung the trial was paused at and promoted from (NaN: no line drawn)."""
+    import numpy as np
+
+    steps, values = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    for at in sorted((rungs[r] for r in t.get("promoted") or ()), reverse=True):
+        cut = int(np.searchsorted(steps, at, side="right"))
+        steps, values = np.insert(steps, cut, np.nan), np.insert(values, cut, np.nan)
+    return steps, values
+
+
 def figure(run_dir: Path, name: str, record: dict[str, Any], dirs: Mapping[str, Path] | None = None) -> Path | None:
     """``<run_dir>/sweep-<name>.png``: every trial's metric by step, the stopped ones dashed and ending in
     an x, the rungs as dotted lines (``dirs``: each trial's directory where it is not ``<run_dir>/<trial>``:
@@ -110,17 +123,19 @@ def figure(run_dir: Path, name: str, record: dict[str, Any], dirs: Mapping[str, 
         values = data.stats.get(metric, {}).get("mean", data.metrics.get(metric))
         if values is None:
             continue
-        stopped = t["state"] == "stopped"
-        (curve,) = ax.plot(data.steps, values, linestyle="--" if stopped else "-", linewidth=1,
+        stopped = t["state"] in ("stopped", "paused")
+        steps, values = _gaps(data.steps, values, t, rules["rungs"])
+        (curve,) = ax.plot(steps, values, linestyle="--" if stopped else "-", linewidth=1,
                            alpha=0.6 if stopped else 1.0, label=stage if not stopped else None)
         if stopped and len(data.steps):
-            ax.plot(data.steps[-1], values[-1], "x", color=curve.get_color())
+            ax.plot(steps[-1], values[-1], "x", color=curve.get_color())
         drawn += 1
     if not drawn:
         return None
     for at in rules["rungs"]:
         ax.axvline(at, color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="step", ylabel=rules["metric"], title=f"sweep {name!r}: dashed and x: stopped; dotted: rungs")
+    ax.set(xlabel="step", ylabel=rules["metric"],
+           title=f"sweep {name!r}: dashed and x: stopped; a gap: paused there, promoted later; dotted: rungs")
     if rules["mode"] == "min" and rules["metric"] == "loss":
         ax.set_yscale("log")
     ax.legend(fontsize="small")

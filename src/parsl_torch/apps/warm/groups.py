@@ -32,7 +32,7 @@ from typing import Any
 from ...common import settings, stagedir
 from ...common.entrypoints import WARM_RANK
 from ...common.files import write_atomic
-from ...common.outcome import Cause, Outcome, read_outcome, write_outcome
+from ...common.outcome import Cause, Outcome, read_outcome, timed_out, write_outcome
 from ...common.stagedir import RESULT, STDERR, STDOUT
 from ...core.log import get_logger
 from ...sites.build import WARM_LABEL
@@ -193,7 +193,7 @@ class WarmGroups:
     def _failure(self, group: _Group, opts: StageOptions, took: float) -> Outcome:
         """The group's end as the call's outcome."""
         if opts.walltime and took >= opts.walltime:
-            return Outcome(Cause.TIMED_OUT, 124, f"timed out after {opts.walltime:g} s")
+            return timed_out(opts.walltime)
         outcome = read_outcome(group.directory)
         if outcome is not None and outcome.cause is not Cause.OK:
             return outcome

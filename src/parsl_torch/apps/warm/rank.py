@@ -39,7 +39,7 @@ from ...common.entrypoints import WARM_RANK, internal_arguments, stage_module
 from ...common.files import write_atomic
 from ...common.gcpause import paused_gc
 from ...observe.recorder import begin_call, begin_reads, observed_any, reads_of, unobserved
-from ...common.outcome import Cause, Outcome
+from ...common.outcome import Outcome, continued, timed_out
 from ...common.raised import claim_first, first_claimed, read_raised
 from ...core.dist import exit_process
 from ...core.topology import env_topology, free_port
@@ -288,10 +288,10 @@ def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, fir
     if all(r.code == 0 for r in reports):
         return None
     if any(r.stopped == "walltime" for r in reports):
-        return Outcome(Cause.TIMED_OUT, 124, f"timed out after {walltime:g} s")
+        return timed_out(walltime)
     if first is None:
         if continues and all(r.code in (0, CONTINUE_EXIT) for r in reports):
-            return Outcome(Cause.CONTINUED, CONTINUE_EXIT, "stopped for the block's end")
+            return continued(CONTINUE_EXIT)
         first = next(i for i, r in enumerate(reports) if r.code != 0)  # (a signal from outside: no failure first)
     # a rank killed by a signal its parent did not send (SIGKILL, the OOM killer) makes its peers raise at
     # once (gloo: "Connection closed by peer"), and one of them may be the first to report: the kill is the cause
