@@ -468,7 +468,8 @@ def test_a_stage_that_lost_a_node_goes_on_on_a_spare(cluster, sites_here, tmp_pa
     """A 3-node block with one spare (mpi.spare_nodes): a 2-node train gets n1 and n2 (n3 held back); n2 is
     lost. A cold stage goes on in place on n1 and the spare n3 (its supervisor claims n3, the same call: no
     retry through Parsl), resumes at step 6 from the state its ranks kept in node memory (no checkpoint file
-    read), every step's loss bitwise that of the same training uninterrupted; a warm stage's group ends with
+    read), every step's loss that of the same training uninterrupted (bitwise before the loss, to rounding
+    after it: DDP's buckets); a warm stage's group ends with
     its node, and its retry resumes from the checkpoint on n1 and the spare. On Slurm the job survives the
     loss (provider.survive_node_loss: --no-kill) and the new step overlaps the lost one, which holds n1
     until Slurm marks n2 down (SlurmdTimeout, 20 s here: it would wait "Requested nodes are busy")."""
@@ -497,7 +498,12 @@ def test_a_stage_that_lost_a_node_goes_on_on_a_spare(cluster, sites_here, tmp_pa
         assert "node n2 lost: the stage goes on in place on the spare n3 (the block's mpi.spare_nodes), the same " \
                "4 rank(s)" in said and not (wf.run_dir / "train" / "stderr.1.txt").exists()
         assert "resumed from the state kept in node memory at step 6 (no checkpoint file read)" in said
-        assert np.array_equal(history.metrics["loss"], pt.read_history(plain["history"]).metrics["loss"])  # bitwise
+        before = pt.read_history(plain["history"]).metrics["loss"]
+        assert np.array_equal(history.metrics["loss"][:6], before[:6])  # bitwise, before the loss
+        # after it, equal up to the rounding of the gradients' sum: DDP lays its gradient buckets out anew after
+        # the first step of a launch, so the relaunched ranks' first step sums them in another layout (measured:
+        # 1 ulp in step 9's loss, 1 run in 2; bitwise with no relaunch, and for FSDP: the test below)
+        assert np.allclose(history.metrics["loss"][6:], before[6:], rtol=1e-6, atol=0)
         status = plain_status(*read_status(wf.run_dir))
         assert "quarantined: node n2 of job" in status and "spare: node n3 of job" in status, status
 
