@@ -235,15 +235,20 @@ def promoted() -> bool:
     """Whether the sweep's last ruling on this call lets it go on: a trial paused at a rung and promoted since
     resumes from the checkpoint it stopped at, where a cut one would end there again. Every rank reads it (the
     sweep wrote it before it submitted the call again, and writes no other until the next rung)."""
-    stage_dir = settings.STAGE_DIR.raw()
-    ruling = _ruling(os.path.join(stage_dir, stagedir.RULING)) if stage_dir else None
+    path = _ruling_path()
+    ruling = _ruling(path) if path else None
     return ruling is not None and ruling.keep
+
+
+def _ruling_path() -> str | None:
+    """Where the sweep leaves its rulings on this call (None: not under a workflow)."""
+    stage_dir = settings.STAGE_DIR.raw()
+    return os.path.join(stage_dir, stagedir.RULING) if stage_dir else None
 
 
 def _ruling_file() -> str | None:
     """Rank 0's rulings to look for (under a workflow only; the other ranks learn them by agreeing)."""
-    stage_dir = settings.STAGE_DIR.raw()
-    return os.path.join(stage_dir, stagedir.RULING) if stage_dir and get_rank() == 0 else None
+    return _ruling_path() if get_rank() == 0 else None
 
 
 def _ruling(path: str) -> stagedir.RulingRecord | None:
