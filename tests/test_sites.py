@@ -54,6 +54,16 @@ def test_local_site_keeps_idle_parsl_processes_quiet(tmp_path):
     assert executors(build("aurora"))["mpi"].poll_period == 10  # Parsl's default where cores are plenty
 
 
+def test_the_local_sites_workers_connect_back_over_the_loopback_alone(tmp_path):
+    """CI, stop 93: a local workflow's pool connected through the test cluster's bridge (one of the host's
+    addresses Parsl offers it), which the cluster test deleted: the result was lost, the workflow waited 120 s
+    (reproduced: the bridge deleted under a stage, 123 s against 14 s)."""
+    local = executors(sites.load("local").parsl_config(run_dir=tmp_path))
+    assert {e.address for e in local.values()} == {"127.0.0.1"}
+    assert all(e.all_addresses == {"127.0.0.1"} for e in local.values())  # (the pool's `-a`: nothing else to try)
+    assert executors(build("frontier"))["mpi"].address is None  # (nodes elsewhere: Parsl's every address)
+
+
 def test_sites_address_interface_is_checked(monkeypatch):
     with pytest.raises(SiteError, match="network interface 'hsn0' .* does not exist on this host"):
         sites.load("aurora", account="X").parsl_config()

@@ -180,8 +180,9 @@ def test_an_io_endpoint_that_cannot_see_the_trials_or_does_not_answer_is_named(t
         trialfiles.EndpointFiles(silent, "io-1").peek([ran], "loss", 2)
 
 
-def test_rank_zero_waits_at_a_rung_for_the_ruling_and_ranks_agree_on_a_cut_of_their_own_call_only(
-        tmp_path, monkeypatch):
+@pytest.fixture
+def ruling(tmp_path, monkeypatch):
+    """Rank 0 of a sweep's trial (call ``this-call``); ``ruling(call, keep)`` leaves the sweep's ruling at step 5."""
     from parsl_torch.core import deadline
     from parsl_torch.core.ranks import rank_state
 
@@ -190,8 +191,13 @@ def test_rank_zero_waits_at_a_rung_for_the_ruling_and_ranks_agree_on_a_cut_of_th
     monkeypatch.setattr(deadline, "STOP_POLL_S", 0.0)
     monkeypatch.setattr(deadline, "RULING_WAIT_S", 0.5)
     monkeypatch.setattr(rank_state(), "deadline", None)
-    ruling = lambda call, keep: stagedir.write(tmp_path / stagedir.RULING,  # noqa: E731
-                                                stagedir.RulingRecord(call, time.time(), 5, keep, "why"))
+    return lambda call, keep: stagedir.write(tmp_path / stagedir.RULING,
+                                             stagedir.RulingRecord(call, time.time(), 5, keep, "why"))
+
+
+def test_rank_zero_waits_at_a_rung_for_the_ruling_and_ranks_agree_on_a_cut_of_their_own_call_only(ruling):
+    from parsl_torch.core import deadline
+
     assert not pt.should_checkpoint()
     ruling("this-call", True)
     waited = time.monotonic()
@@ -202,6 +208,26 @@ def test_rank_zero_waits_at_a_rung_for_the_ruling_and_ranks_agree_on_a_cut_of_th
     ruling("another-call", False)
     assert not pt.should_checkpoint()  # a cut of another call of the stage is not this one's
     ruling("this-call", False)
+    assert pt.should_checkpoint() and pt.stop_requested()
+
+
+def test_an_attempt_started_again_stops_at_the_rung_a_cut_was_made_at_not_before(ruling):
+    """CI, stop 93: a sweep killed after a trial's history reached rung 5 and before it was judged; rerun, the
+    sweep judged it from that history while the trial, started again, was at step 2: it stopped there."""
+    from parsl_torch.core import deadline
+
+    ruling("this-call", False)  # (the cut of the killed attempt's rung 5, there as this attempt starts)
+    deadline.progressed(2)
+    assert not pt.should_checkpoint()
+    deadline.await_ruling(5)
+    assert pt.should_checkpoint() and pt.stop_requested()
+
+
+def test_an_attempt_resumed_past_a_cut_rung_stops_at_once(ruling):
+    ruling("this-call", False)
+    from parsl_torch.core import deadline
+
+    deadline.progressed(6)  # (its first row: resumed from a checkpoint after step 5)
     assert pt.should_checkpoint() and pt.stop_requested()
 
 

@@ -81,6 +81,8 @@ class _Agreement:
         self.agreed = False
         self.reason = _GO  # what the ranks agreed on, once they did
         self.stopping = False  # rank 0 found a sweep's cut of this call
+        #: the steps this attempt is known to have done (``progressed``, a rung): a cut applies from its step on
+        self.reached = 0
         self._ruling_file = _ruling_file()
         self._looked = 0.0
         self._group: Any = None
@@ -129,8 +131,7 @@ class _Agreement:
     def local_view(self) -> int:
         if self._ruling_file and not self.stopping and time.monotonic() - self._looked >= STOP_POLL_S:
             self._looked = time.monotonic()
-            ruling = _ruling(self._ruling_file)
-            self.stopping = ruling is not None and not ruling.keep
+            self.stopping = _cuts(_ruling(self._ruling_file), self.reached)
         if self.stopping:
             return _STOP
         if self.signalled:
@@ -219,6 +220,7 @@ def await_ruling(step: int) -> None:
     state = _state()
     if state._ruling_file is None:
         return
+    state.reached = max(state.reached, step)
     waited, pause = time.monotonic(), 0.01
     longest = (_rungs() or stagedir.RungsRecord([])).poll_s  # (the sweep's own looks: none come sooner)
     while (ruling := _ruling(state._ruling_file)) is None or ruling.step < step:
@@ -228,7 +230,21 @@ def await_ruling(step: int) -> None:
             return
         time.sleep(pause)
         pause = min(2 * pause, longest)
-    state.stopping = not ruling.keep
+    state.stopping = _cuts(ruling, state.reached)
+
+
+def progressed(steps: int) -> None:
+    """A sweep's trial has done ``steps`` steps in this attempt or before it (a resumed one: past the rungs it
+    was judged at): a cut at a rung up to there applies at once."""
+    state = _state()
+    state.reached = max(state.reached, steps)
+
+
+def _cuts(ruling: stagedir.RulingRecord | None, reached: int) -> bool:
+    """Whether ``ruling`` stops an attempt that has done ``reached`` steps: a cut at a rung it reached. (An
+    attempt that started again from scratch waits for its rung: the sweep may have judged that rung from the
+    history a killed attempt of the same call left, and the trial then stops where the judged one was.)"""
+    return ruling is not None and not ruling.keep and ruling.step <= reached
 
 
 def promoted() -> bool:

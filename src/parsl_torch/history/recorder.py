@@ -29,7 +29,7 @@ from ..common.metadata import git_commit, package_versions, redact, utc_now
 from ..observe.recorder import unobserved
 from ..observe.native import without_observer
 from ..core.device import get_torch_device_type
-from ..core.deadline import await_ruling, sweep_rungs
+from ..core.deadline import await_ruling, progressed, sweep_rungs
 from ..core.dist import collective_timeout
 from ..core.log import get_logger
 from ..core.ranks import get_rank, process_group
@@ -118,13 +118,22 @@ class History:
             self._unlogged.append((step, {k: (cols[k], n) for k in recorded}))
             self._unlogged = self._unlogged if self._deferred else Deferred.to_sinks(self._sinks, self._unlogged)
         line = " ".join(shown)  # type: ignore[arg-type]
-        if self._rungs and step + 1 in self._rungs:  # a sweep judges the call here: the rows on disk, its ruling
-            self.sync()
-            self.flush()
-            await_ruling(step + 1)
-        elif self.sync_every and n + 1 >= self.sync_every:
+        at_rung = bool(self._rungs) and self._at_rung(step, n)
+        if not at_rung and self.sync_every and n + 1 >= self.sync_every:
             self.sync()
         return f"step={step} {line}"
+
+    def _at_rung(self, step: int, n: int) -> bool:
+        """A sweep's trial: at a rung, the rows on disk for the sweep to judge and its ruling awaited (True). The
+        first row since the last sync tells how far the attempt got (a resumed one: past its judged rungs)."""
+        if n == 0:
+            progressed(step)
+        if step + 1 not in self._rungs:
+            return False
+        self.sync()
+        self.flush()
+        await_ruling(step + 1)
+        return True
 
     def _add_row(self, metrics: Mapping[str, Any], step: int | None, n: int
                  ) -> tuple[int | None, list[str], list[str | None], list[tuple[str, Any]]]:

@@ -129,11 +129,28 @@ def _window(spec: SiteSpec, walltime: int) -> int:
     return drain_period(longer) or 0
 
 
+#: where a site on this machine alone (no scheduler) has its workers connect back
+LOOPBACK = "127.0.0.1"
+
+
+def worker_address(spec: SiteSpec) -> tuple[str, str] | None:
+    """How the workers reach the interchange: ("interface", name) or ("address", LOOPBACK); None: Parsl's
+    every address of the host. A site on this machine alone connects over the loopback: an address of an
+    interface that goes away under a running workflow (a laptop's network changed, a bridge deleted) would
+    end its pool's connection silently, the stage's result lost and the workflow waiting for the pool's
+    heartbeat (ManagerLost after 120 s: the test cluster's bridge deleted under a local workflow's stage took it
+    123 s instead of 14 s)."""
+    if spec.address_interface:
+        return ("interface", spec.address_interface)
+    return ("address", LOOPBACK) if get_scheduler(spec.scheduler).one_machine else None
+
+
 def interface_address(spec: SiteSpec) -> dict[str, Any]:
-    """``{"address": ...}`` of the site's ``address_interface`` on this host ({} without one); a
+    """``{"address": ...}`` for the site's executors on this host (``worker_address``; {}: Parsl's choice); a
     ``SiteError`` naming the site and the fix where this host has no such interface."""
-    if not spec.address_interface:
-        return {}
+    how = worker_address(spec)
+    if how is None or how[0] == "address":
+        return {"address": how[1]} if how else {}
     from parsl.addresses import address_by_interface
 
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import SiteError
 from ..launch.schedulers import get_scheduler
-from .build import worker_init
+from .build import worker_address, worker_init
 from .schema import SiteSpec
 
 
@@ -44,10 +44,9 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
     engine: dict[str, Any] = {"type": "GlobusMPIEngine", "mpi_launcher": spec.mpi.launcher,
                               "max_workers_per_block": spec.local_slots if this_host else spec.mpi.max_workers_per_block,
                               "provider": provider}
-    if spec.address_interface:
-        engine["address"] = {"type": "address_by_interface", "ifname": spec.address_interface}
-    elif this_host:
-        engine["address"] = "127.0.0.1"
+    how = worker_address(spec)
+    if how is not None:
+        engine["address"] = {"type": "address_by_interface", "ifname": how[1]} if how[0] == "interface" else how[1]
     return {"display_name": f"parsl-torch-{spec.name}", "engine": engine}
 
 
