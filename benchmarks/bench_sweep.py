@@ -61,9 +61,9 @@ def busy(*names):  # the slot-seconds the sweeps' trials held (their journals)
                for t in SweepRecord.replay(SweepRecord.path_of(Path(sys.argv[1]), n)).trials.values())
 
 
-def summary(trials, losses, t0, rank_steps, *names):
+def summary(trials, wall, rank_steps, *names):  # (wall: the sweeps', measured before their trials' evaluations)
+    losses = evaluated(trials)
     best = min(trials, key=lambda t: losses.get(t.name, 1e9))
-    wall = time.perf_counter() - t0  # (the sweeps', before the evaluations)
     return {"wall": wall, "rank_steps": rank_steps, "best": min(losses.values()), "finished": len(losses),
             "trials": len(trials), "best_lr": best.config["lr"], "busy": busy(*names) / (2 * wall)}
 
@@ -73,7 +73,7 @@ with pt.workflow(site="local", run_dir=sys.argv[1]):
         t0 = time.perf_counter()
         trials = pt.sweep(space, base=base, steps=steps, min_steps=min_steps, eta=3, scheduler=scheduler,
                           name=scheduler, ranks_per_node=1)
-        out[scheduler] = summary(trials, evaluated(trials), t0, sum(t.step for t in trials), scheduler)
+        out[scheduler] = summary(trials, time.perf_counter() - t0, sum(t.step for t in trials), scheduler)
     # the one-short-budget baseline: every configuration to min_steps, the best k of them to the end (k: the
     # fewest that spend at least pause-and-promote's rank-steps, unless given)
     t0 = time.perf_counter()
@@ -83,7 +83,7 @@ with pt.workflow(site="local", run_dir=sys.argv[1]):
     kept = sorted(short, key=lambda t: t.value)[:top]
     trials = pt.sweep([{k: v for k, v in t.config.items() if k != "steps"} for t in kept], base=base, steps=steps,
                       scheduler="none", name="baseline", ranks_per_node=1)
-    out["baseline"] = summary(trials, evaluated(trials), t0, used + sum(t.step for t in trials), "short", "baseline")
+    out["baseline"] = summary(trials, time.perf_counter() - t0, used + sum(t.step for t in trials), "short", "baseline")
     out["baseline"]["top"] = top
 print("RESULT " + json.dumps(out))
 """
