@@ -224,9 +224,9 @@ def test_an_attempt_started_again_stops_at_the_rung_a_cut_was_made_at_not_before
 
 
 def test_an_attempt_resumed_past_a_cut_rung_stops_at_once(ruling):
-    ruling("this-call", False)
     from parsl_torch.core import deadline
 
+    ruling("this-call", False)
     deadline.progressed(6)  # (its first row: resumed from a checkpoint after step 5)
     assert pt.should_checkpoint() and pt.stop_requested()
 

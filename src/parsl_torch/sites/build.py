@@ -149,12 +149,15 @@ def interface_address(spec: SiteSpec) -> dict[str, Any]:
     """``{"address": ...}`` for the site's executors on this host (``worker_address``; {}: Parsl's choice); a
     ``SiteError`` naming the site and the fix where this host has no such interface."""
     how = worker_address(spec)
-    if how is None or how[0] == "address":
-        return {"address": how[1]} if how else {}
+    if how is None:
+        return {}
+    kind, name = how
+    if kind == "address":
+        return {"address": name}
     from parsl.addresses import address_by_interface
 
     try:
-        return {"address": address_by_interface(spec.address_interface)}
+        return {"address": address_by_interface(name)}
     except OSError:
         raise SiteError(f"site {spec.name!r}: network interface {spec.address_interface!r} (address_interface) "
                         f"does not exist on this host: build the config on {spec.name}'s login or compute "
