@@ -118,22 +118,21 @@ class History:
             self._unlogged.append((step, {k: (cols[k], n) for k in recorded}))
             self._unlogged = self._unlogged if self._deferred else Deferred.to_sinks(self._sinks, self._unlogged)
         line = " ".join(shown)  # type: ignore[arg-type]
-        at_rung = bool(self._rungs) and self._at_rung(step, n)
-        if not at_rung and self.sync_every and n + 1 >= self.sync_every:
+        if self._rungs:
+            self._sweep_row(step, n)
+        if self.sync_every and len(self._steps) >= self.sync_every:  # (none pending after a rung's sync)
             self.sync()
         return f"step={step} {line}"
 
-    def _at_rung(self, step: int, n: int) -> bool:
-        """A sweep's trial: at a rung, the rows on disk for the sweep to judge and its ruling awaited (True). The
-        first row since the last sync tells how far the attempt got (a resumed one: past its judged rungs)."""
+    def _sweep_row(self, step: int, n: int) -> None:
+        """A sweep's trial: at a rung, the rows on disk for the sweep to judge and its ruling awaited. The first
+        row since the last sync tells how far the attempt got (a resumed one: past its judged rungs)."""
         if n == 0:
             progressed(step)
-        if step + 1 not in self._rungs:
-            return False
-        self.sync()
-        self.flush()
-        await_ruling(step + 1)
-        return True
+        if step + 1 in self._rungs:
+            self.sync()
+            self.flush()
+            await_ruling(step + 1)
 
     def _add_row(self, metrics: Mapping[str, Any], step: int | None, n: int
                  ) -> tuple[int | None, list[str], list[str | None], list[tuple[str, Any]]]:
