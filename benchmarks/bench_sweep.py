@@ -15,7 +15,9 @@ three runs (``pt.sweep``, docs/sweeps.md):
    record written after each look, and one look at 1,000 trials that wait for a slot.
 
    Before it, the promotion form simulated against ASHA's stopping form and the baseline over 300
-   random arrival orders (``simulated_promotion``).
+   random arrival orders (``simulated_promotion``), and where the grid's best configuration stands at the
+   rungs by the training loss and by the held-out loss (``held_out_places``: whether a rule judging on
+   either could keep it).
 
 usage: python benchmarks/bench_sweep.py [--steps 81] [--min-steps 3] [--dims 16,32,48,64] [--top K] [--runs 3]
        [--decisions-only]   (``--dims 16,32,48``: 27 trials; ``--dims 16,24,32,40,48,56,64``: 63)
@@ -39,12 +41,13 @@ import json, math, sys, time
 from pathlib import Path
 import parsl_torch as pt
 from parsl_torch.apps.sweeps.journal import SweepRecord
+from parsl_torch.apps.sweeps.trialfiles import rung_value
 from parsl_torch.stages.evaluate import evaluate
 
 steps, min_steps, dims = int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 model = {"kind": "transformer", "vocab_size": 64, "dim": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32}
 base = {"model": model, "data": {"batch_size": 16}, "checkpoint_every": 1000, "log_every": 1000}
-space = {"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], "model.dim": dims}
+space = {"lr": json.loads(sys.argv[6]), "model.dim": dims}
 top = int(sys.argv[5])
 out = {}
 
@@ -65,7 +68,18 @@ def summary(trials, wall, rank_steps, *names):  # (wall: the sweeps', measured b
     losses = evaluated(trials)
     best = min(trials, key=lambda t: losses.get(t.name, 1e9))
     return {"wall": wall, "rank_steps": rank_steps, "best": min(losses.values()), "finished": len(losses),
-            "trials": len(trials), "best_lr": best.config["lr"], "busy": busy(*names) / (2 * wall)}
+            "trials": len(trials), "best_lr": best.config["lr"], "best_name": best.name,
+            "busy": busy(*names) / (2 * wall)}
+
+
+def places(trials, best, rules):  # the grid's best trial's place at each rung, by the value the rule judges there
+    seen = {}
+    for t in trials:
+        h = pt.read_history(t.result["history"])
+        values = h.stats.get(rules["metric"], {}).get("mean", h.metrics[rules["metric"]])
+        seen[t.name] = dict(zip(h.steps.tolist(), values.tolist()))
+    return [sorted(seen, key=lambda n: rung_value(seen[n], at, rules["window"])).index(best) + 1
+            for at in rules["rungs"]]
 
 
 with pt.workflow(site="local", run_dir=sys.argv[1]):
@@ -74,6 +88,10 @@ with pt.workflow(site="local", run_dir=sys.argv[1]):
         trials = pt.sweep(space, base=base, steps=steps, min_steps=min_steps, eta=3, scheduler=scheduler,
                           name=scheduler, ranks_per_node=1)
         out[scheduler] = summary(trials, time.perf_counter() - t0, sum(t.step for t in trials), scheduler)
+        grid = trials if scheduler == "none" else grid
+    promote_rules = SweepRecord.replay(SweepRecord.path_of(Path(sys.argv[1]), "asha-promote")).rules
+    out["none"]["places"] = places(grid, out["none"]["best_name"], promote_rules)
+    out["none"]["rungs"] = promote_rules["rungs"]
     # the one-short-budget baseline: every configuration to min_steps, the best k of them to the end (k: the
     # fewest that spend at least pause-and-promote's rank-steps, unless given)
     t0 = time.perf_counter()
@@ -89,6 +107,7 @@ print("RESULT " + json.dumps(out))
 """
 
 SCHEMES = ("none", "asha", "asha-promote", "baseline")
+LRS = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
 
 def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
@@ -235,6 +254,52 @@ def _baseline(seen: list[list[float]], rungs: list[int], steps: int, top: int) -
     return len(seen) * rungs[0] + top * steps, set(kept)
 
 
+def held_out_places(steps: int, rungs: list[int], dims: list[int], window: int) -> dict[str, list[int]]:
+    """Where the grid's best configuration (by the evaluation loss at the end) stands at each rung among all of
+    the space's, by the training loss the rungs judge and by the held-out loss itself: the same trials trained
+    in this process as the train stage trains them (seed, model, optimizer, data), evaluated as the evaluate
+    stage does (8 held-out batches). Whether judging on a held-out metric would let a rule find it."""
+    import torch
+    import torch.nn.functional as F
+
+    from parsl_torch.stages.config import DataConfig, ModelConfig
+    from parsl_torch.stages.data import batch
+    from parsl_torch.stages.model import build_model
+
+    torch.set_num_threads(1)
+    train, held, seen = DataConfig(batch_size=16), DataConfig(seed=10_000, batch_size=16), {}
+    for dim in dims:
+        model_cfg = ModelConfig(kind="transformer", vocab_size=64, dim=dim, n_heads=2, n_layers=1, seq_len=32)
+        held_out = [batch(held, model_cfg, b, 0, 1) for b in range(8)]
+        for lr in LRS:
+            torch.manual_seed(0)
+            model = build_model(model_cfg)
+            opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+            def loss(tokens):
+                return F.cross_entropy(model(tokens[:, :-1]).reshape(-1, 64).float(), tokens[:, 1:].reshape(-1))
+
+            losses, evals = [], {}
+            for step in range(steps + 1):
+                if step in rungs or step == steps:
+                    with torch.no_grad():
+                        evals[step] = sum(loss(t).item() for t in held_out) / len(held_out)
+                if step < steps:
+                    value = loss(batch(train, model_cfg, step, 0, 1))
+                    opt.zero_grad()
+                    value.backward()
+                    opt.step()
+                    losses.append(value.item())
+            seen[(lr, dim)] = (losses, evals)
+    best = min(seen, key=lambda c: seen[c][1][steps])
+
+    def place(value) -> list[int]:
+        return [sorted(seen, key=lambda c: value(c, at)).index(best) + 1 for at in rungs]
+
+    return {"best": best, "training loss": place(lambda c, at: sum(seen[c][0][at - window:at]) / window),
+            "held-out loss": place(lambda c, at: seen[c][1][at])}
+
+
 class _Waiting:
     """A trial's future while Parsl holds its task for a free slot."""
 
@@ -270,6 +335,12 @@ def main() -> None:
               f"the end: " + "; ".join(f"{scheme} {share:.2f}, {found:.0%}" for scheme, (share, found) in sim.items()))
     if args.decisions_only:
         return
+    dims = [int(w) for w in args.dims.split(",")]
+    places = held_out_places(args.steps, rungs, dims, max(1, args.min_steps // 2))
+    lr, dim = places.pop("best")
+    print(f"the grid's best configuration (lr {lr:g}, width {dim}), trained in this process: its place among the "
+          f"{len(LRS) * len(dims)} at steps {', '.join(map(str, rungs))}: " + "; ".join(
+              f"by the {how} {', '.join(map(str, at))}" for how, at in places.items()))
     for run in range(1, args.runs + 1):
         _report(run, _one_run(args), args)
 
@@ -280,7 +351,7 @@ def _one_run(args: argparse.Namespace) -> dict[str, dict]:
         (Path(d) / "wf.py").write_text(WORKFLOW)
         dims = json.dumps([int(w) for w in args.dims.split(",")])
         out = subprocess.run([sys.executable, str(Path(d) / "wf.py"), str(Path(d) / "run"), str(args.steps),
-                              str(args.min_steps), dims, str(args.top)], capture_output=True, text=True,
+                              str(args.min_steps), dims, str(args.top), json.dumps(LRS)], capture_output=True, text=True,
                              env=bench_env(MPLBACKEND="Agg"), cwd=d, timeout=7200)
     if out.returncode:
         raise SystemExit(out.stderr[-4000:])
@@ -305,6 +376,10 @@ def _report(run: int, r: dict[str, dict], args: argparse.Namespace) -> None:
               "at no more compute": promote["rank_steps"] <= base["rank_steps"],
               "slots busy at least 90 %": promote["busy"] >= 0.9}
     print(f"run {run}, asha-promote: " + "; ".join(f"{k}: {'yes' if ok else 'NO'}" for k, ok in checks.items()))
+    print(f"run {run}: the grid's best trial (lr {grid['best_lr']:g}) stood " + ", ".join(
+        f"{place} of {grid['trials']} at step {at}" for place, at in zip(grid["places"], grid["rungs"])) +
+        " by the loss the rungs judge (a rule that keeps each rung's best third goes on with it only where it is "
+        "among them)")
 
 
 if __name__ == "__main__":
