@@ -154,9 +154,12 @@ def gc_site(tmp_path, monkeypatch, name="gclab", **globus):
 def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(tmp_path, monkeypatch, engine):
     """``asha`` on a Globus Compute site whose files this machine cannot read: each look at the trials and
     each ruling is a task on the site's I/O endpoint (``globus.io_endpoint_id``: a ThreadPoolEngine, its
-    config rendered by ``endpoint-config --io``); a cut trial stops at its rung, its files kept there. A site
-    without one is refused before any trial starts."""
+    config rendered by ``endpoint-config --io``); a cut trial stops at its rung, its files kept there;
+    ``asha-promote`` pauses one there and promotes it, resumed from its checkpoint. A site without an I/O
+    endpoint is refused before any trial starts."""
     from parsl_torch.apps.sweeps import trialfiles
+    from parsl_torch.apps.sweeps.space import trial_name
+    from parsl_torch.history.h5file import read_history
     from parsl_torch.sites import globus
     from parsl_torch.sites.endpoint import io_endpoint_config
     from parsl_torch.stages import checkpoint
@@ -198,6 +201,20 @@ def test_a_sweep_through_an_endpoint_with_files_of_its_own_cuts_its_poor_trials(
             # (the order trials start in: 5e-3 and 2e-5 first, then the two poor ones, which are cut at step 5)
             trials = pt.sweep({"lr": [5e-3, 1e-5, 2e-5, 3e-5]}, base=base, steps=15, min_steps=5, eta=3, window=2,
                               site="gclab", ranks_per_node=1)
+            # asha-promote there: the middling trial (started second) pauses at step 5, the two worse ones
+            # promote it, and the same call goes on from its checkpoint on the endpoint
+            lrs, shift = [5e-3, 1e-4, 1e-5, 2e-6], 0
+            while [c["lr"] for c in sorted(({"lr": lr, "log_every": 50 + i + shift} for i, lr in enumerate(lrs)),
+                                             key=lambda c: trial_name("promote", c))][:2] != lrs[:2]:
+                shift += 4
+            promoted = pt.sweep([{"lr": lr, "log_every": 50 + i + shift} for i, lr in enumerate(lrs)], base=base,
+                                steps=10, min_steps=5, eta=2, window=2, scheduler="asha-promote", slots=1,
+                                name="promote", site="gclab", ranks_per_node=1)
+    middling = next(t for t in promoted if t.config["lr"] == 1e-4)
+    assert (middling.state, middling.step, middling.result["resumed_from"]) == ("finished", 10, 5), middling.why
+    assert list(read_history(tmp_path / "remote" / wf.run_dir.name / middling.name / "train.h5").steps) == \
+        list(range(10))
+    assert all(t.state == "stopped" and "not promoted" in t.why for t in promoted if t.config["lr"] < 1e-4)
     assert trials[0].config["lr"] == 5e-3 and trials[0].state == "finished"
     stopped = [t for t in trials if t.state == "stopped"]
     assert stopped, [(t.name, t.state, t.why) for t in trials]

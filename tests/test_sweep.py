@@ -423,6 +423,31 @@ def test_a_paused_trial_is_promoted_resumes_its_computation_and_a_killed_sweep_r
     assert f"{middling[0]}  finished, promoted at rung 0" in status.stdout, status.stdout
 
 
+@pytest.mark.slow
+def test_a_trial_paused_in_warm_ranks_is_promoted_and_resumes_its_computation(tmp_path):
+    """The same sweep with warm ranks (a fork per call): the paused trial's promotion is the same call again in
+    the group's ranks, resumed from its checkpoint, every step once, each loss bitwise an uninterrupted trial's;
+    a rerun skips every trial."""
+    from parsl_torch.history.h5file import read_history
+
+    job, run_dir = tmp_path / "promote_job.py", tmp_path / "run"
+    job.write_text(PROMOTE_JOB.replace("run_dir=sys.argv[1])", "run_dir=sys.argv[1], warm=True)"))
+    first = _run(job, run_dir)
+    assert "warm ranks: group 0 starts" in first.stderr, first.stderr[-3000:]
+    trials = {float(line.split()[4]): line.split(maxsplit=6)[1:] for line in first.stdout.splitlines()
+              if line.startswith("TRIAL")}
+    middling = trials[1e-4]
+    assert middling[1:3] == ["finished", "10"] and middling[4] == "5", first.stdout
+    assert all(trials[lr][1] == "stopped" and "not promoted" in trials[lr][5] for lr in (1e-5, 2e-6)), first.stdout
+    history = read_history(run_dir / middling[0] / "train.h5")
+    plain = read_history(json.loads(first.stdout.split("PLAIN ", 1)[1].splitlines()[0]))
+    assert list(history.steps) == list(range(10))
+    assert list(history.metrics["loss"]) == list(plain.metrics["loss"])
+    second = _run(job, run_dir)
+    assert all(f"[{stage}] skipped" in second.stderr for stage, *_ in trials.values()), second.stderr[-3000:]
+    assert second.stdout.split("PLAIN")[0] == first.stdout.split("PLAIN")[0]
+
+
 def test_a_trial_of_your_own_is_paused_only_when_its_loop_resumes_else_stopped_and_said_once(tmp_path, capfd):
     """asha-promote cannot see whether your loop resumes from a checkpoint: without trial_resumes=True it says
     so once and judges by stopping (the journal's rules: asha), before any trial is submitted."""
