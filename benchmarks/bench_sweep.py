@@ -137,8 +137,8 @@ def decisions_cost(trials: int = 1000, rungs: int = 4) -> dict[str, float]:
                 judged += 1
             alive = [n for n in alive if record.trials[n].decisions[-1]["keep"]]
         decide_s = time.perf_counter() - t0
-        watch = Watch(run_dir, "bench", {**record.rules, "metric": "loss", "mode": "min", "window": 1, "scheduler": "asha"}, record,
-                       logging.getLogger("bench"))
+        rules = {**record.rules, "metric": "loss", "mode": "min", "window": 1, "scheduler": "asha"}
+        watch = Watch("bench", rules, record, logging.getLogger("bench"))
         waiting = [Run(name, run_dir / name, _Waiting()) for name in names]
         t0 = time.perf_counter()
         assert len(watch.look(waiting)) == trials  # the workflow's look at trials waiting for a slot

@@ -55,10 +55,6 @@ def _imports_scheduler(package: object) -> bool:
                and any(alias.name == "MPITaskScheduler" for alias in node.names) for node in ast.walk(tree))
 
 
-def _is_package(module: object) -> bool:
-    return hasattr(module, "__path__")
-
-
 PATCHES: tuple[Patch, ...] = (
     Patch("the executors' task table",
           "parsl.executors.high_throughput.executor:HighThroughputExecutor", "sites/executors.SettlesEarly",
@@ -84,7 +80,7 @@ PATCHES: tuple[Patch, ...] = (
           "parsl:", "launch/leanparsl._hollow",
           "puts `parsl` and `parsl.executors` in `sys.modules` without running their `__init__`",
           "their `__init__` imports every executor and the monitoring database (0.9 s of CPU) in the interchange "
-          "and the pool, which need a tenth of it", _is_package),
+          "and the pool, which need a tenth of it", _has("__path__")),
     Patch("a task's record",
           "parsl.dataflow.futures:AppFuture", "apps/stage/futures.StageFuture.from_cache, apps/stage/settle",
           "reads `task_record` (its `from_memo`, its try's future)",

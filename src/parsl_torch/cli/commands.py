@@ -54,9 +54,7 @@ def _info(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     """Start the ranks with the right launcher for this scheduler and machine."""
     settings.check_user_settings()
-    command = list(args.command)
-    if args.module:
-        command = [sys.executable, "-m", args.module, *command]
+    command = [sys.executable, "-m", args.module, *args.command] if args.module else list(args.command)
     if args.timeout is not None and not 0 < args.timeout < math.inf:
         raise ConfigError(f"--timeout {args.timeout:g}: give the seconds before every rank is stopped, > 0")
     deadline = {settings.DEADLINE.name: f"{time.time() + duration_seconds(args.deadline, '--deadline'):.3f}"} \
@@ -99,8 +97,7 @@ def _sites_list(args: argparse.Namespace) -> int:
     chosen = sites.detect()
     for name, path in sites.available().items():
         spec = sites.read_spec(path)
-        mark = "*" if name == chosen.name else " "
-        print(f"{mark} {name:<12} {spec.scheduler:<6} {spec.description}  ({path})")
+        print(f"{'*' if name == chosen.name else ' '} {name:<12} {spec.scheduler:<6} {spec.description}  ({path})")
     print(f"\n* auto picks {chosen.name!r}: {chosen.reason}")
     return 0
 
@@ -234,10 +231,9 @@ def _compare(rows: list, metric: str, as_json: bool) -> int:
         return 0
     width = max(len(r.name) for r in rows)
     for place, r in enumerate(rows, 1):
-        value = r.result[metric]
         others = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in r.result.items() if k != metric)
-        print(f"{place:>3}. {r.name:<{width}}  {metric}={value:.6g}  {others}".rstrip())
+        print(f"{place:>3}. {r.name:<{width}}  {metric}={r.result[metric]:.6g}  {others}".rstrip())
     return 0
 
 

@@ -9,6 +9,7 @@ launcher, and names the nodes that did not answer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ from ..observe import native as preload
 from ..common import settings
 from ..common.entrypoints import CLI
 from ..common.environ import find_local_tool, path_with_python_bin
+from ..common.metadata import installed_version
 from ..core.device import get_backend, get_torch_device_type
 from ..core.dist import collective_timeout
 from ..errors import ConfigError, ParslTorchError
@@ -54,18 +56,8 @@ class Check:
     remedy: str = ""
 
 
-def _version(dist: str) -> str | None:
-    import importlib.metadata  # ~20 ms: only when the doctor runs
-
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def check_python() -> Check:
-    v = sys.version_info
-    ok = v >= (3, 10)
+    ok = sys.version_info >= (3, 10)
     return Check("python", "ok" if ok else "error", f"{sys.version.split()[0]} at {sys.executable}",
                  "" if ok else "use Python 3.10 or newer")
 
@@ -110,7 +102,7 @@ def check_mpi() -> Check:
                      "pip install 'parsl-torch[mpi]' (or your site's mpi4py) for MPI launches and fast statistics")
     if not mpiexec:
         return Check("mpi", "warn", f"mpi4py with {lib}, but no mpiexec", "load your MPI module or pip install mpich")
-    return Check("mpi", "ok", f"mpi4py {_version('mpi4py')} with {lib}; mpiexec {mpiexec}")
+    return Check("mpi", "ok", f"mpi4py {installed_version('mpi4py')} with {lib}; mpiexec {mpiexec}")
 
 
 def check_scheduler() -> Check:
@@ -127,7 +119,7 @@ def check_scheduler() -> Check:
 
 
 def check_wandb() -> Check:
-    version = _version("wandb")
+    version = installed_version("wandb")
     mode = os.environ.get("WANDB_MODE", "online")
     if version is None:
         return Check("wandb", "skip", "not installed (optional)", "pip install 'parsl-torch[wandb]' to track runs")
@@ -160,20 +152,19 @@ def check_parsl() -> Check:
         return Check("parsl internals", "error", str(exc).split(". Install")[0], _REINSTALL)
     except ImportError as exc:
         return Check("parsl internals", "error", f"cannot import Parsl: {exc}", _REINSTALL)
-    return Check("parsl internals", "ok", f"parsl {_version('parsl')}: the {len(PATCHES)} places parsl-torch "
+    return Check("parsl internals", "ok", f"parsl {installed_version('parsl')}: the {len(PATCHES)} places parsl-torch "
                  f"reaches into hold")
 
 
 def _read(path: Path) -> str:
-    try:
+    with contextlib.suppress(OSError):
         return path.read_text()
-    except OSError:
-        return ""
+    return ""
 
 
 def _optional(name: str, dist: str, purpose: str, extra: str) -> Callable[[], Check]:
     def check() -> Check:
-        version = _version(dist)
+        version = installed_version(dist)
         if version is None:
             return Check(name, "skip", f"not installed ({purpose})", f"pip install {extra}")
         return Check(name, "ok", f"{dist} {version}")
@@ -183,11 +174,10 @@ def _optional(name: str, dist: str, purpose: str, extra: str) -> Callable[[], Ch
 
 def _job_nodes() -> tuple[str, ...]:
     """The nodes of the job this runs in (empty outside a job or when it cannot be read)."""
-    try:
+    with contextlib.suppress(ParslTorchError):
         d = sites.detect_job()
         return get_scheduler(d.scheduler).job_nodes(os.environ) if d.in_job and d.scheduler != "local" else ()
-    except ParslTorchError:
-        return ()
+    return ()
 
 
 def check_nodes(nodes: tuple[str, ...]) -> Check:
@@ -261,10 +251,8 @@ def run_checks(smoke: bool = True) -> list[Check]:
     blocked = any(r.status == "error" for r in results if r.name in ("torch", "device/backend"))
     if smoke:
         nodes = _job_nodes()
-        if blocked:
-            results.append(Check("live all_reduce", "skip", "torch or device is broken"))
-        else:
-            results.append(check_nodes(nodes) if len(nodes) > 1 else check_smoke())
+        results.append(Check("live all_reduce", "skip", "torch or device is broken") if blocked
+                       else check_nodes(nodes) if len(nodes) > 1 else check_smoke())
     return results
 
 

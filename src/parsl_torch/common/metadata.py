@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -141,12 +141,11 @@ def redact(value: Any) -> Any:
             if hide_next:
                 out.append(REDACTED)
                 hide_next = False
-                continue
-            if isinstance(item, str) and (m := _FLAG.match(item)) and is_secret_name(m["flag"]):
+            elif isinstance(item, str) and (m := _FLAG.match(item)) and is_secret_name(m["flag"]):
                 out.append(f"{m['flag']}={REDACTED}")
-                continue
-            hide_next = isinstance(item, str) and item.startswith("-") and is_secret_name(item)
-            out.append(redact(item))
+            else:
+                hide_next = isinstance(item, str) and item.startswith("-") and is_secret_name(item)
+                out.append(redact(item))
         return out
     if isinstance(value, str):
         return redact_text(value, secret_values(os.environ))
@@ -157,16 +156,19 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def package_versions() -> dict[str, str]:
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (None: not installed)."""
     import importlib.metadata  # ~20 ms: only when asked
 
-    versions = {"python": sys.version.split()[0]}
-    for dist in ("parsl-torch", "torch", "numpy", "h5py", "mpi4py", "parsl", "wandb", "globus-compute-sdk"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return versions
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    dists = ("parsl-torch", "torch", "numpy", "h5py", "mpi4py", "parsl", "wandb", "globus-compute-sdk")
+    return {"python": sys.version.split()[0], **{d: v for d in dists if (v := installed_version(d)) is not None}}
 
 
 def git_commit(env: Mapping[str, str] | None = None) -> str:

@@ -29,11 +29,6 @@ def proc_stat(pid: int | str) -> ProcStat | None:
         return None
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
 def reap(token: str, spare: frozenset[int] = frozenset()) -> int:
     """SIGKILL local processes whose environment carries ``token`` (not those in ``spare``);
     returns how many."""
@@ -57,7 +52,8 @@ def stop(proc: subprocess.Popen, grace: float, done: Callable[[], bool] | None =
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
-        _signal_group(proc, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
         deadline = time.monotonic() + grace
         while proc.poll() is None and time.monotonic() < deadline:
             if sig is signal.SIGTERM and done is not None and done():

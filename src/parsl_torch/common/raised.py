@@ -60,9 +60,8 @@ def write_raised(exc: BaseException, path: str | None, secrets: Collection[str] 
     A warm call's fork first claims the call's first failure (``settings.FIRST_FAILURE``): now, not when
     its parent sees it end, after its peers' collectives broke and they raised too."""
     if path:
-        with contextlib.suppress(OSError):
-            with open(path, "w") as f:
-                f.write(raised_line(exc, secrets))
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            f.write(raised_line(exc, secrets))
     if first := settings.FIRST_FAILURE.get():
         rank, _, claim = first.partition(":")
         claim_first(claim, rank)

@@ -55,12 +55,10 @@ def _convert(value: Any, tp: Any, where: str, error: type[Exception]) -> Any:
         if dataclasses.is_dataclass(item):  # named records (a site's queues)
             return {str(k): _convert(v, item, f"{where}.{k}", error) for k, v in value.items()}
         if typing.get_args(tp)[1:] == (typing.Any,):  # free-form settings, passed on as they are
-            bad = [k for k in value if not isinstance(k, str)]
-            if bad:
+            if bad := [k for k in value if not isinstance(k, str)]:
                 raise error(f"{where}: keys must be strings, got {bad[0]!r}")
             return dict(value)
-        bad = [k for k, v in value.items() if not isinstance(k, str) or not isinstance(v, (str, int, float))]
-        if bad:
+        if bad := [k for k, v in value.items() if not isinstance(k, str) or not isinstance(v, (str, int, float))]:
             raise error(f"{where}.{bad[0]}: values must be strings or numbers")
         return {k: str(v) for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):

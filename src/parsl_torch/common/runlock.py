@@ -145,8 +145,7 @@ class RunLock:
                     json.dump(me, f)
             return True
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                written.unlink()
+            written.unlink(missing_ok=True)
 
     def _holder(self) -> tuple[dict | None, float]:
         try:
@@ -182,11 +181,9 @@ class RunLock:
         try:
             holder, age = self._holder()
             if holder is not None and self._stale(holder, age):
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
+                self.path.unlink(missing_ok=True)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                guard.unlink()
+            guard.unlink(missing_ok=True)
 
     def _ours(self) -> bool:
         with contextlib.suppress(OSError, ValueError):
@@ -202,5 +199,4 @@ class RunLock:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._ours():
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            self.path.unlink(missing_ok=True)

@@ -10,7 +10,6 @@ says who writes and who reads each.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -234,8 +233,7 @@ def read_or_none(path: str | os.PathLike, kind: type[R], log: Any = None) -> R |
 
 def forget(path: str | os.PathLike) -> None:
     """An earlier attempt's record must not pass for this one's."""
-    with contextlib.suppress(FileNotFoundError):
-        Path(path).unlink()
+    Path(path).unlink(missing_ok=True)
 
 
 def add_reads(stage_dir: str | os.PathLike, lines: Iterable[str], ranks: int, expected: int) -> None:

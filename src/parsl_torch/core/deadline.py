@@ -29,6 +29,7 @@ it is promoted, its call is submitted again and resumes from that checkpoint (``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -83,7 +84,8 @@ class _Agreement:
         self.stopping = False  # rank 0 found a sweep's cut of this call
         #: the steps this attempt is known to have done (``progressed``, a rung): a cut applies from its step on
         self.reached = 0
-        self._ruling_file = _ruling_file()
+        #: rank 0's rulings to look for (under a workflow only; the other ranks learn them by agreeing)
+        self._ruling_file = _ruling_path() if get_rank() == 0 else None
         self._looked = 0.0
         self._group: Any = None
         self._pending: Any = None
@@ -93,7 +95,7 @@ class _Agreement:
     def _install_handler(self) -> None:
         """SIGUSR1 marks the block as ending (chained to a handler already there)."""
         self._handler_installed = True
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread: the deadline alone decides
             previous = signal.getsignal(signal.SIGUSR1)
 
             def on_signal(signum: int, frame: Any) -> None:
@@ -102,8 +104,6 @@ class _Agreement:
                     previous(signum, frame)
 
             signal.signal(signal.SIGUSR1, on_signal)
-        except ValueError:  # not the main thread: the deadline alone decides
-            pass
 
     def step_seconds(self) -> float:
         """A step's duration: the median spacing of the last calls (0 before two calls)."""
@@ -260,11 +260,6 @@ def _ruling_path() -> str | None:
     """Where the sweep leaves its rulings on this call (None: not under a workflow)."""
     stage_dir = settings.STAGE_DIR.raw()
     return os.path.join(stage_dir, stagedir.RULING) if stage_dir else None
-
-
-def _ruling_file() -> str | None:
-    """Rank 0's rulings to look for (under a workflow only; the other ranks learn them by agreeing)."""
-    return _ruling_path() if get_rank() == 0 else None
 
 
 def _ruling(path: str) -> stagedir.RulingRecord | None:

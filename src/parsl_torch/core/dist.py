@@ -4,6 +4,7 @@ the clean end of a rank's process (exit_process)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 import pdb
@@ -138,8 +139,7 @@ def _seed_everything(seed: int) -> None:
 
 def barrier() -> None:
     """Wait for every rank; a no-op without a process group."""
-    d = process_group()
-    if d:
+    if d := process_group():
         d.barrier()
 
 
@@ -162,17 +162,14 @@ def exit_process(code: int = 0) -> NoReturn:
     finish_pmi()  # (with MPI or without: common.pmi)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 
 def cleanup() -> None:
     """Destroy the process group if there is one (safe to call twice)."""
-    d = process_group()
-    if d:
+    if d := process_group():
         for release in list(rank_state().before_cleanup):  # work in flight must not outlive its group
             release()
         d.destroy_process_group()

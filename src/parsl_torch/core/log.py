@@ -31,9 +31,8 @@ class _RankFilter(logging.Filter):
         self.rank_zero_only = rank_zero_only
 
     def filter(self, record: logging.LogRecord) -> bool:
-        rank = get_rank()
-        record.rank = rank
-        return rank == 0 or not self.rank_zero_only
+        record.rank = get_rank()
+        return record.rank == 0 or not self.rank_zero_only
 
 
 @contextlib.contextmanager

@@ -30,8 +30,6 @@ from ..errors import ConfigError
 from .blocks import blocks_path
 from .layout import SCHEDULES, Layout
 
-Split = Callable[[nn.Module, int, int], nn.Module]
-
 
 def stage_blocks(n_blocks: int, layout: Layout) -> list[range]:
     """The blocks of every stage: from ``layout.pp_split``, else shared out evenly (the first
@@ -41,9 +39,7 @@ def stage_blocks(n_blocks: int, layout: Layout) -> list[range]:
         starts = [0, *layout.pp_split, n_blocks]
     else:
         per, extra = divmod(n_blocks, n)
-        starts = [0]
-        for s in range(n):
-            starts.append(starts[-1] + per + (s < extra))
+        starts = [s * per + min(s, extra) for s in range(n + 1)]
     return [range(starts[s], starts[s + 1]) for s in range(n)]
 
 
@@ -161,16 +157,12 @@ def _mirror(root: nn.Module, part: nn.Module) -> None:
                 if step not in owner._modules:
                     owner.add_module(step, nn.Module())
                 owner = owner._modules[step]
-            if kind == "parameter":
-                owner.register_parameter(leaf, tensor)
-            else:
-                owner.register_buffer(leaf, tensor)
+            getattr(owner, f"register_{kind}")(leaf, tensor)
 
 
 def _schedule(layout: Layout, stages: list[Any], loss_fn: Callable) -> Any:
     from torch.distributed import pipelining as pl
 
     cls = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved-1f1b": pl.ScheduleInterleaved1F1B}
-    if SCHEDULES[layout.pp_schedule] > 1:
-        return cls[layout.pp_schedule](stages, layout.microbatches, loss_fn=loss_fn)
-    return cls[layout.pp_schedule](stages[0], layout.microbatches, loss_fn=loss_fn)
+    chosen = stages if SCHEDULES[layout.pp_schedule] > 1 else stages[0]  # (interleaved: both of the rank's)
+    return cls[layout.pp_schedule](chosen, layout.microbatches, loss_fn=loss_fn)

@@ -205,10 +205,8 @@ def _to_host(value: Any) -> Any:
     return value
 
 
-def _put(folder: Path | None, kind: str, step: int, data: bytes) -> None:
+def _put(folder: Path, kind: str, step: int, data: bytes) -> None:
     """``data`` whole at ``<kind>.<step>.pt`` in node memory; the older one of that kind gone."""
-    if folder is None:
-        return
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     for stale in folder.parent.iterdir():  # (another computation of this stage: never resumed)
         if stale != folder:

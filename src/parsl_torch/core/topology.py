@@ -66,10 +66,6 @@ class Topology:
     rank_source: str
     hostname: str
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 @dataclass(frozen=True)
 class _Source:
@@ -236,9 +232,6 @@ def topology_from_env(env: Mapping[str, str] | None = None, hostname: str | None
         rank_source=chosen.name,
         hostname=hostname,
     )
-
-
-#: "SOURCE:RANK:WORLD", set by parsl-torch's shim beside the torchrun variables it derived
 
 
 def describe_rank_source(topo: Topology, env: Mapping[str, str] | None = None) -> str:

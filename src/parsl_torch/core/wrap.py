@@ -64,7 +64,6 @@ def wrap_model(model: nn.Module, strategy: str | None = None, *, use_fsdp: bool 
     ``loss_fn(output, target)`` and takes ``pipeline_split(model, stage, n_stages)`` for a model
     the default split (by its blocks) does not fit.
     """
-
     precision = _resolve_precision(precision, dtype)
     if layout is not None:
         return _wrap_layout(model, layout, strategy, use_fsdp, tp_size, tp_plan, precision,
@@ -148,13 +147,11 @@ def _resolve_precision(precision: Any, dtype: Any) -> str | None:
 
 def data_parallel_coords(tp_size: int = 1) -> tuple[int, int]:
     """(dp_rank, dp_size) of this rank: which data shard it reads, out of how many."""
-
     return get_rank() // tp_size, get_world_size() // tp_size
 
 
 def _ddp(model: nn.Module) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
-
 
     device = get_torch_device()
     return DistributedDataParallel(model, device_ids=[device] if device.type in ("cuda", "xpu") else None)
@@ -196,8 +193,7 @@ def _check_tp(model: nn.Module, world: int, tp_size: int | None,
             except AttributeError:
                 raise ConfigError(f"tp_plan names {name!r}, which {where} does not have") from None
             if isinstance(layer, nn.Linear) and isinstance(styles[name], (ColwiseParallel, RowwiseParallel)):
-                colwise = isinstance(styles[name], ColwiseParallel)
-                n = layer.out_features if colwise else layer.in_features
+                n = layer.out_features if isinstance(styles[name], ColwiseParallel) else layer.in_features
                 if n % tp_size:
                     raise ConfigError(f"{where}: {name} has {n} features, not divisible by tp_size={tp_size}")
         for mod in block.modules():
@@ -211,7 +207,6 @@ def _fsdp_tp(model: nn.Module, world: int, tp_size: int, plan: dict[str, Any],
              param_dtype: torch.dtype | None) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
-
 
     mesh = init_device_mesh(get_torch_device_type(), (world // tp_size, tp_size),
                             mesh_dim_names=("dp", "tp"))

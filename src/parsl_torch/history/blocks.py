@@ -53,9 +53,8 @@ class Block:
         wide = [b.widen(keys) for b in blocks]
         steps = np.concatenate([b.steps for b in wide]) if wide else np.empty(0, np.int64)
         values = np.concatenate([b.values for b in wide], axis=1) if wide else np.empty((0, 0))
-        with_stats = [b for b in wide if b.stats]
         stats: dict[str, dict[str, np.ndarray]] = {}
-        if with_stats and len(with_stats) == len(wide):  # else one process, or a failure flush
+        if wide and all(b.stats for b in wide):  # else one process, or a failure flush
             per_stat = {s: np.concatenate([b.stats[s] for b in wide], axis=1) for s in STATS}
             stats = {k: {s: per_stat[s][j] for s in STATS} for j, k in enumerate(keys)}
         return steps, dict(zip(keys, values)), stats

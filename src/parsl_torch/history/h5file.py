@@ -107,6 +107,9 @@ class H5Writer:
         """The partial file, open for writing as a copy that replaces it only once complete."""
         work = self.partial.with_name(self.partial.name + ".tmp")
         kept = "" if fresh else f"the file keeps the history as it was before this write ({self.rows} rows)"
+        if not fresh and not self.partial.exists() and self.final.exists():
+            # after ``finish``, further writes work on a fresh copy of the final file
+            shutil.copyfile(self.final, self.partial)
         with said_when_full(self.partial, work, kept):
             if not fresh:
                 shutil.copyfile(self.partial, work)
@@ -114,15 +117,9 @@ class H5Writer:
                 yield f
         os.replace(work, self.partial)
 
-    def _reopen(self) -> None:
-        """After ``finish``, further writes work on a fresh copy of the final file."""
-        if not self.partial.exists() and self.final.exists():
-            shutil.copyfile(self.final, self.partial)
-
     def append(self, steps: np.ndarray, values: dict[str, np.ndarray],
                stats: dict[str, dict[str, np.ndarray]], attrs: dict[str, Any]) -> None:
         """Write one block: rows for every metric, NaN for metrics absent from it."""
-        self._reopen()
         n0, n1 = self.rows, self.rows + len(steps)
         columns = {dataset_name(k): (k, None, v) for k, v in values.items()}
         for k, per_stat in stats.items():
@@ -149,11 +146,9 @@ class H5Writer:
             ds.attrs["long_name"] = metric if stat is None else f"{metric} ({stat} over ranks)"
         if stat is not None:
             ds.attrs["statistic"] = stat
-        for key, value in self._meta.get(metric, {}).items():
-            ds.attrs[key] = value
+        ds.attrs.update(self._meta.get(metric, {}))
 
     def set_attrs(self, attrs: dict[str, Any]) -> None:
-        self._reopen()
         with self._swap() as f:
             f.attrs.update(attrs)
 
@@ -257,10 +252,8 @@ def summarize(data: HistoryData) -> dict[str, dict[str, Any]]:
         stats = data.stats.get(metric)
         series, source = (stats["mean"], "mean over ranks") if stats else (values, "rank 0")
         finite = series[np.isfinite(series)]
-        if "missing" in data.attrs:  # (a file that tells a step without the metric from a NaN it had)
-            recorded = series[~is_missing(values) | np.isfinite(series)]
-        else:
-            recorded = series[~np.isnan(series)]
+        # (a file with the attribute "missing" tells a step without the metric from a NaN it had)
+        recorded = series[~is_missing(values) | np.isfinite(series) if "missing" in data.attrs else ~np.isnan(series)]
         nan = float("nan")
         out[metric] = {"last": float(recorded[-1]) if recorded.size else nan,
                        "min": float(finite.min()) if finite.size else nan,

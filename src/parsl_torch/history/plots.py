@@ -42,8 +42,7 @@ def plot_history(path: str | os.PathLike, out_dir: str | os.PathLike | None = No
             continue
         fig = Figure(figsize=(6, 3.5), layout="constrained")
         ax = fig.add_subplot()
-        stats = data.stats.get(metric)
-        if stats:
+        if stats := data.stats.get(metric):
             ax.fill_between(steps, stats["min"][::stride], stats["max"][::stride], alpha=0.25,
                             label=f"min-max over {data.attrs.get('world_size', '?')} ranks")
             ax.plot(steps, stats["mean"][::stride], label="mean over ranks")

@@ -42,7 +42,6 @@ from .plots import plot_history
 from .sinks import make_sinks
 from .stats import STATS, RankComm, cross_rank_stats, distributed_world, union_keys
 
-_NAN = MISSING  # (not recorded at that step: blocks.MISSING, a NaN the file tells from a recorded one)
 #: beside the history file: its progress, for parsl-torch run / status (rank 0, at most every PROGRESS_S)
 PROGRESS_S = 2.0
 
@@ -107,8 +106,7 @@ class History:
         tensor is read later (``loss=…`` in the line until then)."""
         cols, n = self._cols, len(self._steps)
         step, recorded, shown, late = self._add_row(metrics, step, n)
-        if step is None:
-            step = self._next_step
+        step = self._next_step if step is None else step
         self._steps.append(step)
         self._next_step = step + 1
         if late or self._deferred:  # (tensors on a device: the line shows what is read by now)
@@ -117,12 +115,11 @@ class History:
         if self._sinks is not None and self._sinks.sinks:  # (rank 0: the rows once every value up to them is read)
             self._unlogged.append((step, {k: (cols[k], n) for k in recorded}))
             self._unlogged = self._unlogged if self._deferred else Deferred.to_sinks(self._sinks, self._unlogged)
-        line = " ".join(shown)  # type: ignore[arg-type]
         if self._rungs:
             self._sweep_row(step, n)
         if self.sync_every and len(self._steps) >= self.sync_every:  # (none pending after a rung's sync)
             self.sync()
-        return f"step={step} {line}"
+        return f"step={step} {' '.join(shown)}"  # type: ignore[arg-type]
 
     def _sweep_row(self, step: int, n: int) -> None:
         """A sweep's trial: at a rung, the rows on disk for the sweep to judge and its ruling awaited. The first
@@ -152,14 +149,14 @@ class History:
                     if self.read_every > 1 and is_tensor(v):
                         Deferred.check(k, v)
                         late.append((k, v))
-                        v = _NAN
+                        v = MISSING
                     else:
                         v = as_float(k, v)
                 col = cols.get(k)
                 if col is None:
-                    if k not in self._keys:
-                        self._add_key(k)
-                    col = cols[k] = [_NAN] * n
+                    if k not in self._keys:  # a name the file can hold, not clashing with another
+                        self._keys[k] = checked_dataset_name(k, self._keys, STATS)
+                    col = cols[k] = [MISSING] * n
                     created = [*(created or ()), k]
                 col.append(v)
                 recorded.append(k)
@@ -175,7 +172,7 @@ class History:
         if len(cols) != len(recorded):  # a metric recorded before is missing now
             for col in cols.values():
                 if len(col) == n:
-                    col.append(_NAN)
+                    col.append(MISSING)
         return step, recorded, shown, late
 
     def _defer(self, step: int, n: int, late: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -185,10 +182,6 @@ class History:
         if step % self.read_every == 0 or step - (self._deferred.first_step or 0) >= self.read_every:
             self._deferred.read()
         return late if self._deferred else []
-
-    def _add_key(self, key: Any) -> None:
-        """A metric seen for the first time: a name the file can hold, not clashing with another."""
-        self._keys[key] = checked_dataset_name(key, self._keys, STATS)
 
     def sync(self) -> None:
         """Cross-rank statistics of the pending rows; rank 0 appends them to the file. Collective: every
@@ -225,11 +218,10 @@ class History:
         self._last_progress = now
         metric = "loss" if "loss" in block.keys else (block.keys[0] if block.keys else None)
         values = block.stats.get("mean", block.values) if block.stats else block.values
-        row = block.keys.index(metric) if metric else 0
         total = self.config.get("steps")  # the built-in stages record their config
         mfu = float(values[block.keys.index("mfu"), -1]) if "mfu" in block.keys else None
         progress = stagedir.ProgressRecord(int(block.steps[-1]), total if isinstance(total, int) else None, metric,
-                                           float(values[row, -1]) if metric else None, now,
+                                           float(values[block.keys.index(metric), -1]) if metric else None, now,
                                            mfu if mfu is not None and math.isfinite(mfu) else None)
         with contextlib.suppress(OSError):
             stagedir.write(str(self._target(None)) + stagedir.PROGRESS_SUFFIX, progress)
@@ -257,8 +249,7 @@ class History:
 
     # -- output ------------------------------------------------------------
     def _target(self, path: str | os.PathLike | None) -> Path:
-        chosen = Path(path) if path is not None else self.path or default_history_path(self.name)
-        return chosen.absolute()
+        return (Path(path) if path is not None else self.path or default_history_path(self.name)).absolute()
 
     def _write(self, steps: np.ndarray, values: dict[str, np.ndarray], stats: dict) -> None:
         if self._writer is None:
@@ -274,12 +265,11 @@ class History:
     def _file_attrs(self) -> dict[str, Any]:
         topo = env_topology()
         group = process_group()
-        backend = group.get_backend() if group else "none"
         return {
             "stage": self.name, "start_time": self._start, "end_time": "",
             "world_size": topo.world_size, "num_nodes": topo.num_nodes,
             "nodes": json.dumps(list(topo.nodes)), "hostname": topo.hostname,
-            "device": get_torch_device_type(), "backend": backend,
+            "device": get_torch_device_type(), "backend": group.get_backend() if group else "none",
             "versions": json.dumps(package_versions()), "git_commit": _git_commit(),
             "config": json.dumps(redact(self.config), default=str),
             "segments": json.dumps(self._segments),

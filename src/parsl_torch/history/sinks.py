@@ -47,8 +47,7 @@ class CSVSink:
             self._writer = csv.writer(self._file)
             if new:
                 self._writer.writerow(self._columns)
-        extra = metrics.keys() - set(self._columns) - self._dropped
-        if extra:
+        if extra := metrics.keys() - set(self._columns) - self._dropped:
             self._dropped |= extra
             get_logger(__name__).warning(
                 "CSV %s: new metric(s) %s after the header was written are left out of the CSV "
@@ -93,7 +92,6 @@ def setup_wandb(project: str | None = None, name: str | None = None,
     logged with secrets redacted. Returns the run, or None when wandb is not
     installed (with a warning) or on ranks other than 0.
     """
-
     if get_rank() != 0:
         return None
     try:

@@ -11,6 +11,7 @@ CPU), else torch.distributed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Sequence
@@ -32,11 +33,8 @@ class RankComm:
         topo = env_topology()
         self._mpi = None
         if topo.rank_source in MPI_SOURCES:
-            try:
+            with contextlib.suppress(ImportError):
                 from mpi4py import MPI
-            except ImportError:
-                pass
-            else:
                 if MPI.COMM_WORLD.Get_size() == topo.world_size:
                     self._mpi = MPI
         if self._mpi is None:
@@ -71,8 +69,7 @@ class RankComm:
     def allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
         if self._mpi is not None:
             result = np.empty_like(arr)
-            mpi_op = self._mpi.SUM if op == "sum" else self._mpi.MAX
-            self._mpi.COMM_WORLD.Allreduce(arr, result, op=mpi_op)
+            self._mpi.COMM_WORLD.Allreduce(arr, result, op=self._mpi.SUM if op == "sum" else self._mpi.MAX)
             return result
         import torch
 
@@ -90,8 +87,7 @@ def distributed_world() -> int:
 def union_keys(comm: RankComm, keys: Sequence[str], rows: int) -> tuple[list[str], int]:
     """Every rank's keys (sorted union) and the largest row count (collective)."""
     gathered = comm.allgather((list(keys), rows))
-    union = sorted({k for ks, _ in gathered for k in ks})
-    return union, max(n for _, n in gathered)
+    return sorted({k for ks, _ in gathered for k in ks}), max(n for _, n in gathered)
 
 
 def cross_rank_stats(comm: RankComm, block: np.ndarray) -> dict[str, np.ndarray]:

@@ -67,18 +67,16 @@ def bound(command: Sequence[str], share: CpuShare, machine: Machine | None,
         return [command[0], *extra, *command[1:]], _LAUNCHER_BINDS
     if machine is not None and (cut := machine.shared_binding(share.positions)):
         whole = machine.binding_args(len(share.positions))
-        at = _before_shim(command) - len(whole)
+        at = shim_at(command) - 1 - len(whole)
         if whole and at >= 0 and command[at:at + len(whole)] == whole:
             return [*command[:at], *cut, *command[at + len(whole):]], _LAUNCHER_BINDS
     return command, {settings.CPU_SHARE.name: str(share)}
 
 
-def _before_shim(command: Sequence[str]) -> int:
-    """The index of the Python that runs the shim (the binding flags stand just before it); -1: none."""
-    for i in range(1, len(command) - 1):
-        if command[i] == "-m" and command[i + 1] == SHIM:
-            return i - 1
-    return -1
+def shim_at(command: Sequence[str]) -> int:
+    """The index of the ``-m`` of ``-m parsl_torch.launch.shim`` (the Python before it; binding flags before
+    that); -1: none."""
+    return next((i for i in range(1, len(command) - 1) if command[i] == "-m" and command[i + 1] == SHIM), -1)
 
 
 def pin(local_rank: int, value: str | None) -> list[int] | None:

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from ..common import settings
 from ..errors import ConfigError
 
-#: set by launches on machines with a gpu_order; read by core.device (which cannot import this layer)
-
 #: ALCF's binding for 12 ranks per Aurora node, one per GPU tile (8 cores each, skipping 0 and 52).
 #: Source: ALCF "Running jobs on Aurora" (argonne-lcf/user-guides docs/aurora/running-jobs-aurora.md):
 #: --cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100
@@ -61,16 +59,12 @@ _AURORA_TILES = tuple(aurora_cpu_list(12).removeprefix("list:").split(":"))
 _POLARIS_GPUS = ("24-31", "16-23", "8-15", "0-7")
 
 
-def _no_binding(ppn: int) -> list[str]:
-    return []
-
-
 @dataclass(frozen=True)
 class Machine:
     name: str
     accelerators_per_node: int  # the default ranks per node
     device: str  # cuda | xpu
-    binding: Callable[[int], list[str]] = _no_binding  # ranks per node -> the launcher's binding flags
+    binding: Callable[[int], list[str]] = lambda ppn: []  # ranks per node -> the launcher's binding flags
     #: accelerator of local rank r: gpu_order[r % len] (empty: r % count), for NUMA layouts where
     #: the cores ``binding`` gives rank r are closest to another GPU than r
     gpu_order: tuple[int, ...] = ()
@@ -121,9 +115,3 @@ def get_machine(name: str | None) -> Machine | None:
     if name not in MACHINES:
         raise ConfigError(f"machine {name!r} is unknown: use one of {', '.join(MACHINES)}")
     return MACHINES[name]
-
-
-def binding_args(machine: str | None, ranks_per_node: int) -> list[str]:
-    """The named machine's binding flags (none for no machine)."""
-    m = get_machine(machine)
-    return m.binding_args(ranks_per_node) if m else []

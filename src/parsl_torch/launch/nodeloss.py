@@ -30,6 +30,15 @@ def say(message: str) -> None:
     print(f"parsl-torch: {message}", file=sys.stderr, flush=True)
 
 
+def ended(stage_dir: str | None, outcome: Outcome, said: str = "") -> int:
+    """A launch that ends before its ranks run: ``said`` (default its summary), its outcome recorded for the
+    workflow in ``stage_dir``; its exit code."""
+    say(said or outcome.summary)
+    if stage_dir:
+        write_outcome(stage_dir, outcome)
+    return outcome.exit_code
+
+
 def blame(event: NodeSilent, nodes: tuple[str, ...], greeted: set[str]) -> NodeSilent:
     """The node to name for a node-loss event. A node whose ranks never said hello is the one lost when
     another node's processes vanish: a launcher that loses one node's daemon (its link is down) ends
@@ -137,8 +146,5 @@ def refuse_nodes(silent: dict[str, str], stage_dir: str | None, in_place: bool =
             "quarantined; the stage was not started and goes to other nodes" if path and job else
             "the stage was not started (no quarantine outside a workflow's batch job)")
     summary = f"pre-flight: node(s) {', '.join(silent)} did not answer: {kept}"
-    say(summary)
-    if stage_dir:
-        cause = Cause.NODE_LOST if in_place else Cause.PREFLIGHT_FAILED
-        write_outcome(stage_dir, Outcome(cause, NODE_LOST_EXIT, summary, host=next(iter(silent))))
-    return NODE_LOST_EXIT
+    cause = Cause.NODE_LOST if in_place else Cause.PREFLIGHT_FAILED
+    return ended(stage_dir, Outcome(cause, NODE_LOST_EXIT, summary, host=next(iter(silent))))

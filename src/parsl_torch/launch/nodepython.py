@@ -136,9 +136,7 @@ def _relocate(tmp: Path, root: Path) -> None:
              for line in cfg.read_text().splitlines()]
     cfg.write_text("\n".join(lines) + "\n")
     for name in ("python", "python3", _interpreter()):
-        link = venv / "bin" / name
-        if link.is_symlink() or link.exists():
-            link.unlink()
+        (venv / "bin" / name).unlink(missing_ok=True)
     (venv / "bin" / _interpreter()).symlink_to(base_python)
     for name in ("python", "python3"):
         if not (venv / "bin" / name).exists() and name != _interpreter():

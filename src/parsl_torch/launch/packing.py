@@ -60,12 +60,9 @@ class Slots:
         """Whether a stage of this shape shares its node with others."""
         return num_nodes == 1 and 0 < ranks_per_node < len(self.accelerators)
 
-    def whole(self, usable: set[str], count: int | None = None) -> list[str]:
-        """The usable entries with nothing taken, in the block's order (the first ``count`` of them)."""
-        free = self._whole & usable
-        if count == 1 and free:
-            return [min(free, key=self._index.__getitem__)]
-        return heapq.nsmallest(count if count is not None else len(free), free, key=self._index.__getitem__)
+    def whole(self, usable: set[str], count: int) -> list[str]:
+        """The first ``count`` usable entries with nothing taken, in the block's order."""
+        return heapq.nsmallest(count, self._whole & usable, key=self._index.__getitem__)
 
     def take(self, num_nodes: int, ranks_per_node: int, usable: set[str]) -> Grant | None:
         """A grant for the stage from ``usable`` entries, or None when it does not fit now."""

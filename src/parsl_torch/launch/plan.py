@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..common.entrypoints import SHIM
 from ..core.topology import free_port
 from ..errors import ConfigError
+from .accelerators import visible_accelerators
 from .machines import get_machine
 from .schedulers import Detection, get_scheduler
 
@@ -102,8 +103,8 @@ def plan_launch(request: LaunchRequest, detection: Detection, env: Mapping[str, 
     nodes = scheduler.job_nodes(env)
     # what the job asked for (--ntasks-per-node, mpiprocs) beats the machine's accelerators per node
     asked = scheduler.job_ranks_per_node(env)
-    default_ppn = asked if asked and asked > 1 else \
-        (machine.accelerators_per_node if machine else scheduler.node_accelerators(env) or 1)
+    here = visible_accelerators(env) if scheduler.one_machine else 0  # (a batch job's nodes are not this host)
+    default_ppn = asked if asked and asked > 1 else (machine.accelerators_per_node if machine else here or 1)
     num_nodes, ppn, n = resolve_shape(request, len(nodes), default_ppn)
     nodes = nodes[:num_nodes]
     start = scheduler.rank_launch(request.launcher, num_nodes, ppn, n, nodes, machine, env)

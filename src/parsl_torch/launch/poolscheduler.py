@@ -77,8 +77,7 @@ class PoolScheduler(MPITaskScheduler):
         return self._usable
 
     def put_task(self, task_package: dict) -> None:
-        resources = task_package.get("context", {}).get("resource_spec", {})
-        if not resources.get("num_nodes"):
+        if not task_package.get("context", {}).get("resource_spec", {}).get("num_nodes"):
             return self.pending_task_q.put(task_package)
         with self.lock:
             self.backlog.append(task_package)
@@ -89,9 +88,7 @@ class PoolScheduler(MPITaskScheduler):
         """Place waiting tasks in the order they came, until one does not fit (the quarantine file
         is read once for them all)."""
         lost = self.lost()
-        while self.backlog:
-            if not self._place(self.backlog[0], lost):
-                return
+        while self.backlog and self._place(self.backlog[0], lost):
             self.backlog.pop(0)
 
     def _place(self, task_package: dict, lost: frozenset[str]) -> bool:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from ..common import settings
 from ..common.entrypoints import PREFLIGHT, SHIM
 from ..common.procs import reap, stop
+from .cpushare import shim_at
 from .events import RankReport
 from .listener import RankListener
 from .plan import LaunchPlan
@@ -36,10 +37,9 @@ from .plan import LaunchPlan
 
 def check_argv(argv: Sequence[str]) -> list[str]:
     """The stage's launch command with the ranks' program replaced by the check."""
-    for i in range(1, len(argv) - 1):
-        if argv[i] == "-m" and argv[i + 1] == SHIM:
-            return [*argv[:i + 1], PREFLIGHT]
-    raise ValueError(f"no '-m {SHIM}' in the launch command: {' '.join(argv)}")
+    if (i := shim_at(argv)) < 0:
+        raise ValueError(f"no '-m {SHIM}' in the launch command: {' '.join(argv)}")
+    return [*argv[:i + 1], PREFLIGHT]
 
 
 def answering(plan: LaunchPlan, seconds: float) -> tuple[set[str], str]:

@@ -42,14 +42,26 @@ def lost_nodes(path: str | os.PathLike, job: str | None) -> set[str]:
     return set(read(path).get(job or "", {})) if job else set()
 
 
+@contextlib.contextmanager
+def _locked(path: str | os.PathLike, job: str, name: str = "") -> Iterator[dict[str, str]]:
+    """This job's entries in the quarantine file (``name``: in the file of that name beside it), changed in place
+    and written back if changed, one process at a time (the quarantine file's lock: supervisors that record lost
+    nodes, a supervisor's claim of a spare and the pool's release must not interleave)."""
+    file = Path(path).with_name(name) if name else Path(path)
+    with open(Path(path).with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = read(file)
+        held = data.setdefault(job, {})
+        before = dict(held)
+        yield held
+        if held != before:
+            write_atomic(file, json.dumps(data, indent=1, sort_keys=True))
+
+
 def add(path: str | os.PathLike, job: str, node: str, why: str) -> None:
     """Record ``node`` of ``job`` as lost (several supervisors may write at once: one at a time)."""
-    path = Path(path)
-    with contextlib.suppress(OSError), open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = read(path)
-        data.setdefault(job, {})[node] = why
-        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+    with contextlib.suppress(OSError), _locked(path, job) as lost:
+        lost[node] = why
 
 
 # -- spares: a block's nodes held back for lost ones -------------------------------------------
@@ -59,30 +71,11 @@ SPARES_FILE = "spares.json"
 THE_BLOCK = "the block"
 
 
-def _spares_path(path: str | os.PathLike) -> Path:
-    return Path(path).with_name(SPARES_FILE)
-
-
-@contextlib.contextmanager
-def _held_spares(path: str | os.PathLike, job: str) -> Iterator[dict[str, str]]:
-    """This job's taken spares, changed in place and written back if changed, one process at a time (the quarantine
-    file's lock: a supervisor's claim and the pool's release must not interleave)."""
-    spares = _spares_path(path)
-    with open(Path(path).with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = read(spares)
-        held = data.setdefault(job, {})
-        before = dict(held)
-        yield held
-        if held != before:
-            write_atomic(spares, json.dumps(data, indent=1, sort_keys=True))
-
-
 def claim_spare(path: str | os.PathLike, job: str, offered: Sequence[str], holder: str) -> str | None:
     """One of the spares ``offered`` to a stage (those its block held back when it started) that is neither
     lost nor taken, now ``holder``'s (a stage's nodes, as its pool granted them); None when none is left."""
     lost = {n.split(".")[0] for n in lost_nodes(path, job)}
-    with _held_spares(path, job) as held:
+    with _locked(path, job, SPARES_FILE) as held:
         spare = next((s for s in offered if s and s not in held and s.split(".")[0] not in lost), None)
         if spare is not None:
             held[spare] = holder
@@ -94,7 +87,7 @@ def release_spares(path: str | os.PathLike, job: str, spares: Sequence[str], hol
     ``losses`` of its nodes: those it claimed (it has ended), then untaken ones for the losses its claims did not
     replace (a claimed spare that was lost too is one more loss). Each is marked the block's."""
     lost = {n.split(".")[0] for n in lost_nodes(path, job)}
-    with _held_spares(path, job) as held:
+    with _locked(path, job, SPARES_FILE) as held:
         claimed = [s for s in spares if held.get(s) == holder]
         replaced = len([s for s in claimed if s.split(".")[0] not in lost])
         free = [s for s in reversed(spares) if s not in held]

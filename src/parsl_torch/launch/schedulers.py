@@ -36,7 +36,6 @@ from ..common import settings
 from ..common.environ import find_local_tool, python_bin
 from ..core.topology import expand_hostlist
 from ..errors import ConfigError
-from .accelerators import visible_accelerators
 from .machines import Machine, get_machine
 
 
@@ -92,11 +91,6 @@ class Scheduler:
     def job_ranks_per_node(self, env: Mapping[str, str]) -> int | None:
         """Ranks per node the job itself asked for (None: it did not say)."""
         return None
-
-    def node_accelerators(self, env: Mapping[str, str]) -> int:
-        """Accelerators a node of its jobs has where no machine record says (0: none, or not known here:
-        a batch job's nodes are not the login node this runs on)."""
-        return 0
 
     def rank_launch(self, program: str | None, num_nodes: int, ranks_per_node: int, num_ranks: int,
                     nodes: Sequence[str], machine: Machine | None, env: Mapping[str, str]) -> RankLaunch:
@@ -232,9 +226,6 @@ class Local(Scheduler):
 
     def job_nodes(self, env: Mapping[str, str]) -> tuple[str, ...]:
         return ("localhost",)
-
-    def node_accelerators(self, env: Mapping[str, str]) -> int:
-        return visible_accelerators(env)  # this host is the node
 
     def rank_launch(self, program, num_nodes, ranks_per_node, num_ranks, nodes, machine, env):
         mpiexec = None if program == "torchrun" else (settings.MPIEXEC.get(env) or find_local_tool("mpiexec"))

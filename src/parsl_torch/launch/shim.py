@@ -73,16 +73,7 @@ def send_reads(address: str, rank: int, reads: set[str]) -> bool:
     """What the rank's Python processes read, to the supervisor, which answers by closing the
     connection once it has them (so they are there before the launcher's exit); False if it cannot
     be reached."""
-    host, port, token = address.rsplit(":", 2)
-    try:
-        with socket.create_connection((host, int(port)), timeout=30) as s:
-            s.sendall((json.dumps({"token": token, "reads": sorted(reads), "rank": rank}) + "\n").encode())
-            s.shutdown(socket.SHUT_WR)
-            while s.recv(4096):
-                pass
-        return True
-    except OSError:
-        return False
+    return notify(address, {"reads": sorted(reads), "rank": rank}, timeout=30, answered=True)
 
 
 def _observing(address: str | None) -> str | None:
@@ -129,12 +120,17 @@ def _report_reads(address: str, rank: int, folder: str) -> None:
         send_reads(address, rank, reads)
 
 
-def notify_failure(address: str, report: dict) -> bool:
-    """Send one JSON line to the launcher; False if it cannot be reached."""
+def notify(address: str, report: dict, timeout: float = 5, answered: bool = False) -> bool:
+    """Send one JSON line to the launcher (``answered``: then wait until it closes the connection); False if it
+    cannot be reached."""
     host, port, token = address.rsplit(":", 2)
     try:
-        with socket.create_connection((host, int(port)), timeout=5) as s:
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
             s.sendall((json.dumps({"token": token, **report}) + "\n").encode())  # (the token first: listener)
+            if answered:
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(4096):
+                    pass
         return True
     except OSError:
         return False
@@ -197,7 +193,7 @@ def watch_stopped(child: subprocess.Popen, address: str, topo: Topology) -> None
                 return
             since = (since or time.time()) if stopped else None
             if since is not None and time.time() - since >= STOPPED_S:
-                notify_failure(address, {"stopped": since, "rank": topo.rank, "host": topo.hostname})
+                notify(address, {"stopped": since, "rank": topo.rank, "host": topo.hostname})
                 return
             time.sleep(0.5)
 
@@ -291,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
     if code != 0 and not stopping:  # (first: the failure is named before anything else is told)
         report = RankReport(topo.rank, topo.hostname, code, raised=said)
-        if not (address and notify_failure(address, asdict(report))):
+        if not (address and notify(address, asdict(report))):
             print(f"parsl-torch: {report}", file=sys.stderr, flush=True)
     if reads and address:  # (whatever the exit: a block's end, a retry or a rerun reads on from it)
         _report_reads(address, topo.rank, reads)

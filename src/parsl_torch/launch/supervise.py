@@ -58,7 +58,7 @@ from .events import (NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankRepo
                      describe_exit)
 from .listener import RankListener, short_queue
 from .machines import get_machine
-from .nodeloss import (LOSS_CHECK_S, blame, checked, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes,
+from .nodeloss import (LOSS_CHECK_S, blame, checked, ended, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes,
                        relaunched)
 from .nodeloss import say as _say
 from .plan import LaunchPlan
@@ -97,10 +97,7 @@ def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRA
     try:
         watch = _Watch(plan, timeout, grace, owner, lambda: asked_to_continue({**os.environ, **plan.env}, stage_dir, started))
     except TopologyError as exc:  # (too few open files for one connection per node: nothing started)
-        _say(str(exc))
-        if stage_dir:
-            write_outcome(stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, str(exc)))
-        return 1
+        return ended(stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, str(exc)))
     outcome = watch.run()
     if stage_dir and settings.OBSERVE.get(plan.env):  # (a failed launch's too: what its retry resumes read it)
         stagedir.add_reads(stage_dir, watch.listener.reads, len(watch.listener.read_ranks), plan.num_ranks)
@@ -376,15 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     if stage_dir:
         record_block(stage_dir, {**os.environ, **env}, skipped=late)
     if short := settings.NODES_SHORT.get():  # the block's pool could not give it its nodes
-        _say(short)
-        if stage_dir:
-            write_outcome(stage_dir, Outcome(Cause.TOO_FEW_NODES, TOO_FEW_NODES_EXIT, short))
-        return TOO_FEW_NODES_EXIT
+        return ended(stage_dir, Outcome(Cause.TOO_FEW_NODES, TOO_FEW_NODES_EXIT, short))
     if late:  # a block past its deadline took the stage before it stopped taking new ones
-        _say("this block is past its deadline: the stage was not started here and goes to the next block")
-        if stage_dir:
-            write_outcome(stage_dir, continued(CONTINUE_EXIT, "the block was past its deadline"))
-        return CONTINUE_EXIT
+        return ended(stage_dir, continued(CONTINUE_EXIT, "the block was past its deadline"),
+                     "this block is past its deadline: the stage was not started here and goes to the next block")
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
         return refuse_nodes(silent, stage_dir)
     owner, started = LockWatch(run_dir) if run_dir else None, time.time()

@@ -40,6 +40,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 
 try:
@@ -239,14 +240,12 @@ class Recorder:
             return
         self.local.busy = True
         try:
-            with self.lock:
+            with contextlib.suppress(OSError), self.lock:  # a folder gone: the shim ended; nothing is left to tell
                 if self.out is None:
                     self.out = os.open(os.path.join(self.folder, f"{os.getpid()}.txt"),
                                        os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.write(self.out, (text + "\n").encode("utf-8", "surrogateescape"))
                 self.seen.add(text)
-        except OSError:
-            pass  # a folder gone: the shim ended; nothing is left to tell
         finally:
             self.local.busy = False
 
@@ -285,19 +284,17 @@ def _in_cache_folder(path: str) -> bool:
 def _made_since(path: str, since: float) -> bool:
     """A file or folder the call made or changed itself: scratch, not an input (one that is not there is
     looked for: an input, as elsewhere)."""
-    try:
+    with contextlib.suppress(OSError):
         return os.stat(path).st_ctime >= since
-    except OSError:
-        return False
+    return False
 
 
 def file_state(path: str) -> str | None:
     """A file's state, as ``t`` lines record it: what a change of its content changes (None: no such file)."""
-    try:
+    with contextlib.suppress(OSError):
         st = os.stat(path)
-    except OSError:
-        return None
-    return f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"
+        return f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"
+    return None
 
 
 def _reader(recorder: Recorder, depth: int) -> str | None:
@@ -371,10 +368,7 @@ def _folded(lines: Iterable[str]) -> set[str]:
 
 
 def _crowded(lines: set[str], kind: str) -> set[str]:
-    by_folder: dict[str, int] = {}
-    for line in lines:
-        if line[0] == kind or (kind == "f" and line[0] in "mk"):
-            by_folder[_folder_of(line)] = by_folder.get(_folder_of(line), 0) + 1
+    by_folder = Counter(_folder_of(line) for line in lines if line[0] == kind or (kind == "f" and line[0] in "mk"))
     return {folder for folder, n in by_folder.items() if n > MANY}
 
 

@@ -129,8 +129,14 @@ def child_lines(program: object, argv: object, env: object, boot: str) -> str | 
         return None
     if not os.path.basename(started[0]).startswith("python"):
         return "e *"
-    why = drops_observer(program, argv, env, boot)
-    return f"x {why}" if why is not None else None
+    args = started[1]
+    shown = " ".join(args)[:200]
+    if flags := _options(args[1:]) & UNOBSERVED_FLAGS:
+        return f"x a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
+    folders = (_variable(env, "PYTHONPATH") or "").split(os.pathsep)
+    if not any(os.path.abspath(f or ".") == os.path.abspath(boot) for f in folders):
+        return f"x a Python child started with a PYTHONPATH without the observer's folder: {shown}"
+    return None
 
 
 def _started(program: object, argv: object) -> tuple[str, list[str]] | None:
@@ -140,21 +146,6 @@ def _started(program: object, argv: object) -> tuple[str, list[str]] | None:
         return os.fsdecode(program if program is not None else args[0]), args
     except (TypeError, IndexError):
         return None
-
-
-def drops_observer(program: object, argv: object, env: object, boot: str) -> str | None:
-    """Why a child started as ``program argv`` with ``env`` is a Python that this observer will not load in
-    (None: not a Python, or one that loads it)."""
-    if (started := _started(program, argv)) is None or not os.path.basename(started[0]).startswith("python"):
-        return None
-    args = started[1]
-    shown = " ".join(args)[:200]
-    if flags := _options(args[1:]) & UNOBSERVED_FLAGS:
-        return f"a Python child started with -{''.join(sorted(flags))}, which does not load the observer: {shown}"
-    folders = (_variable(env, "PYTHONPATH") or "").split(os.pathsep)
-    if not any(os.path.abspath(f or ".") == os.path.abspath(boot) for f in folders):
-        return f"a Python child started with a PYTHONPATH without the observer's folder: {shown}"
-    return None
 
 
 def _variable(env: object, name: str) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..common import settings, yamlfile
 from ..errors import SiteError
-from ..launch.machines import binding_args, get_machine
+from ..launch.machines import get_machine
 from ..launch.schedulers import Detection, detect_scheduler, get_scheduler
 from . import build
 from .capacity import node_accelerators
@@ -138,10 +138,8 @@ class Site:
                 node = node[part]
             return True
 
-        origins = {}
-        for path in _leaves(self.settings()):
-            origins[path] = self.overrides.get(path) or (f"file {self.path.name}" if in_file(path) else "default")
-        return origins
+        return {path: self.overrides.get(path) or (f"file {self.path.name}" if in_file(path) else "default")
+                for path in _leaves(self.settings())}
 
     @property
     def name(self) -> str:
@@ -168,8 +166,8 @@ class Site:
 
     def launcher_args(self, ranks_per_node: int) -> tuple[str, ...]:
         """Flags after ``$PARSL_MPI_PREFIX``: ``launch.extra_args``, else the machine's binding."""
-        extra = self.spec.launch.extra_args
-        return tuple(extra) if extra is not None else tuple(binding_args(self.spec.machine, ranks_per_node))
+        extra, machine = self.spec.launch.extra_args, get_machine(self.spec.machine)
+        return tuple(extra if extra is not None else machine.binding_args(ranks_per_node) if machine else ())
 
     def rank_env(self) -> dict[str, str]:
         """What the machine needs in every rank's environment (the site's ``environment`` reaches the
@@ -183,7 +181,7 @@ class Site:
 
         ``gc_executor``: for a Globus Compute site, the executor to use instead
         of one built from the site's endpoint (tests inject one here)."""
-        return build.parsl_config(self.spec, run_dir, gc_executor, **config_kwargs)
+        return build.workflow_config([self.spec], run_dir, gc_executor, **config_kwargs)
 
     def executors(self) -> list[Any]:
         """The site's executors for a parsl.Config of your own, labelled ``<site>.mpi`` and
@@ -233,9 +231,7 @@ def load(name: str = "auto", *, account: str | None = None, queue: str | None = 
                 raise SiteError(f"nodes: {value!r} (from {setting.name} or nodes=) is not a whole number") from None
             if value < 1:
                 raise SiteError(f"nodes: must be at least 1, got {value}")
-            changes["nodes_per_block"] = value
-        else:
-            changes[key] = str(value)
+        changes[field_name] = value if key == "nodes" else str(value)
     if changes:
         provider = dataclasses.replace(spec.provider, **changes)
         spec = checked(dataclasses.replace(spec, provider=provider), f"{files[name]} (with overrides)")

@@ -256,12 +256,10 @@ def _formatted_twice(text: str) -> str:
 
 def htex_executor(spec: SiteSpec, label: str = HTEX_LABEL) -> Any:
     h = spec.htex
+    optional = {"available_accelerators": list(h.accelerators), "max_workers_per_node": h.max_workers_per_node}
     kwargs: dict[str, Any] = {"cpu_affinity": h.cpu_affinity, "prefetch_capacity": 0,
-                              "poll_period": spec.poll_period_ms, "drain_period": drain_period(spec)}
-    if h.accelerators:
-        kwargs["available_accelerators"] = list(h.accelerators)
-    if h.max_workers_per_node:
-        kwargs["max_workers_per_node"] = h.max_workers_per_node
+                              "poll_period": spec.poll_period_ms, "drain_period": drain_period(spec),
+                              **{k: v for k, v in optional.items() if v}}  # (each only where set)
     from .executors import SiteHighThroughputExecutor
 
     return with_lean_interchange(SiteHighThroughputExecutor(label=label, provider=htex_provider(spec), **kwargs,
@@ -296,12 +294,6 @@ def globus_executor(spec: SiteSpec, gc_executor: Any = None, label: str = MPI_LA
     return GlobusComputeExecutor(executor=executor, label=label)
 
 
-def parsl_config(spec: SiteSpec, run_dir: str | os.PathLike, gc_executor: Any = None,
-                 **config_kwargs: Any) -> Any:
-    """A parsl.Config for this site (usage tracking off)."""
-    return workflow_config([spec], run_dir, gc_executor, **config_kwargs)
-
-
 def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_executor: Any = None,
                     warm: bool = False, import_path: Sequence[str] = (), **config_kwargs: Any) -> Any:
     """One parsl.Config for a workflow's sites: one site's executors are labelled ``mpi``/``htex``,
@@ -329,8 +321,7 @@ def workflow_config(specs: list[SiteSpec], run_dir: str | os.PathLike, gc_execut
 def render(spec: SiteSpec, executor: str = MPI_LABEL) -> str:
     """The batch script Parsl would submit for one block of ``executor``; nothing is submitted."""
     require_account(spec, "render a batch script")
-    scheduler = get_scheduler(spec.scheduler)
-    if not scheduler.job_id_var:
+    if not get_scheduler(spec.scheduler).job_id_var:
         raise SiteError(f"site {spec.name!r} submits no batch script of its own ({spec.scheduler}): "
                         f"nothing to render")
     if executor not in (MPI_LABEL, HTEX_LABEL):

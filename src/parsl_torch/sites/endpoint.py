@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import SiteError
 from ..launch.schedulers import get_scheduler
 from .build import worker_address, worker_init
+from .capacity import stages_at_once
 from .schema import SiteSpec
 
 
@@ -40,9 +41,8 @@ def endpoint_config(spec: SiteSpec, python_env: str) -> dict[str, Any]:
         "worker_init": worker_init(spec, python_env, stage_python=True),
         "launcher": {"type": "SimpleLauncher"},  # the MPI engine launches ranks itself
     }
-    this_host = scheduler.one_machine  # the local site: an engine for this machine alone
     engine: dict[str, Any] = {"type": "GlobusMPIEngine", "mpi_launcher": spec.mpi.launcher,
-                              "max_workers_per_block": spec.local_slots if this_host else spec.mpi.max_workers_per_block,
+                              "max_workers_per_block": stages_at_once(spec, shared=False),
                               "provider": provider}
     how = worker_address(spec)
     if how is not None:

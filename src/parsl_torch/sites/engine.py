@@ -47,14 +47,6 @@ from ..errors import ConfigError
 START_TIMEOUT_S = 120.0
 
 
-def _require_endpoint() -> None:
-    try:
-        import globus_compute_endpoint  # noqa: F401
-    except ImportError:
-        raise ConfigError("the endpoint's engine is not installed here: pip install globus-compute-endpoint "
-                          "(the version your endpoint runs)") from None
-
-
 def _load(config_yaml: str) -> Any:
     from globus_compute_endpoint.endpoint.config.utils import load_config_yaml
 
@@ -69,7 +61,11 @@ class LocalEndpoint:
     its own process with ``run_dir`` as the endpoint's run directory; a context manager that ends it."""
 
     def __init__(self, config: Mapping[str, Any], run_dir: str | os.PathLike) -> None:
-        _require_endpoint()
+        try:
+            import globus_compute_endpoint  # noqa: F401
+        except ImportError:
+            raise ConfigError("the endpoint's engine is not installed here: pip install globus-compute-endpoint "
+                              "(the version your endpoint runs)") from None
         import yaml
 
         self.config_yaml = yaml.safe_dump(dict(config))
@@ -152,7 +148,7 @@ class LocalEndpoint:
         """The engine's packed Results, unpacked as the SDK does; when the engine's process is gone,
         every task still waiting fails."""
         conn = self._conn
-        try:
+        with contextlib.suppress(EOFError, OSError):
             while conn is not None:
                 task_id, packed, failed = conn.recv()
                 if (outer := self._pending.pop(task_id, None)) is None:
@@ -161,8 +157,6 @@ class LocalEndpoint:
                     outer.set_exception(ConfigError(f"the local endpoint's engine failed the task: {failed}"))
                 else:
                     _deliver(packed, outer)
-        except (EOFError, OSError):
-            pass
         if conn is not None:
             conn.close()
         for outer in self._pending.values():
@@ -211,8 +205,6 @@ def _engine_executor_class() -> type:
         def __init__(self, endpoint: LocalEndpoint) -> None:  # noqa: D107 - the SDK's __init__ would log in
             self._endpoint = endpoint
             self.endpoint_id = endpoint.endpoint_id
-            self.resource_specification: dict | None = None
-            self.user_endpoint_config: dict | None = None
             self.label = f"local-engine-{endpoint.endpoint_id[:8]}"
 
         def submit(self, fn, /, *args, **kwargs):
@@ -264,13 +256,12 @@ def _serve(order: Mapping[str, str]) -> None:
             conn.send((str(future.gc_task_id), None if failed else future.result(), failed and repr(failed)))
 
     try:
-        while (order := conn.recv())[0] == "task":
-            _, task_id, packed, spec = order
-            future = GCFuture(task_id)
-            future.add_done_callback(answer)
-            engine.submit(future, packed, resource_specification=spec)
-    except (EOFError, OSError):
-        pass
+        with contextlib.suppress(EOFError, OSError):
+            while (order := conn.recv())[0] == "task":
+                _, task_id, packed, spec = order
+                future = GCFuture(task_id)
+                future.add_done_callback(answer)
+                engine.submit(future, packed, resource_specification=spec)
     finally:
         engine.shutdown(block=True)
         conn.close()  # the starter's reader sees the end

@@ -226,15 +226,11 @@ def _check_queues(spec: SiteSpec) -> None:
     for path, queue, nodes in (("provider.queue", spec.provider.queue, spec.provider.nodes_per_block),
                                ("htex.queue", spec.htex.queue, spec.htex.nodes_per_block)):
         limits = spec.queues.get(queue or "")
-        if limits is None:
-            continue
-        too_long = limits.max_walltime is not None and spec.provider.walltime is not None and \
-            _seconds(spec.provider.walltime) > _seconds(limits.max_walltime)
-        if limits.min_nodes <= nodes <= (limits.max_nodes or nodes) and not too_long:
-            continue
-        fits = [q for q, lim in spec.queues.items() if q != queue and lim.min_nodes <= nodes <= (lim.max_nodes or nodes)
+        fits = [q for q, lim in spec.queues.items() if lim.min_nodes <= nodes <= (lim.max_nodes or nodes)
                 and not (lim.max_walltime and spec.provider.walltime
                          and _seconds(spec.provider.walltime) > _seconds(lim.max_walltime))]
+        if limits is None or (queue or "") in fits:
+            continue
         asked = f"{nodes} node(s), walltime {spec.provider.walltime}"
         hint = f"use queue {' or '.join(fits)} (--queue), or" if fits else "ask for"
         raise SiteError(f"{path}: queue {queue!r} takes {limits.min_nodes}-{limits.max_nodes or 'any'} nodes"
@@ -254,8 +250,10 @@ def _check_counts(spec: SiteSpec) -> None:
                         ("provider.max_blocks", spec.provider.max_blocks),
                         ("mpi.max_workers_per_block", spec.mpi.max_workers_per_block),
                         ("htex.nodes_per_block", spec.htex.nodes_per_block),
-                        ("local_slots", spec.local_slots)):
-        if value < 1:
+                        ("local_slots", spec.local_slots),
+                        ("launch.ranks_per_node", spec.launch.ranks_per_node),
+                        ("launch.cpu_ranks_per_node", spec.launch.cpu_ranks_per_node)):
+        if value is not None and value < 1:
             raise SiteError(f"{path}: must be at least 1, got {value}")
     if spec.local_slots > MAX_LOCAL_SLOTS:
         raise SiteError(f"local_slots: at most {MAX_LOCAL_SLOTS} stages can run at once on one machine, got "
@@ -285,10 +283,6 @@ def _check_launch(spec: SiteSpec) -> None:
     if len(set(ids)) != len(ids) or not all(_ACCELERATOR_ID.match(i) for i in ids):
         raise SiteError(f"launch.accelerators: each node's accelerator ids, each once, as its visibility variable "
                         f"numbers them (letters, digits, . : _ -), e.g. ['0', '1', '2', '3']; got {list(ids)}")
-    if spec.launch.ranks_per_node is not None and spec.launch.ranks_per_node < 1:
-        raise SiteError(f"launch.ranks_per_node: must be at least 1, got {spec.launch.ranks_per_node}")
-    if spec.launch.cpu_ranks_per_node < 1:
-        raise SiteError(f"launch.cpu_ranks_per_node: must be at least 1, got {spec.launch.cpu_ranks_per_node}")
     if not 0 < spec.poll_period_ms <= 60_000:
         raise SiteError(f"poll_period_ms: must be > 0 and at most 60000 milliseconds, got {spec.poll_period_ms}")
     if not 0 < spec.strategy_period <= 3600:  # inf or nan would kill Parsl's strategy thread: a hang
@@ -324,7 +318,6 @@ def block_seconds(spec: SiteSpec) -> tuple[float, float] | None:
     """(walltime, grace period) of a block in seconds; None when blocks have no walltime."""
     if spec.provider.walltime is None:
         return None
-    hours, minutes, secs = (int(x) for x in spec.provider.walltime.split(":"))
-    walltime = float(hours * 3600 + minutes * 60 + secs)
+    walltime = float(_seconds(spec.provider.walltime))
     grace = spec.provider.grace_period
     return walltime, grace if grace is not None else default_grace(walltime)

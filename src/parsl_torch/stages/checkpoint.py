@@ -164,21 +164,18 @@ def restore(data: dict[str, Any], model, optimizer=None) -> None:
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+    optimizers = optimizer if optimizer is not None else ()
     if data["format"] == SHARDED_FORMAT:
         import torch.distributed.checkpoint as dcp
 
-        model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else ())
+        model_sd, optim_sd = get_state_dict(model, optimizers)
         state = {"model": model_sd, **({"optimizer": optim_sd} if optimizer is not None else {})}
         dcp.load(state, checkpoint_id=data["dir"])
-        set_state_dict(model, optimizer if optimizer is not None else (), model_state_dict=state["model"],
-                       optim_state_dict=state.get("optimizer", {}))
+        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
         return
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-    if optimizer is None:
-        set_state_dict(model, optimizers=(), model_state_dict=data["model"], optim_state_dict={}, options=options)
-    else:
-        set_state_dict(model, optimizer, model_state_dict=data["model"], optim_state_dict=data["optimizer"],
-                       options=options)
+    set_state_dict(model, optimizers, model_state_dict=data["model"],
+                   optim_state_dict=data["optimizer"] if optimizer is not None else {},
+                   options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
 
 
 def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:

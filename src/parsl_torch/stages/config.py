@@ -9,7 +9,6 @@ stage's module.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,7 +136,3 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Any, config_clas
         return build_dataclass(config_class, source, "", ConfigError)
     except ConfigError as exc:
         raise ConfigError(f"stage {stage!r}: {where}: {exc}") from None
-
-
-def as_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)

@@ -8,7 +8,7 @@ outputs=[File("eval.h5")])``. As a program on every rank:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..apps.stage.app import distributed_app, submit_builtin
@@ -20,7 +20,6 @@ from ..errors import ConfigError
 from .config import (
     DataConfig,
     ModelConfig,
-    as_dict,
     at_least,
     check_data_fits_model,
     check_strategy,
@@ -69,7 +68,7 @@ def run_evaluate(cfg: EvalConfig, checkpoint_path: Any, history_path: Any, stage
     model = wrap_model(build_model(cfg.model).to(device), strategy="none" if cfg.strategy == "ddp" else cfg.strategy)
     ckpt.restore(state, model)
     model.eval()
-    history = History(stage, path=history_path, config=as_dict(cfg))
+    history = History(stage, path=history_path, config=asdict(cfg))
     dp_rank, dp_size = data_parallel_coords()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, tokens
     with torch.no_grad():

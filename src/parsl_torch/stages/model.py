@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .config import ModelConfig, as_dict
+from dataclasses import asdict
+
+from .config import ModelConfig
 
 
 def build_model(cfg: ModelConfig) -> Any:
@@ -21,7 +23,7 @@ def build_model(cfg: ModelConfig) -> Any:
 
 def check_checkpoint_model(ckpt: dict[str, Any], model: ModelConfig, path: Any, stage: str) -> None:
     """A checkpoint of another model is refused before it is loaded into this one."""
-    theirs, ours = ckpt.get("model_config", {}), as_dict(model)
+    theirs, ours = ckpt.get("model_config", {}), asdict(model)
     for key, value in ours.items():
         if theirs.get(key) != value:
             raise ConfigError(f"stage {stage!r}: model.{key}={value!r} but checkpoint {path} holds a model with "

@@ -93,7 +93,7 @@ def sweep(space: Any, *, steps: int, metric: str = "loss", mode: str = "min", sc
             runs, more = [], lambda running: starts.ask(sampled, shared, steps if trial is None else None, metric)
             concurrent = sampled.concurrent
         log.info("sweep %r: %s trial(s), %s", name, sampled.trials if sampled else len(configs), _describe(rules))
-        watch = Watch(wf.run_dir, name, rules, record, log, on_end=_teller(sampled, record, rules), files=files)
+        watch = Watch(name, rules, record, log, on_end=_teller(sampled, record, rules), files=files)
         if isinstance(more, _Queue):
             more.watch = watch
         watch.until_done(runs, more, concurrent)
@@ -179,8 +179,7 @@ def _slots(wf: Workflow, call: Mapping[str, Any], slots: int | None) -> int:
     if slots is not None:
         return slots
     spec = wf.placement("sweep", call.get("site")).site.spec
-    per_block = stages_at_once(spec) // max(1, int(call.get("num_nodes") or 1))
-    return max(1, per_block) * spec.provider.max_blocks
+    return max(1, stages_at_once(spec) // max(1, int(call.get("num_nodes") or 1))) * spec.provider.max_blocks
 
 
 def _teller(sampled: Sampled | None, record: SweepRecord, rules: dict[str, Any]) -> Callable[[str], None] | None:
@@ -212,8 +211,7 @@ def _rules(steps: int, metric: str, mode: str, scheduler: str, min_steps: int | 
         raise ConfigError(f"pt.sweep(metric={metric!r}): name a metric the trial's history records ('loss')")
     if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
         raise ConfigError(f"pt.sweep(eta={eta!r}): use an int >= 2 (each rung keeps the best 1/eta)")
-    if min_steps is None:
-        min_steps = max(1, steps // eta ** 3)
+    min_steps = max(1, steps // eta ** 3) if min_steps is None else min_steps
     rungs = rung_steps(min_steps, eta, steps) if scheduler != "none" else []
     window = max(1, min_steps // 2) if window is None else window
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= min_steps:

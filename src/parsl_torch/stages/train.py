@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,6 @@ from . import faults
 from .config import (
     DataConfig,
     ModelConfig,
-    as_dict,
     at_least,
     check_data_fits_model,
     check_seed,
@@ -213,15 +212,12 @@ class _Training:
             built = built.to(device)
         per_token = flops_per_token(built, *((cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len)
                                              if cfg.model.kind == "transformer" else ()))
-        if cfg.parallel is None:
-            model = wrap_model(built, strategy=cfg.strategy, tp_size=cfg.tp_size, precision=precision,
-                               activation_checkpointing=cfg.activation_checkpointing)
-        else:
-            model = wrap_model(built, layout=cfg.parallel, precision=precision, loss_fn=_loss_fn(cfg.model),
-                               activation_checkpointing=cfg.activation_checkpointing)
+        split = {"strategy": cfg.strategy, "tp_size": cfg.tp_size} if cfg.parallel is None \
+            else {"layout": cfg.parallel, "loss_fn": _loss_fn(cfg.model)}
+        model = wrap_model(built, precision=precision, activation_checkpointing=cfg.activation_checkpointing, **split)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type in ("cuda", "xpu") or None)
         read_every = cfg.read_every or (1 if device.type == "cpu" else cfg.log_every)
-        history = History(stage, path=history_path, config={**as_dict(cfg), "precision": precision},
+        history = History(stage, path=history_path, config={**asdict(cfg), "precision": precision},
                           units=UNITS, descriptions=DESCRIPTIONS, read_every=read_every)
         forward = torch.compile(model) if cfg.compile else model  # (checkpoints hold the module's own names)
         run = cls(cfg, stage, device, precision, model, forward, opt, grad_scaler(precision, device.type), history,
@@ -411,7 +407,7 @@ def _checkpoint_if_due(run: _Training, step: int, loss: Any, checkpoint_path: An
         run.history.flush()
         t0 = time.perf_counter()
         strategy = cfg.strategy if cfg.parallel is None else f"parallel: {cfg.parallel.describe(get_world_size())}"
-        ckpt.save(checkpoint_path, run.model, run.opt, step + 1, as_dict(cfg.model), settings.CALL_ID.raw(),
+        ckpt.save(checkpoint_path, run.model, run.opt, step + 1, asdict(cfg.model), settings.CALL_ID.raw(),
                   strategy, loss=_mean(loss.detach(), run.device), stopped=stopping)
         note_checkpoint(step + 1, time.perf_counter() - t0)
         run.snapshots.keep(step, again=False)  # (node memory is never older than the file: a retry resumes there)

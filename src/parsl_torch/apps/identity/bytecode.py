@@ -22,10 +22,7 @@ def attributes_read(code: types.CodeType) -> set[tuple[str, str]]:
         if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and last is not None:
             found.add((last, ins.argval))
         last = ins.argval if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") else None
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= attributes_read(const)
-    return found
+    return found.union(*(attributes_read(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def imported_names(code: types.CodeType) -> set[str]:
@@ -44,10 +41,7 @@ def imported_names(code: types.CodeType) -> set[str]:
         if op == "const" and isinstance(value, str) and value and not value.startswith(".") and i \
                 and loads[i - 1][0] == "name" and loads[i - 1][1] in MODULE_IMPORTERS:
             names.add(value)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= imported_names(const)
-    return names
+    return names.union(*(imported_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 #: instructions that load nothing (they sit between a name and its argument in some Pythons)
@@ -56,17 +50,9 @@ _FILLER = {"CACHE", "PUSH_NULL", "PRECALL", "NOP", "EXTENDED_ARG", "RESUME", "CO
 
 def _loads(code: types.CodeType) -> list[tuple[str, Any]]:
     """A code object's own instructions as ("const", value), ("name", name loaded) or ("op", opname)."""
-    found = []
-    for ins in dis.get_instructions(code):
-        if ins.opname in _FILLER:
-            continue
-        if ins.opname.startswith("LOAD_CONST"):
-            found.append(("const", ins.argval))
-        elif ins.opname.startswith("LOAD_"):
-            found.append(("name", ins.argval))
-        else:
-            found.append(("op", ins.opname))
-    return found
+    return [("const", ins.argval) if ins.opname.startswith("LOAD_CONST") else
+            ("name", ins.argval) if ins.opname.startswith("LOAD_") else ("op", ins.opname)
+            for ins in dis.get_instructions(code) if ins.opname not in _FILLER]
 
 
 def code_without_positions(code: types.CodeType) -> tuple:
@@ -83,10 +69,7 @@ _GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
 def global_names(code: types.CodeType) -> set[str]:
     """The globals a code object reads or writes (not attribute names, which share ``co_names``)."""
     names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= global_names(const)
-    return names
+    return names.union(*(global_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def const_token(value: Any) -> Any:

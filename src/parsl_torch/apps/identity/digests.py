@@ -89,13 +89,11 @@ class DigestCache:
         entry = self._entry(path, key)
         if entry is not None:
             return entry["sha256"]
-        h = hashlib.sha256()
         with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
         if not recently_written(st):  # else it may change again within the same mtime: hash it again
-            self._remember(path, {"stat": key, "sha256": h.hexdigest()})
-        return h.hexdigest()
+            self._remember(path, {"stat": key, "sha256": digest})
+        return digest
 
     def _tree(self, path: str) -> list[tuple[str, int, int, int]]:
         """(relative path, size, mtime, ctime) of each file under a directory, in order (ctime: a file
@@ -150,11 +148,10 @@ class DigestCache:
 def _read_json(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
-    try:
+    with contextlib.suppress(OSError, ValueError):
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return {}
 
 
 def file_digest(path: str | os.PathLike, cache: str | os.PathLike | None = None) -> str:

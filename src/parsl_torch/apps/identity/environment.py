@@ -15,12 +15,7 @@ def env_components(names: Sequence[str], stage_env: Mapping[str, str],
     """``env <NAME>`` for each variable named: its value as the ranks get it (the stage's
     ``env=``, else this process's environment, which the ranks inherit), as a digest; a launch's own
     variables (ranks, rendezvous, the scheduler's) are not the user's and not compared."""
-    return {f"env {name}": "unset" if value is None else sha(f"{name}={value}".encode())
-            for name, value in _env_values(names, stage_env, environ).items()}
-
-
-def _env_values(names: Sequence[str], stage_env: Mapping[str, str],
-                environ: Mapping[str, str] | None) -> dict[str, str | None]:
     environ = os.environ if environ is None else environ
-    return {name: stage_env.get(name, environ.get(name)) for name in names
-            if not launch_variable(name)}
+    values = {name: stage_env.get(name, environ.get(name)) for name in names if not launch_variable(name)}
+    return {f"env {name}": "unset" if value is None else sha(f"{name}={value}".encode())
+            for name, value in values.items()}

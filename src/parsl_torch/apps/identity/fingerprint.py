@@ -247,7 +247,6 @@ class Fingerprinter:
                  self.token(fn.__kwdefaults__, f"the defaults of {fn.__qualname__}"), cells, globals_)
         return sha(repr(parts).encode())
 
-
     # -- what user modules hold at run time ---------------------------------------------------------------
     def _state(self, code: types.CodeType, namespace: dict, where: str, owner: Any) -> list:
         """What a user module's function reads of its module's names and of other user modules, as the values
@@ -267,13 +266,10 @@ class Fingerprinter:
 
     def _module_state(self, code: types.CodeType, namespace: dict, where: str) -> list:
         """``config.SCALE`` read in ``code``, ``config`` a user module: the value it holds now."""
-        found = []
-        for name, attr in sorted(attributes_read(code)):
-            module = namespace.get(name)
-            if isinstance(module, types.ModuleType) and is_user_file(getattr(module, "__file__", None)) \
-                    and hasattr(module, attr):
-                found.append(self._read(f"{module.__name__}.{attr}", getattr(module, attr), f"{name}.{attr} in {where}"))
-        return found
+        return [self._read(f"{module.__name__}.{attr}", getattr(module, attr), f"{name}.{attr} in {where}")
+                for name, attr in sorted(attributes_read(code))
+                if isinstance(module := namespace.get(name), types.ModuleType)
+                and is_user_file(getattr(module, "__file__", None)) and hasattr(module, attr)]
 
     def _read(self, name: str, value: Any, where: str) -> Any:
         """A module's value ``name`` as the code reads it: plain data and the user's code by their tokens;

@@ -39,18 +39,13 @@ def owner(stage_dir: str | os.PathLike) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def identity_of(computation: str) -> str:
-    """The call's identity (memo key) a computation's id is of."""
-    return computation.partition("~")[0]
-
-
 def computation(stage_dir: str | os.PathLike, parts: Mapping[str, str]) -> tuple[str, str | None]:
     """The computation an attempt of the call whose identity is ``parts`` runs: (its id, None) when it
     continues the one whose files the directory holds, else (a new id, why the old one is not continued: None
     where its identity differs, or no attempt started). A module of its identity's (``module <path>``) is
     judged there, by its syntax tree: a comment edited in it is no change. Reads only."""
     held, key = owner(stage_dir), call_id(parts)
-    if held is None or identity_of(held) != key:
+    if held is None or held.partition("~")[0] != key:
         return key, None
     judged = RunFiles(os.fspath(stage_dir))
     if Path(stage_dir, CALL).exists():

@@ -124,8 +124,9 @@ def _digest(key: str, cache: DigestCache, read: Container[str] = ()) -> str:
             return sha(json.dumps(sorted(os.listdir(key[len("listed "):]))).encode())
         except OSError:
             return "missing"
-    if key.startswith("read folder "):
-        return _folder(key[len("read folder "):], cache)
+    if key.startswith("read folder "):  # each file in it by its stat, no hashing (a dataset's shards: too large)
+        folder = key[len("read folder "):]
+        return cache.file_digest(folder) if os.path.isdir(folder) else "missing"
     path = key[len("read "):]
     if path.endswith(".py") and os.path.isfile(path):  # code: by its syntax tree, as a module's
         return cache.module(path).digest
@@ -145,12 +146,6 @@ def _metadata(path: str, detail: str) -> str:
     if stat.S_ISDIR(st.st_mode):
         return f"{link}folder"
     return f"{link}file" + ("" if detail == "kind" else f" {st.st_size}") + (f" {st.st_mtime_ns}" if detail == "time" else "")
-
-
-def _folder(path: str, cache: DigestCache) -> str:
-    """Every file under a folder of many files read, by its size, mtime and ctime (a stat each, no hashing:
-    such a folder is a dataset's shards, too large to hash at every stage's end)."""
-    return cache.file_digest(path) if os.path.isdir(path) else "missing"
 
 
 def _whole_environment(stage_env: Mapping[str, str], environ: Mapping[str, str] | None) -> set[str]:

@@ -74,8 +74,7 @@ def is_user_file(path: str | os.PathLike | None) -> bool:
     if not path:
         return False
     real = os.path.realpath(path)
-    return (real.endswith(".py") and os.path.isfile(real) and not _under(real, _installation_roots())
-            and not _under(real, (PACKAGE_DIR,)))
+    return real.endswith(".py") and os.path.isfile(real) and not _under(real, (*_installation_roots(), PACKAGE_DIR))
 
 
 def is_user_extension(path: str | os.PathLike | None) -> bool:
@@ -85,12 +84,12 @@ def is_user_extension(path: str | os.PathLike | None) -> bool:
         return False
     real = os.path.realpath(path)
     return (real.endswith(tuple(EXTENSION_SUFFIXES)) and os.path.isfile(real)
-            and not _under(real, _installation_roots()) and not _under(real, (PACKAGE_DIR,)))
+            and not _under(real, (*_installation_roots(), PACKAGE_DIR)))
 
 
 def is_user_dir(path: str) -> bool:
     real = os.path.realpath(path)
-    return os.path.isdir(real) and not _under(real, _installation_roots()) and not _under(real, (PACKAGE_DIR,))
+    return os.path.isdir(real) and not _under(real, (*_installation_roots(), PACKAGE_DIR))
 
 
 def rank_import_path(environ: dict[str, str] | None = None) -> tuple[str, ...]:

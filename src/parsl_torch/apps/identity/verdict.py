@@ -143,9 +143,7 @@ def prepare(verdict: Verdict, call: StageCall, outputs: Sequence[Any], cache: Di
     rerun after it); the names set aside."""
     Path(call.opts.stage_dir).mkdir(parents=True, exist_ok=True)  # (made when it was called; removed since?)
     stagedir.write(Path(call.opts.stage_dir) / stagedir.IDENTITY, stagedir.IdentityRecord(verdict.computation))
-    if not verdict.changed:
-        return []
-    return set_aside(call.opts.stage_dir, outputs, verdict.before, cache)
+    return set_aside(call.opts.stage_dir, outputs, verdict.before, cache) if verdict.changed else []
 
 
 def why_rerun(stage: str, function: str, before: stagedir.CallRecord | None, now: Mapping[str, str],

@@ -146,9 +146,7 @@ def _holds(stage_dir: Path, call: StageCall, key: str) -> bool:
 def _here(job: RemoteJob) -> StageCall:
     """The job's call on this machine: a script run by this machine's Python."""
     call = job.call
-    if call.fn is not None:
-        return call
-    return replace(call, script=(job.python or sys.executable, *call.script[1:]))
+    return call if call.fn is not None else replace(call, script=(job.python or sys.executable, *call.script[1:]))
 
 
 def _unpack(root: Path, sources: Sequence[tuple[str, bytes]]) -> Path:

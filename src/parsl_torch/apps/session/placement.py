@@ -106,14 +106,11 @@ class Placement:
         here; a file another stage makes must be on a file system this site sees (``made_on``: a
         DataFuture's id -> (the DataFuture, the stage making it, its placement))."""
         for item in inputs:
-            made = made_on.get(id(item)) if isinstance(item, Future) else None
-            if made is not None and made[0] is item:
-                _, producer, there = made
-                if there.file_system != self.file_system:
-                    raise ConfigError(self._unreachable(stage, f"the output of stage {producer!r} on site "
-                                                               f"{there.site.name!r}", there.file_system))
-                continue
-            if isinstance(item, Future):
+            if isinstance(item, Future):  # another stage's output (a future of no stage's: not checked here)
+                made = made_on.get(id(item))
+                if made is not None and made[0] is item and made[2].file_system != self.file_system:
+                    raise ConfigError(self._unreachable(stage, f"the output of stage {made[1]!r} on site "
+                                                               f"{made[2].site.name!r}", made[2].file_system))
                 continue
             check_file_name(stage, "input", item)
             path, scheme = getattr(item, "filepath", None), getattr(item, "scheme", "file")

@@ -303,11 +303,8 @@ def quarantined_lines(data: dict[str, Any]) -> list[str]:
 
 def plain(data: dict[str, Any], rows: list[StageRow]) -> str:
     """One line per stage (logs, CI, batch jobs)."""
-    lines = []
-    for r in rows:
-        extra = f" {r.progress}" if r.progress else ""
-        error = f" - {r.error}" if r.error else ""
-        lines.append(f"[{r.name}] {r.state}{extra}{error}")
+    lines = [f"[{r.name}] {r.state}" + (f" {r.progress}" if r.progress else "") + (f" - {r.error}" if r.error else "")
+             for r in rows]
     return "\n".join([*lines, *quarantined_lines(data)])
 
 
@@ -358,10 +355,8 @@ def watch(run_dir: Path, stop: threading.Event, every: float, tty: bool) -> None
         with Live(console=console, refresh_per_second=2, transient=False, redirect_stdout=False,
                   redirect_stderr=False) as live, log.lines_to(_Above(console)):
             while not stop.wait(1.0):
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     live.update(table(*read(run_dir)))
-                except (OSError, ValueError):
-                    continue
             with contextlib.suppress(OSError, ValueError):
                 live.update(table(*read(run_dir)))
         return

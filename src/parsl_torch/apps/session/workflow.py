@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import threading
 import time
@@ -41,7 +42,7 @@ from .rundir import check_ours, check_stage_name, prepare
 from .status import StatusFile
 from ..stage.settle import Settler
 from ..identity.usercode import rank_import_path
-from ..warm.groups import WarmGroups, warm_groups
+from ..warm.groups import WarmGroups
 
 _current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar("parsl_torch_workflow", default=None)
 
@@ -143,13 +144,7 @@ class Workflow:
 
     def running(self) -> list[Any]:
         """The stages that are running now (started since they were submitted, not done)."""
-        now = []
-        for future in self._futures:
-            started = self.run_dir / future.stage / stagedir.STARTED
-            with contextlib.suppress(OSError):
-                if not future.done() and started.stat().st_mtime >= self._submitted[future.stage]:
-                    now.append(future)
-        return now
+        return [f for f in self._futures if not f.done() and self._started(f.stage) >= self._submitted[f.stage]]
 
     @contextlib.contextmanager
     def running_stages_finish(self, on_error: str) -> Iterator[None]:
@@ -181,10 +176,13 @@ class Workflow:
     def _ran_for(self, stage: str, submitted: float) -> float:
         """Seconds since the stage's last attempt started (not since it was submitted: it may have
         waited for the stages it depends on, and for a slot)."""
-        started = self.run_dir / stage / stagedir.STARTED
+        return time.time() - max(submitted, self._started(stage))
+
+    def _started(self, stage: str) -> float:
+        """When the stage's last attempt started (-inf: none has)."""
         with contextlib.suppress(OSError):
-            submitted = max(submitted, started.stat().st_mtime)
-        return time.time() - submitted
+            return (self.run_dir / stage / stagedir.STARTED).stat().st_mtime
+        return -math.inf
 
     def stages_of(self, values: Iterable[Any]) -> list[str]:
         """The stages whose results or files among ``values`` a call waits for (``outputs[i]``, a stage's future)."""
@@ -305,7 +303,8 @@ def _stages_run(wf: Workflow, request: WorkflowRequest, users_dfk: bool) -> Iter
         wf.wait()
         return
     with _parsl_loaded(wf, request) as dfk, Settler(dfk.executors, wf.log) as wf.settler:
-        with _warm_ranks(wf, request.warm):
+        with contextlib.closing(WarmGroups(wf.run_dir, wf.where, wf.continuations.never)) if request.warm else \
+                contextlib.nullcontext() as wf.warm:
             with wf.running_stages_finish(request.on_error):
                 yield
             wf.wait()
@@ -364,15 +363,6 @@ def _parsl_started(parsl: Any, config: Any, parsl_dir: Path) -> Any:
             raise ConfigError(f"cannot start Parsl in {parsl_dir} ({exc.strerror}; {free_text(parsl_dir)}): free "
                               f"space there (or have the quota raised) or pick another --run-dir") from None
         raise
-
-
-@contextlib.contextmanager
-def _warm_ranks(wf: Workflow, warm: bool) -> Iterator[None]:
-    if not warm:
-        yield
-        return
-    with warm_groups(wf.run_dir, wf.where, wf.continuations.never) as wf.warm:
-        yield
 
 
 @contextlib.contextmanager

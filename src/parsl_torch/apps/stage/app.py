@@ -185,14 +185,15 @@ class DistributedApp:
     def _check_arguments(self, stage: str, args: tuple, kwargs: dict[str, Any]) -> None:
         """Arguments that are not futures need an identity now, so one without fails before anything
         is submitted (the files they name are read when the stage is ready to run)."""
-        fp = Fingerprinter(strict=True)
         names = _parameter_names(self.fn, len(args)) if self.fn is not None else []
-        for i, value in enumerate(args):
-            if not isinstance(value, Future):
-                _identifiable(stage, fp, value, f"argument {names[i] if i < len(names) else i + 1!r}")
-        for key, value in kwargs.items():
-            if not isinstance(value, Future):
-                _identifiable(stage, fp, value, f"argument {key!r}")
+        fp = Fingerprinter(strict=True)
+        try:
+            labels = [*names, *range(len(names) + 1, len(args) + 1), *kwargs]  # (a name, else its position)
+            for label, value in zip(labels, (*args, *kwargs.values())):
+                if not isinstance(value, Future):
+                    fp.token(value, f"argument {label!r}")
+        except Unidentifiable as exc:
+            raise ConfigError(f"stage {stage!r}: {exc}") from None
 
     def _code(self, stage: str) -> dict[str, Any]:
         """The ``StageOptions`` fields of the function's identity, read now: its fingerprint, the user
@@ -272,13 +273,6 @@ def _parameter_names(fn: Callable, n: int) -> list[str]:
     return [p.name for p in _parameters(fn) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
 
 
-def _identifiable(stage: str, fp: Fingerprinter, value: Any, where: str) -> None:
-    try:
-        fp.token(value, where)
-    except Unidentifiable as exc:
-        raise ConfigError(f"stage {stage!r}: {exc}") from None
-
-
 def _script_head(script: str | os.PathLike, module: bool, python: str | None) -> list[str]:
     """How a script stage runs its file: ``python FILE``, ``python -m MODULE``, or a program (a shell script,
     a binary) as it is."""
@@ -301,11 +295,8 @@ def _script_target(script: Sequence[str] | None) -> tuple[str | None, str | None
     ``[PROGRAM, ...]``."""
     if not script:
         return None, None
-    if script_command_length(script) == 1:
-        return os.path.abspath(script[0]), None
-    if len(script) > 2 and script[1] == "-m":
-        return None, str(script[2])
-    return os.path.abspath(script[1]), None
+    words = script_command_length(script)
+    return (None, str(script[2])) if words == 3 else (os.path.abspath(script[words - 1]), None)
 
 
 def check_walltime(stage: str, walltime: Any) -> float | None:

@@ -53,13 +53,12 @@ def stage_command(call: StageCall, *args: Any, inputs: Sequence = (), outputs: S
 
     ``stdout``, ``stderr`` and ``parsl_resource_specification`` are Parsl's:
     it reads them from the call (redirection, the MPI task's nodes)."""
-    return _command(call, prepare_call(call, args, inputs, outputs, kwargs)[0])
+    return _command(call, prepare_call(call, args, inputs, outputs, kwargs))
 
 
-def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequence,
-                 kwargs: dict[str, Any]) -> tuple[str, IdentityRecord]:
+def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequence, kwargs: dict[str, Any]) -> str:
     """Make the stage directory this attempt's and leave the ranks' call in it; returns the ranks'
-    command after the shim (a warm stage's ranks read the same files: ``apps.warm``) and who the call is."""
+    command after the shim (a warm stage's ranks read the same files: ``apps.warm``)."""
     opts = call.opts
     who = attempt_identity(call, args, {**kwargs, "inputs": inputs, "outputs": outputs})
     _begin_attempt(call, who.call_id)
@@ -72,7 +71,7 @@ def prepare_call(call: StageCall, args: tuple, inputs: Sequence, outputs: Sequen
     else:
         rank_cmd = _write_argv(opts.stage_dir, [*call.script, *map(command_text, args)])
     _write_env(opts, who.call_id)
-    return rank_cmd, who
+    return rank_cmd
 
 
 def attempt_identity(call: StageCall, args: tuple, kwargs: dict[str, Any]) -> IdentityRecord:

@@ -34,7 +34,9 @@ class ShippedFunction:
     def of(cls, fn: Callable) -> ShippedFunction:
         buffer = io.BytesIO()
         _pickler_class()(buffer, recurse=True).dump(fn)
-        takes = tuple(accepted_kwargs(fn, inputs=None, outputs=None))
+        params = inspect.signature(fn).parameters  # (by name, or through **kwargs)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        takes = tuple(k for k in ("inputs", "outputs") if takes_any or k in params)
         return cls(f"{fn.__module__}.{fn.__qualname__}", buffer.getvalue(), takes)
 
     def load(self) -> Callable:
@@ -158,10 +160,3 @@ def plain_files(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: plain_files(v) for k, v in value.items()}
     return value
-
-
-def accepted_kwargs(fn: Callable, **candidates: Any) -> dict[str, Any]:
-    """The candidates ``fn`` can take (by name, or through ``**kwargs``)."""
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    return {k: v for k, v in candidates.items() if takes_any or k in params}

@@ -34,15 +34,10 @@ def pattern_files(pattern: str) -> list[str]:
     return sorted(itertools.islice(files, MAX_MATCHES))
 
 
-def _matches(path: str) -> bool:
-    """``path`` is a glob pattern that matches a file."""
-    return is_pattern(path) and any(
-        os.path.isfile(m) for m in itertools.islice(glob.iglob(path, recursive=True), MAX_MATCHES))
-
-
 def _names(path: str) -> bool:
     """``path`` exists, or is a glob pattern that matches a file."""
-    return os.path.exists(path) or _matches(path)
+    return os.path.exists(path) or is_pattern(path) and any(
+        os.path.isfile(m) for m in itertools.islice(glob.iglob(path, recursive=True), MAX_MATCHES))
 
 
 #: script stems that say nothing about the script: the stage is named after its folder

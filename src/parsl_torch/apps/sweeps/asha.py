@@ -24,9 +24,9 @@ MODES = ("min", "max")
 
 def rung_steps(min_steps: int, eta: int, steps: int) -> list[int]:
     """The steps at which trials are judged: ``min_steps * eta**k`` below ``steps``."""
-    for name, value, low in (("min_steps", min_steps, 1), ("eta", eta, 2), ("steps", steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"pt.sweep({name}={value!r}): use an int >= {low}")
+    # (eta, steps: ``pt.sweep`` checked them)
+    if isinstance(min_steps, bool) or not isinstance(min_steps, int) or min_steps < 1:
+        raise ConfigError(f"pt.sweep(min_steps={min_steps!r}): use an int >= 1")
     if min_steps >= steps:
         raise ConfigError(f"pt.sweep(min_steps={min_steps}): the first rung must come before the budget "
                           f"(steps={steps}): use a smaller min_steps, or scheduler='none'")

@@ -84,9 +84,9 @@ class SweepRecord:
         elif path.exists():
             log.warning("sweep %r: %s is not a sweep's journal: its decisions are made again", name, path)
         record = cls(path, rules)
-        write_atomic(path, "".join(_line(e) for e in [{"rules": rules}, *(
-            {"trial": k, "config": t.config} for k, t in (old.trials.items() if old else ()))]))
-        for entry in ({"trial": k, "config": t.config} for k, t in (old.trials.items() if old else ())):
+        known = [{"trial": k, "config": t.config} for k, t in (old.trials.items() if old else ())]
+        write_atomic(path, "".join(map(_line, [{"rules": rules}, *known])))
+        for entry in known:
             record._apply(entry)
         return record
 

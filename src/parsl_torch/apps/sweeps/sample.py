@@ -11,7 +11,9 @@ configurations asked after them follow from the same history.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
+from functools import reduce
 from typing import Any
 
 from ...errors import ConfigError
@@ -44,7 +46,7 @@ class Sampled:
     def replay(self, configs: list[dict[str, Any]]) -> None:
         """The configurations an earlier run asked (the journal's order) are asked first."""
         for config in configs[:self.trials]:
-            self.study.enqueue_trial({name: _get(config, name) for name in self.params})
+            self.study.enqueue_trial({name: reduce(operator.getitem, name.split("."), config) for name in self.params})
 
     def ask(self) -> tuple[Any, dict[str, Any]] | None:
         """(the Optuna trial, its point: setting -> value), or None when ``trials`` were asked."""
@@ -78,10 +80,3 @@ class Sampled:
             else:
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED if state == "stopped"
                                 else optuna.trial.TrialState.FAIL, skip_if_finished=True)
-
-
-def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for part in dotted.split("."):
-        value = value[part]
-    return value

@@ -42,16 +42,13 @@ def expand(space: Any, base: Mapping[str, Any]) -> list[dict[str, Any]]:
     else:
         raise ConfigError(f"pt.sweep(space={space!r}): give a list of configurations or a mapping of "
                           f"lists (their grid)")
-    configs, seen = [], set()
+    configs: dict[str, dict[str, Any]] = {}  # canonical form -> the first configuration of that form
     for i, point in enumerate(points):
         if not isinstance(point, Mapping):
             raise ConfigError(f"pt.sweep: space[{i}] is {type(point).__name__}, not a mapping of settings")
         config = merged(base, point, f"space[{i}]")
-        key = canonical(config)
-        if key not in seen:
-            seen.add(key)
-            configs.append(config)
-    return configs
+        configs.setdefault(canonical(config), config)
+    return list(configs.values())
 
 
 def merged(base: Mapping[str, Any], point: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ promoted trial, its finished call's record removed)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -86,10 +87,8 @@ def histories(stage_dir: Path, final: bool) -> list[tuple[float, Path]]:
     found = []
     for path in stage_dir.glob("*.h5" if final else "*.h5*"):
         if path.suffix in (".h5", ".partial"):
-            try:
+            with contextlib.suppress(FileNotFoundError):  # (the partial file moved into place as it was listed)
                 found.append((path.stat().st_mtime, path))
-            except FileNotFoundError:  # (the partial file moved into place as it was listed)
-                continue
     return sorted(found, reverse=True)
 
 

@@ -18,12 +18,9 @@ COLUMNS = ("trial", "state", "value", "settings")
 
 def records(run_dir: Path) -> dict[str, dict[str, Any]]:
     """Each sweep of the run: name -> its record (``.sweep.<name>.jsonl``), unreadable ones left out."""
-    found = {}
-    for path in sorted(Path(run_dir).glob(".sweep.*.jsonl")):
-        record = SweepRecord.replay(path)
-        if record is not None:
-            found[path.name[len(".sweep."):-len(".jsonl")]] = record.as_dict()
-    return found
+    return {path.name[len(".sweep."):-len(".jsonl")]: record.as_dict()
+            for path in sorted(Path(run_dir).glob(".sweep.*.jsonl"))
+            if (record := SweepRecord.replay(path)) is not None}
 
 
 def _varied(trials: dict[str, Any]) -> list[str]:

@@ -59,9 +59,9 @@ class Watch:
     """The workflow's side of a sweep: judges running trials at their rungs, stops the cut ones, and
     keeps the record."""
 
-    def __init__(self, run_dir: Path, name: str, rules: dict[str, Any], record: SweepRecord, log: Any,
+    def __init__(self, name: str, rules: dict[str, Any], record: SweepRecord, log: Any,
                  on_end: Callable[[str], None] | None = None, files: LocalFiles | EndpointFiles | None = None) -> None:
-        self.run_dir, self.name, self.rules, self.record, self.log = run_dir, name, rules, record, log
+        self.name, self.rules, self.record, self.log = name, rules, record, log
         self.on_end = on_end  # told each trial's end (a sampler)
         self.files = files or LocalFiles()  # where the trials' directories are read and written (trialfiles)
         self.asha = Asha(rules["eta"], rules["mode"], promoting=rules["scheduler"] == "asha-promote")
@@ -74,8 +74,7 @@ class Watch:
         """The values seen at each rung: the decisions so far, in their order."""
         self.asha.seen = {}
         for stage, rung in self.record.order:
-            d = next(d for d in self.record.trials[stage].decisions if d["rung"] == rung)
-            self.asha.see(rung, d["value"])
+            self.asha.see(rung, next(d["value"] for d in self.record.trials[stage].decisions if d["rung"] == rung))
 
     def until_done(self, runs: list[Run], more: Callable[[int], Any] | None = None, concurrent: int = 0) -> None:
         """Until every trial ended; ``more(running)`` starts the next (None: ask again; NOTHING_NOW: nothing
@@ -118,9 +117,8 @@ class Watch:
         ended = {id(run) for run in waiting if run.future.done()}
         running = [run for run in waiting if id(run) not in ended and self.rules["rungs"] and _launched(run.future)]
         ok = [run for run in waiting if id(run) in ended and _ended_well(run.future)]  # (a failed one is not read)
-        peeks = dict(zip(map(id, ok + running), self.files.peek(
-            [*self._asks(ok, final=True), *self._asks(running, final=False)], self.rules["metric"],
-            self.rules["window"])))
+        asks = [*self._asks(ok, final=True), *self._asks(running, final=False)]
+        peeks = dict(zip(map(id, ok + running), self.files.peek(asks, self.rules["metric"], self.rules["window"])))
         left = []
         for run in waiting:
             if id(run) in ended:
@@ -276,10 +274,9 @@ def _wakes(run: Run, ended: threading.Event) -> None:
 
 def _ended_well(future: Any) -> bool:
     """A done trial's future holds its result (not an error, nor a cancellation)."""
-    try:
+    with contextlib.suppress(Exception):  # (cancelled: its record says why)
         return future.exception() is None
-    except Exception:  # noqa: BLE001 (cancelled: its record says why)
-        return False
+    return False
 
 
 def _launched(future: Any) -> bool:

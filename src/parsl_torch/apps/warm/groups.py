@@ -247,13 +247,3 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-@contextlib.contextmanager
-def warm_groups(run_dir: Path, placements: dict[str, Placement], never_retry: Any):
-    """The workflow's groups for the duration of the block; all are stopped when it ends."""
-    groups = WarmGroups(run_dir, placements, never_retry)
-    try:
-        yield groups
-    finally:
-        groups.close()

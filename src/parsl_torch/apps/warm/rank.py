@@ -123,7 +123,7 @@ class _Parent:
                 return 0
             job, port = taken
             since = time.time()
-            self._report(n, job, *self._run(n, job, port))
+            self._report(n, *self._run(n, job, port))
             if self.rank == 0:
                 _finish(self.dir, n, job, self.world, since)
             if self.ending is not None:
@@ -201,7 +201,7 @@ class _Parent:
         # ended it while a peer whose collective it broke claimed the failure first): not stopped, the cause
         return code, ("" if code < 0 and -code not in sent else why)
 
-    def _report(self, n: int, job: stagedir.WarmJob, code: int, stopped: str) -> None:
+    def _report(self, n: int, code: int, stopped: str) -> None:
         folder = settings.READS_DIR.get()  # (first: what the parent opens from here on is not the call's)
         reads = sorted(reads_of(folder)) if folder is not None and observed_any(folder) else None
         raised = read_raised(path) if (path := settings.RAISED.get()) else ""

@@ -3,17 +3,8 @@
 
 from __future__ import annotations
 
+from ...common.metadata import installed_version
+
 #: the ezpz release whose names and behaviour this package follows
 EZPZ_VERSION = "0.26.1"
-
-
-def _parsl_torch_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("parsl-torch")
-    except PackageNotFoundError:
-        return "0"
-
-
-__version__ = f"{EZPZ_VERSION}+parsltorch.{_parsl_torch_version()}"
+__version__ = f"{EZPZ_VERSION}+parsltorch.{installed_version('parsl-torch') or '0'}"

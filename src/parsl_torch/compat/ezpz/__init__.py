@@ -16,30 +16,7 @@ import sys
 from ...errors import ConfigError
 from . import __about__, configs, dist, distributed, history, lazy, log, tracker, utils
 from .__about__ import __version__
-from .distributed import (
-    barrier,
-    cleanup,
-    get_dist_info,
-    get_hostname,
-    get_local_rank,
-    get_machine,
-    get_node_index,
-    get_num_nodes,
-    get_rank,
-    get_torch_backend,
-    get_torch_device,
-    get_torch_device_type,
-    get_world_size,
-    query_environment,
-    seed_everything,
-    setup_torch,
-    setup_wandb,
-    synchronize,
-    timeitlogit,
-    verify_wandb,
-    wrap_model,
-    wrap_model_for_ddp,
-)
+from .distributed import *  # noqa: F403 (its __all__: set-up, ranks, device, wrapping, wandb)
 from .history import History
 from .log import get_logger
 from .tracker import setup_tracker
