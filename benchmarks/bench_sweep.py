@@ -69,10 +69,11 @@ def summary(trials, wall, rank_steps, *names):  # (wall: the sweeps', measured b
     best = min(trials, key=lambda t: losses.get(t.name, 1e9))
     return {"wall": wall, "rank_steps": rank_steps, "best": min(losses.values()), "finished": len(losses),
             "trials": len(trials), "best_lr": best.config["lr"], "best_name": best.name,
+            "near": sorted(n for n, v in losses.items() if v <= 1.01 * min(losses.values())),
             "busy": busy(*names) / (2 * wall)}
 
 
-def places(trials, best, rules):  # the grid's best trial's place at each rung, by the value the rule judges there
+def places(trials, best, rules):  # a grid trial's place at each rung, by the value the rule judges there
     seen = {}
     for t in trials:
         h = pt.read_history(t.result["history"])
@@ -90,7 +91,7 @@ with pt.workflow(site="local", run_dir=sys.argv[1]):
         out[scheduler] = summary(trials, time.perf_counter() - t0, sum(t.step for t in trials), scheduler)
         grid = trials if scheduler == "none" else grid
     promote_rules = SweepRecord.replay(SweepRecord.path_of(Path(sys.argv[1]), "asha-promote")).rules
-    out["none"]["places"] = places(grid, out["none"]["best_name"], promote_rules)
+    out["none"]["places"] = {n: places(grid, n, promote_rules) for n in out["none"]["near"]}
     out["none"]["rungs"] = promote_rules["rungs"]
     # the one-short-budget baseline: every configuration to min_steps, the best k of them to the end (k: the
     # fewest that spend at least pause-and-promote's rank-steps, unless given)
@@ -376,10 +377,10 @@ def _report(run: int, r: dict[str, dict], args: argparse.Namespace) -> None:
               "at no more compute": promote["rank_steps"] <= base["rank_steps"],
               "slots busy at least 90 %": promote["busy"] >= 0.9}
     print(f"run {run}, asha-promote: " + "; ".join(f"{k}: {'yes' if ok else 'NO'}" for k, ok in checks.items()))
-    print(f"run {run}: the grid's best trial (lr {grid['best_lr']:g}) stood " + ", ".join(
-        f"{place} of {grid['trials']} at step {at}" for place, at in zip(grid["places"], grid["rungs"])) +
-        " by the loss the rungs judge (a rule that keeps each rung's best third goes on with it only where it is "
-        "among them)")
+    print(f"run {run}: {len(grid['near'])} of the grid's {grid['trials']} trials within 1 % of its best; their "
+          f"places at steps {', '.join(map(str, grid['rungs']))} by the loss the rungs judge: " + "; ".join(
+              ", ".join(map(str, at)) for at in grid["places"].values()) +
+          " (a rule that keeps each rung's best third goes on with one only where it is among them)")
 
 
 if __name__ == "__main__":
