@@ -10,6 +10,7 @@ login node) that must not import what runs on the ranks.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 SUPERVISE = "parsl_torch.launch.supervise"  # fail fast, time out, leave nothing behind
 SHIM = "parsl_torch.launch.shim"  # torchrun variables and failure reports for each rank
@@ -32,6 +33,12 @@ def internal_arguments(module: str, argv: list[str] | None, usage: str, who: str
         return argv
     print(f"usage: python -m {module} {usage}  ({who}; not for use by hand)", file=sys.stderr)
     return None
+
+
+def shim_at(command: Sequence[str]) -> int:
+    """The index of the ``-m`` of ``-m parsl_torch.launch.shim`` (the Python before it; binding flags before
+    that); -1: none."""
+    return next((i for i in range(1, len(command) - 1) if command[i] == "-m" and command[i + 1] == SHIM), -1)
 
 
 def stage_module(stage: str) -> str:

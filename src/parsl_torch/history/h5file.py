@@ -252,8 +252,8 @@ def summarize(data: HistoryData) -> dict[str, dict[str, Any]]:
         stats = data.stats.get(metric)
         series, source = (stats["mean"], "mean over ranks") if stats else (values, "rank 0")
         finite = series[np.isfinite(series)]
-        # (a file with the attribute "missing" tells a step without the metric from a NaN it had)
-        recorded = series[~is_missing(values) | np.isfinite(series) if "missing" in data.attrs else ~np.isnan(series)]
+        told = "missing" in data.attrs  # (such a file tells a step without the metric from a NaN it had)
+        recorded = series[(~is_missing(values) | np.isfinite(series)) if told else ~np.isnan(series)]
         nan = float("nan")
         out[metric] = {"last": float(recorded[-1]) if recorded.size else nan,
                        "min": float(finite.min()) if finite.size else nan,

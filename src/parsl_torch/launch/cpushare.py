@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..common import settings
-from ..common.entrypoints import SHIM
+from ..common.entrypoints import shim_at
 from .machines import Machine
 
 
@@ -72,11 +72,6 @@ def bound(command: Sequence[str], share: CpuShare, machine: Machine | None,
             return [*command[:at], *cut, *command[at + len(whole):]], _LAUNCHER_BINDS
     return command, {settings.CPU_SHARE.name: str(share)}
 
-
-def shim_at(command: Sequence[str]) -> int:
-    """The index of the ``-m`` of ``-m parsl_torch.launch.shim`` (the Python before it; binding flags before
-    that); -1: none."""
-    return next((i for i in range(1, len(command) - 1) if command[i] == "-m" and command[i + 1] == SHIM), -1)
 
 
 def pin(local_rank: int, value: str | None) -> list[int] | None:

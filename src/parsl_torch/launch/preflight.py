@@ -27,9 +27,8 @@ import time
 from collections.abc import Sequence
 
 from ..common import settings
-from ..common.entrypoints import PREFLIGHT, SHIM
+from ..common.entrypoints import PREFLIGHT, SHIM, shim_at
 from ..common.procs import reap, stop
-from .cpushare import shim_at
 from .events import RankReport
 from .listener import RankListener
 from .plan import LaunchPlan

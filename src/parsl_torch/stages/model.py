@@ -3,11 +3,10 @@ of another model refused before it is loaded (shared by train and evaluate)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from ..errors import ConfigError
-from dataclasses import asdict
-
 from .config import ModelConfig
 
 
