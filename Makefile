@@ -52,7 +52,7 @@ $(VENV)/.installed-demo: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 
 # with the docs extra: one pip run, one bytecode pass, and .ci/run builds the manual beside the tests
 $(VENV)/.installed-test: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
-	$(call PIP,$(VENV)) -e ".[mpi,workflow,history,test,endpoint,float8,loaders,sweeps,docs]"
+	$(call PIP,$(VENV)) -e ".[mpi,workflow,history,test,lint,endpoint,float8,loaders,sweeps,docs]"
 	$(call BYTECODE,$(VENV))
 	touch $@ $(VENV)/.installed-docs
 
@@ -79,7 +79,11 @@ COMPILE := $(BIN)/python -m compileall -q src
 # (as on CI's machine), make test-fast and make test-lowest keep it, so CI runs both
 AS_BY_DEFAULT := env -u PYTHONDONTWRITEBYTECODE
 
+# pyflakes' rules over the whole tree (pyproject.toml's tool.ruff): seconds, before any test
+LINT := $(BIN)/ruff check --quiet .
+
 test: $(VENV)/.installed-test
+	$(LINT)
 	$(COMPILE)
 	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(ALONE) -m alone --timings-json=test-times-alone.json
 	$(RUN) $(AS_BY_DEFAULT) $(BIN)/python -m pytest $(PARALLEL) -m "not alone" --timings-json=test-times.json
@@ -91,6 +95,7 @@ test-times:
 
 # the edit-test loop: no multi-process jobs, no cluster (a few minutes)
 test-fast: $(VENV)/.installed-test
+	$(LINT)
 	$(COMPILE)
 	$(RUN) $(BIN)/python -m pytest $(PARALLEL) -m "not slow and not multinode and not gpu"
 

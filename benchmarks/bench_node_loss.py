@@ -1,12 +1,16 @@
 """On the multi-node test cluster (tests/cluster, root): the time from a node's loss to the first
 training step after it, and the steps trained again, side by side in one run: in place on a spare of the
-same block (``mpi.spare_nodes: 1``: the stage's supervisor claims the spare and starts the same ranks again
-there, within the same call; they resume from the state kept in node memory), a retry on a spare through
+same block with the ranks kept up (``mpi.spare_nodes: 1``: the spare's ranks wait from the stage's start, the
+supervisor brings them in for the lost node's and the other node's ranks fork their training anew, all at a fresh
+rendezvous: ``launch.standby``), the same with every rank started again (the supervisor claims the spare and
+launches the same ranks again there, within the same call; ``PARSL_TORCH_WAITING_SPARES=0``; both resume from the
+state kept in node memory), a retry on a spare through
 Parsl (a warm stage, whose group ends with its node), in place on the node left (``min_nodes=1``), and a
 full requeue (the stage fails; the workflow runs again in a new batch job: here on the same nodes, whose
 memory still holds the state; elsewhere, the file checkpoint). A 2-node x 2-rank train with a file
 checkpoint every 20 steps and a state in node memory every 2; rank 2 (on n2) stops at step 26, n2 is lost
-(link down, its processes killed); NODE_TIMEOUT 10 s names it.
+(link down, its processes killed); NODE_TIMEOUT 10 s names it. Then what the spare's waiting ranks cost a
+stage that loses no node (its wall time with them and without), and what keeping the state costs.
 
 usage: sudo python benchmarks/bench_node_loss.py [--node-timeout 10]
 """
@@ -40,9 +44,12 @@ CHECKPOINT_EVERY = 20
 #: a state kept in node memory every this many steps (the measured default keeps them rarer on steps as
 #: short as this model's, 5 ms: its history's sync costs more than 2 % of them)
 SNAPSHOT_EVERY = 2
-#: (name, site, min_nodes, warm) of each recovery measured, before the full requeue
-CASES = (("spare", "nsspare", 0, False), ("retry", "nsspare", 0, True), ("elastic", "nspbs", 1, False))
-LABELS = {"spare": "in place on a spare of the same block (mpi.spare_nodes: 1; cold stage: the same call)",
+#: (name, site, min_nodes, warm, environment) of each recovery measured, before the full requeue
+CASES = (("kept", "nsspare", 0, False, {}), ("spare", "nsspare", 0, False, {"PARSL_TORCH_WAITING_SPARES": "0"}),
+         ("retry", "nsspare", 0, True, {}), ("elastic", "nspbs", 1, False, {}))
+LABELS = {"kept": "in place, the ranks kept up: the spare's waiting since the stage began, n1's forked anew "
+                  "(the default)",
+          "spare": "in place on a spare, every rank started again (PARSL_TORCH_WAITING_SPARES=0; the last version)",
           "retry": "retry on a spare through Parsl (a warm stage: its group ends with the node)",
           "elastic": "in place on the node left, 2 ranks (min_nodes=1)",
           "requeue": "full requeue (the stage fails, the workflow runs again in a new job)"}
@@ -79,6 +86,22 @@ def one(env: dict[str, str], tmp: Path, site: str, retries: int, name: str, min_
     return proc, run / "train" / "train.h5.progress.json"
 
 
+def waiting_cost(env: dict[str, str], tmp: Path) -> str:
+    """What the spare's waiting ranks cost a stage that loses no node: the workflow's wall time with them and
+    without (``PARSL_TORCH_WAITING_SPARES=0``), the same train, fresh run directories, one after the other."""
+    walls = {}
+    for waiting in ("1", "0", "1", "0"):
+        run = tmp / f"noloss-{waiting}-{len(walls)}"
+        started = time.perf_counter()
+        subprocess.run([sys.executable, str(tmp / "wf.py"), "nsspare", str(run), "0", str(tmp / "train.yaml"), "0",
+                        "cold"], env={**env, "PARSL_TORCH_WAITING_SPARES": waiting}, check=True, capture_output=True)
+        walls.setdefault(waiting, []).append(time.perf_counter() - started)
+    kept, plain = min(walls["1"]), min(walls["0"])
+    return (f"a stage that loses no node: {kept:.1f} s with the spare's ranks waiting, {plain:.1f} s without "
+            f"({kept / plain:.2f}x; the best of two each; the spare's ranks import torch on a node of their own, "
+            f"which here shares this machine's cores with the stage's)")
+
+
 def snapshot_cost(steps: int = 100) -> str:
     """The state kept in node memory as a ratio of the step time (``bench_snapshot.py``'s two runs: without
     snapshots and with the interval measured, 2 ranks of a Transformer with AdamW, DDP), measured here."""
@@ -110,8 +133,8 @@ def main() -> None:
             (tmp / "wf.py").write_text(WORKFLOW)
 
             measured = {}
-            for case, site, min_nodes, warm in CASES:
-                proc, progress = one(env, tmp, site, 1, case, min_nodes, warm)
+            for case, site, min_nodes, warm, extra in CASES:
+                proc, progress = one({**env, **extra}, tmp, site, 1, case, min_nodes, warm)
                 lost = time.perf_counter()
                 cluster.lose_node("n2")
                 seconds = _first_step_after(progress, STOP_AT + 1, lost)
@@ -127,6 +150,7 @@ def main() -> None:
                                       str(tmp / "train.yaml"), "0", "cold"], env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
             measured["requeue"] = _first_step_after(progress, STOP_AT + 1, lost), _resumed(rerun)
+            waiting = waiting_cost(env, tmp)
     finally:
         cluster.down(quiet=True)
     requeue = measured["requeue"][0]
@@ -137,6 +161,7 @@ def main() -> None:
     print(f"all include the {args.node_timeout:g} s of silence in which the node is named lost; the "
           f"requeue's new job starts at once here (fake PBS), where a real queue adds its wait (ezpz publishes 9-11 s "
           f"per resume on Sunspot, after its own detection)")
+    print(waiting)
     print(snapshot_cost())
 
 

@@ -183,7 +183,6 @@ def simulated_promotion(trials: int, rungs: list[int], steps: int, eta: int = 3,
     time; a quality each, a little noise at each rung, and with ``late`` a head start or a slow start each,
     up to ``late`` at the first rung and gone by the end: the short-horizon bias): per scheme, the mean of its
     rank-steps against the grid's and the share of orders in which it trained the best trial to the end."""
-    from parsl_torch.apps.sweeps.asha import Asha
 
     totals = {"asha": [0.0, 0.0], "asha-promote": [0.0, 0.0], "baseline": [0.0, 0.0]}
     for seed in range(orders):
@@ -326,7 +325,7 @@ def main() -> None:
           f"each; a look at 1,000 trials waiting for a slot {cost['look_ms']:.1f} ms (5 looks a second); the "
           f"journal ({cost['journal_kb']:.0f} KB) replayed by a rerun in {cost['replay_ms']:.0f} ms")
     rungs = [args.min_steps * 3 ** k for k in range(8) if args.min_steps * 3 ** k < args.steps]
-    print(f"simulated: ASHA's rank-steps against the grid's, the mean over 300 random arrival orders: "
+    print("simulated: ASHA's rank-steps against the grid's, the mean over 300 random arrival orders: "
           + ", ".join(f"{n} trials {simulated_share(n, rungs, args.steps):.2f}" for n in (16, 27, 64)))
     n = 9 * len(args.dims.split(","))
     for late in (0.0, 0.5):

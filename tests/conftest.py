@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from parsl_torch.common import settings
 from parsl_torch.common.procs import proc_stat
 
 pytest_plugins = ["tests.timings"]  # each test's wall and CPU time: --timings-json, the slowest at the end
@@ -99,6 +100,15 @@ def _left_running(base: Path) -> dict[int, str]:
     return {pid: cmd for pid, cmd in processes_under(base).items()
             if not descends(pid) or (parents.get(pid) != me and _carries_a_workflow_token(pid))
             or cmd.startswith("parsl: ")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """CI's time budget (``PARSL_TORCH_TEST_DEADLINE``, epoch seconds, set by .ci/run): past it the session
+    starts no more tests and reports what failed so far, where CI's own limit would end it with nothing said."""
+    deadline = settings.TEST_DEADLINE.get()
+    if deadline is not None and config.getoption("session_timeout", None) is None:
+        config.option.session_timeout = max(deadline - time.time(), 1.0)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -161,15 +161,21 @@ def test_a_short_kernel_listen_queue_is_said_with_its_fix(tmp_path):
     assert short_queue(64, str(tmp_path / "somaxconn")) is None
 
 
+def on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> Path:
+    """A stand-in for the command ``name`` (a shell script), first on PATH (then only the system's)."""
+    fake = tmp_path / "bin" / name
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    return fake
+
+
 def test_the_environment_archive_is_striped_over_every_lustre_target(tmp_path, monkeypatch):
     from parsl_torch.launch import nodepython
 
     log = tmp_path / "lfs.log"
-    fake = tmp_path / "bin" / "lfs"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    on_path(tmp_path, monkeypatch, "lfs", f"echo \"$@\" >> {log}")
     nodepython.stripe_wide(tmp_path / "python-x.tar.tmp")
     assert log.read_text() == f"setstripe -c -1 {tmp_path / 'python-x.tar.tmp'}\n"
     monkeypatch.setenv("PATH", "/nonexistent")
@@ -207,3 +213,41 @@ def test_the_environment_archive_unpacks_as_it_was_packed_and_nothing_outside_it
     with pytest.raises((subprocess.CalledProcessError, tarfile.TarError)):
         nodepython._extract(bad, into)
     assert not (tmp_path / "n2" / "outside.txt").exists()
+
+
+def test_a_block_that_cannot_stage_its_python_starts_from_the_shared_one_and_each_stage_says_why(tmp_path):
+    """The worker_init line of a site with node_local_python (through bash, a directory with shell
+    metacharacters in its name): packing fails (the cache is a file), the block exports why and no
+    node-local Python, and a stage's supervisor says it on the stage's stderr."""
+    import os
+    import subprocess
+
+    from parsl_torch.sites.build import worker_init
+    from parsl_torch.sites.schema import parse_site
+
+    local = tmp_path / "local $(touch pwned) 'q\""
+    spec = parse_site({"name": "s", "scheduler": "local", "node_local_python": str(local)}, "s.yaml")
+    (tmp_path / "cache").write_text("not a directory")
+    env = {**os.environ, "PARSL_TORCH_CACHE_DIR": str(tmp_path / "cache")}
+    script = worker_init(spec, stage_python=True) + '\nprintf "%s\\n" "[$PARSL_TORCH_NODE_PYTHON]"' \
+        '\nexec "$0" -m parsl_torch.launch.supervise -- /bin/true'
+    done = subprocess.run(["bash", "-c", script, sys.executable], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]" and not (tmp_path / "pwned").exists()
+    said = [line for line in done.stderr.splitlines() if "node_local_python" in line]
+    assert len(said) == 2 and all(f"could not stage the Python environment to {local}" in line for line in said), \
+        done.stderr  # the block's log, then the stage's
+    assert "the ranks start from the shared one" in said[1]
+
+
+def test_where_sbcast_fails_each_node_reads_the_shared_archive(tmp_path, monkeypatch, capsys):
+    from parsl_torch.launch import nodepython
+
+    fake = on_path(tmp_path, monkeypatch, "sbcast", "echo 'sbcast: error: Socket timed out on send/recv operation' >&2\n"
+                                                     "exit 1")
+    archive = tmp_path / "python-x.tar"
+    assert nodepython._broadcast(archive, tmp_path / "node") == archive
+    assert "sbcast failed (sbcast: error: Socket timed out" in capsys.readouterr().err
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    assert nodepython._broadcast(archive, tmp_path / "node") == tmp_path / "node" / "python-x.tar"

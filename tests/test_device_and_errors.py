@@ -172,3 +172,24 @@ def test_cli_info_and_error_exit(monkeypatch):
     assert main(["info"]) == 2
     monkeypatch.delenv("TORCH_BACKEND")
     assert main(["info", "--json"]) == 0
+
+
+def test_a_stage_future_whose_outcome_cannot_be_read_fails_naming_the_stage_and_never_hangs():
+    """Settled in the app future's done callback, where an error is only logged: a route's answer that
+    raises something unforeseen would leave the stage's future unresolved and the workflow waiting."""
+    from concurrent.futures import Future
+
+    from parsl_torch.apps.stage.futures import StageFuture
+    from parsl_torch.errors import StageError
+
+    class AppFuture(Future):
+        outputs: list = []
+
+    def answer(value: dict) -> tuple:
+        raise KeyError("skipped")  # (a remote answer of another shape)
+
+    app = AppFuture()
+    future = StageFuture("s", app, None, None, answer=answer)
+    app.set_result({"value": 1})
+    with pytest.raises(StageError, match=r"^stage 's' ended, but its outcome could not be read: KeyError: 'skipped'"):
+        future.result(timeout=5)

@@ -161,3 +161,33 @@ def test_a_stage_that_fills_the_disk_fails_saying_so_without_a_flood_of_logging_
     for run in ("000", "001"):
         assert err.count(f"cannot write the log {disk}/runs/parsl/{run}/parsl.log") == 1, err[-3000:]
     assert err.count(f"cannot write {disk}/runs/status.json (No space left on device)") == 3, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stage_whose_record_cannot_be_written_still_returns_and_runs_again_next_time(tmp_path, monkeypatch, capfd):
+    """The call's record (.call.json) is written in Parsl's done callback, after the stage finished: a disk
+    that filled up just then (a test beside it filling the machine's disk) raised there, and Parsl left the
+    stage's future unresolved, the workflow waiting on it for ever. Now the result arrives, the log says
+    the record is missing, and the next run runs the stage again instead of skipping it."""
+    from parsl_torch.apps import identity
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "runs" / "answer" / ".call.json"))
+
+    @pt.distributed_app(ranks_per_node=1)
+    def answer():
+        return 42
+
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patched:
+        patched.setattr(identity, "write_call", full)
+        with pt.workflow(site="local", run_dir="runs"):
+            assert answer().result(timeout=120) == 42
+    err = capfd.readouterr().err
+    assert (f"[answer] finished, but its record could not be written in {tmp_path / 'runs' / 'answer'} ([Errno 28] "
+            f"No space left on device") in err, err
+    assert not (tmp_path / "runs" / "answer" / ".call.json").exists()
+    with pt.workflow(site="local", run_dir="runs"):
+        assert answer().result(timeout=120) == 42
+    assert "[answer] runs" in capfd.readouterr().err
+    assert (tmp_path / "runs" / "answer" / ".call.json").exists()

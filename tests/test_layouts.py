@@ -230,6 +230,34 @@ def test_the_train_stage_with_a_parallel_section_then_an_evaluation_on_one_rank(
     assert json.loads(ev.stdout.strip().splitlines()[-1])["eval_loss"] < 3.5
 
 
+@pytest.mark.slow
+def test_a_pipeline_killed_resumes_from_node_memory_with_the_losses_of_an_uninterrupted_run(tmp_path):
+    """pp=2 on 2 ranks, a state kept in node memory every 2 steps (each rank its own stages'), no file
+    checkpoint: rank 1 is killed as step 7 starts; the stage's next launch for the same call resumes at
+    step 6 from node memory, and every step's loss is bitwise that of the same training uninterrupted."""
+    import numpy as np
+
+    import parsl_torch as pt
+
+    (tmp_path / "train.yaml").write_text("model: {n_layers: 2, dim: 32, n_heads: 2, seq_len: 16}\nsteps: 10\n"
+                                         "checkpoint_every: 100\nsnapshot_every: 2\nlr: 0.01\nparallel: {pp: 2}\n")
+    outs = {}
+    for run, fault in (("plain", ""), ("killed", f"kill@1:7:{tmp_path / 'once'}"), ("resumed", "")):
+        where = tmp_path / ("plain" if run == "plain" else "killed")
+        where.mkdir(exist_ok=True)
+        env = clean_env(PARSL_TORCH_CALL_ID=f"call-{where.name}", PARSL_TORCH_STAGE_DIR=str(where),
+                        PARSL_TORCH_FAULT=fault)
+        outs[run] = launch("mpiexec", 2, ["-m", "parsl_torch.stages.train", "--config", str(tmp_path / "train.yaml"),
+                                          "--history", str(where / "train.h5"), "--checkpoint", str(where / "model.pt")],
+                           env=env, timeout=300)
+    assert outs["plain"].returncode == 0 and outs["killed"].returncode != 0, outs["killed"].stderr[-3000:]
+    assert outs["resumed"].returncode == 0, outs["resumed"].stderr[-3000:]
+    assert "resumed from the state kept in node memory at step 6 (no checkpoint file read)" in outs["resumed"].stderr
+    plain, resumed = (pt.read_history(tmp_path / run / "train.h5") for run in ("plain", "killed"))
+    assert list(resumed.steps) == list(range(10))
+    assert np.array_equal(resumed.metrics["loss"], plain.metrics["loss"])  # bitwise
+
+
 # --- on a GPU (the accelerator machine: one GPU, so one-rank layouts) ----------------------------
 
 @pytest.mark.gpu

@@ -95,9 +95,9 @@ def test_one_accelerator_trials_pack_a_node_that_declares_four(tmp_path, monkeyp
         "name: four\nscheduler: local\nlaunch:\n  accelerators: ['0', '1', '2', '3']\n")
     monkeypatch.setenv("PARSL_TORCH_SITE_PATH", str(tmp_path / "sites"))
     monkeypatch.chdir(tmp_path)
-    with pt.workflow(site="four", run_dir="runs", warm=warm) as wf:
-        seen = [f.result(timeout=300) for f in [trial(i, 3.0, stage=f"t{i}") for i in range(8)]]
-        whole = trial(8, 0.0, stage="whole", ranks_per_node=4).result(timeout=300)
+    with pt.workflow(site="four", run_dir="runs", warm=warm) as wf:  # (a walltime: a stuck trial fails, no hang)
+        seen = [f.result(timeout=300) for f in [trial(i, 3.0, stage=f"t{i}", walltime=120) for i in range(8)]]
+        whole = trial(8, 0.0, stage="whole", ranks_per_node=4, walltime=120).result(timeout=300)
     if warm:  # a group keeps its accelerator and takes the next call when it is free first: not always 2 each
         assert set(s["visible"] for s in seen) <= set(ACCELERATORS) and len({s["visible"] for s in seen}) >= 2
     else:

@@ -28,7 +28,7 @@ import threading
 
 import torch.distributed as dist
 
-from parsl_torch.apps.warm.rank import PRELOAD, fork_safe
+from parsl_torch.apps.stage.kept import PRELOAD, fork_safe
 
 for name in PRELOAD:  # what a warm rank's parent holds when it forks
     importlib.import_module(name)

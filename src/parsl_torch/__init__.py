@@ -33,6 +33,7 @@ _LAZY = {
     "wrap_model": "core.wrap",
     "Layout": "core.layout",
     "data_parallel_coords": "core.wrap",
+    "settle_buckets": "core.wrap",
     "Throughput": "core.flops",
     "get_logger": "core.log",
     "timeitlogit": "core.log",

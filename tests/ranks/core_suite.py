@@ -169,6 +169,45 @@ if "fsdp_float8" in scenarios:  # FSDP2 over torchao's float8 linear layers, on 
                                      "head": type(base.head).__name__, "plain_loss": lm_loss(plain, mine).item(),
                                      "loss": lm_loss(model, mine).item()}
 
+if "ddp_resume" in scenarios:  # a resumed DDP (a new one, the state put back) against the run it continues
+    from parsl_torch.core.models import TokenMLP
+
+    def lm_step(model, step):
+        tokens = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(100 * step + rank))
+        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, 64), tokens[:, 1:].reshape(-1))
+        return loss
+
+    def resumed(state, settle):
+        torch.manual_seed(0)
+        model = pt.wrap_model(TokenMLP(64, 32, 2), strategy="ddp")
+        model.module.load_state_dict(state[0])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        opt.load_state_dict(copy.deepcopy(state[1]))  # (its tensors would be the kept ones: updated in place)
+        if settle:
+            pt.settle_buckets(model, lambda: lm_step(model, 4).backward())
+        return model, opt
+
+    def grads_from(model, opt, start, stop, keep_at=None):
+        """Per step, the sum of the gradients DDP averaged (bitwise: as a float64's hex) and the loss."""
+        seen = []
+        for step in range(start, stop):
+            loss = lm_step(model, step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            seen.append((float(sum(p.grad.double().sum() for p in model.parameters())).hex(), loss.item()))
+            opt.step()
+            if step + 1 == keep_at:
+                kept.append((copy.deepcopy(model.module.state_dict()), copy.deepcopy(opt.state_dict())))
+        return seen
+
+    kept: list = []
+    torch.manual_seed(0)
+    model = pt.wrap_model(TokenMLP(64, 32, 2), strategy="ddp")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    result["ddp_resume"] = {"plain": grads_from(model, opt, 0, 8, keep_at=4)}
+    for settle in (False, True):
+        result["ddp_resume"][f"settled={settle}"] = grads_from(*resumed(kept[0], settle), 4, 8)
+
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 pt.cleanup()

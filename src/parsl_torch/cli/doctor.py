@@ -30,6 +30,7 @@ from ..core.device import get_backend, get_torch_device_type
 from ..core.dist import collective_timeout
 from ..errors import ConfigError, ParslTorchError
 from ..launch.accelerators import visible_accelerators
+from ..launch.events import short
 from ..launch.leanparsl import parsl_for_a_workflow
 from ..launch.schedulers import get_scheduler
 
@@ -192,7 +193,7 @@ def check_nodes(nodes: tuple[str, ...]) -> Check:
     except subprocess.TimeoutExpired:
         return Check(name, "error", "hung past its timeout", "parsl-torch launch --ppn 1 by hand")
     answered = {host: int(total) for host, total in _NODE_SMOKE_LINE.findall(out.stdout)}
-    missing = [n for n in nodes if n not in answered and n.split(".")[0] not in answered]
+    missing = [n for n in nodes if n not in answered and short(n) not in answered]
     if out.returncode == 0 and not missing and set(answered.values()) == {len(nodes)}:
         return Check(name, "ok", f"{len(nodes)} ranks agreed (sum {len(nodes)}) on {', '.join(nodes)}")
     tail = " | ".join(out.stderr.strip().splitlines()[-3:])

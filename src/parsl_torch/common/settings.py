@@ -159,6 +159,10 @@ NODE_TIMEOUT = _add(Setting("PARSL_TORCH_NODE_TIMEOUT", "seconds of silence afte
                             "\"When a node is lost\")", 10.0,
                             bounded_seconds(MIN_NODE_TIMEOUT_S, ": below 3 heartbeat periods (2 s each) healthy "
                                                                 "nodes are called lost")))
+WAITING_SPARES = _add(Setting("PARSL_TORCH_WAITING_SPARES", "`0`: no ranks wait on a block's spares "
+                              "(`mpi.spare_nodes`), and a lost node restarts every rank of a stage in place, instead "
+                              "of the spare's waiting ranks joining the others, kept up (default: they wait; see "
+                              "\"Recovery in place\")", True, flag))
 GPU_ORDER = _add(Setting("PARSL_TORCH_GPU_ORDER", "accelerator per local rank, e.g. `3,2,1,0` (set by launches on "
                          "Polaris: its NUMA layout); rank r uses the r-th entry", None, gpu_order))
 INPUT_HASH = _add(Setting("PARSL_TORCH_INPUT_HASH", "`content` (default: SHA-256 of each input File when its "
@@ -201,6 +205,9 @@ BLOCK_END = _add(Setting("PARSL_TORCH_BLOCK_END", "epoch seconds when this block
                          "or start + walltime)", None, epoch, INTERNAL))
 NODE_PYTHON = _add(Setting("PARSL_TORCH_NODE_PYTHON", "the node-local Python the ranks start (set in a block's "
                            "environment when the site has `node_local_python`)", None, text, INTERNAL))
+NODE_PYTHON_UNSTAGED = _add(Setting("PARSL_TORCH_NODE_PYTHON_UNSTAGED", "why a block of a site with "
+                                    "`node_local_python` could not put the Python environment on its nodes (each "
+                                    "stage's supervisor says it in the stage's stderr.txt)", None, text, INTERNAL))
 QUARANTINE = _add(Setting("PARSL_TORCH_QUARANTINE", "the file where a block's lost nodes are recorded (set by "
                           "parsl-torch's worker pool: the supervisor adds a node it names lost, the pool never "
                           "hands it out again)", None, text, INTERNAL))
@@ -210,6 +217,11 @@ NODES_SHORT = _add(Setting("PARSL_TORCH_NODES_SHORT", "why a stage's block canno
 SPARES = _add(Setting("PARSL_TORCH_SPARES", "the spare nodes a stage's block holds back as it starts (set by "
                      "parsl-torch's worker pool): after a lost node the supervisor claims one and goes on in place",
                      None, text, INTERNAL))
+KEEP_RANKS = _add(Setting("PARSL_TORCH_KEEP_RANKS", "set by the supervisor in a function stage's ranks when a spare's ranks "
+                          "wait beside them: each rank is a prepared parent that forks its training, so a lost node "
+                          "costs a fresh rendezvous, not a restart (`apps.stage.kept`)", False, flag, INTERNAL))
+STANDBY = _add(Setting("PARSL_TORCH_STANDBY", "set in a spare's waiting ranks: they take a lost node's ranks when the "
+                       "supervisor says so (`launch.rejoin`)", False, flag, INTERNAL))
 ACCELERATORS = _add(Setting("PARSL_TORCH_ACCELERATORS", "the accelerators of its node that a stage sharing the "
                             "node holds, as VARIABLE=ids (CUDA_VISIBLE_DEVICES=2,3): set by parsl-torch's worker "
                             "pool, put in the ranks' environment by the supervisor", None, text, INTERNAL))
@@ -261,6 +273,9 @@ REQUIRE_SLURM = _add(Setting("PARSL_TORCH_REQUIRE_SLURM", "a missing Slurm fails
                              False, flag, TESTS))
 REQUIRE_CLUSTER = _add(Setting("PARSL_TORCH_REQUIRE_CLUSTER", "a multi-node test cluster that cannot start fails "
                                "the tests", False, flag, TESTS))
+TEST_DEADLINE = _add(Setting("PARSL_TORCH_TEST_DEADLINE", "epoch seconds past which pytest starts no more tests "
+                             "and reports what failed so far (.ci/run sets it inside CI's own limit)", None, epoch,
+                             TESTS))
 UPDATE_GOLDEN = _add(Setting("PARSL_TORCH_UPDATE_GOLDEN", "rewrite tests/golden/ from this run", False, flag, TESTS))
 
 

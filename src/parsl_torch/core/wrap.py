@@ -9,7 +9,7 @@ mistake fails all ranks before any collective starts.
 and strategy (``core.precision``): autocast around the forward for none/ddp and on one rank,
 FSDP2's MixedPrecisionPolicy (fp32 reduction) for fsdp and fsdp+tp; never dropped.
 
-* ``ddp``: DistributedDataParallel.
+* ``ddp``: DistributedDataParallel (``settle_buckets`` before a resumed run's first step: bitwise resumes).
 * ``fsdp``: FSDP2 ``fully_shard`` on every repeated block (each element of the
   model's ``nn.ModuleList``\\ s), then on the root.
 * ``fsdp+tp``: a 2-D DeviceMesh (dp, tp), tp ranks adjacent (inside a node);
@@ -155,6 +155,27 @@ def _ddp(model: nn.Module) -> nn.Module:
 
     device = get_torch_device()
     return DistributedDataParallel(model, device_ids=[device] if device.type in ("cuda", "xpu") else None)
+
+
+def settle_buckets(model: nn.Module, backward: Callable[[], Any]) -> bool:
+    """Collective, before a resumed run's first step: DDP's gradient buckets laid out as the run it continues
+    had them. A new DDP sums its first step's gradients in one bucket and lays them out by the order they
+    became ready only after it, so a resumed run's first step would sum them in another layout from the
+    uninterrupted run's (another rounding with three ranks or more, and every later step with it).
+    ``backward()``: one forward and backward of the training's own, on any batch; its gradients are dropped
+    and the RNG left as it was, so the resumed steps are the uninterrupted run's, bitwise. Anything but a DDP
+    that will lay its buckets out (FSDP, one process, ``find_unused_parameters``): nothing to do. Whether it
+    ran ``backward``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or (model.find_unused_parameters and not model.static_graph):
+        return False
+    device = next(model.parameters()).device
+    on_device = [] if device.type == "cpu" else [device.index if device.index is not None else 0]
+    with torch.random.fork_rng(devices=on_device, device_type=device.type if on_device else None):
+        backward()
+    model.zero_grad(set_to_none=True)
+    return True
 
 
 def _check_tp(model: nn.Module, world: int, tp_size: int | None,

@@ -13,6 +13,12 @@ from typing import Any
 from ..common.outcome import Cause, Outcome
 from ..common.raised import RAISED_CHARS
 
+
+def short(host: str) -> str:
+    """A node's short name: ranks, launchers and batch systems spell a node with or without its domain."""
+    return str(host).split(".")[0]
+
+
 #: a node was lost (EX_TEMPFAIL: a retry on other nodes may succeed)
 NODE_LOST_EXIT = 75
 
@@ -128,9 +134,11 @@ class NodeSilent:
 
 @dataclass(frozen=True)
 class LauncherExited:
-    """The launcher (mpiexec, srun) ended, with ``code``."""
+    """The launcher (mpiexec, srun) ended, with ``code``; ``spare``: the launcher of a spare's waiting ranks
+    (``standby``)."""
 
     code: int
+    spare: str = ""
 
 
 Event = RankReport | NodeSilent | LauncherExited

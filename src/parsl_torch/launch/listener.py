@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from ..errors import TopologyError
-from .events import NodeSilent, RankReport
+from .events import NodeSilent, RankReport, short
 
 _MAX_LINE = 1 << 26  # (a rank's reads: one line of up to ~300,000 paths; folders of many files are one)
 #: seconds a connection may stay open before its first bytes show the token (a stranger's is closed)
@@ -30,7 +30,7 @@ def listen_address(nodes: Sequence[str]) -> tuple[str, str]:
     rank runs on this host; else this host's name and the address it resolves to (the one the
     other nodes reach it by); every interface only if that name resolves to loopback here."""
     here = socket.gethostname()
-    if all(node in (*LOCAL_NAMES, here, here.split(".")[0]) for node in nodes):
+    if all(node in (*LOCAL_NAMES, here, short(here)) for node in nodes):
         return "127.0.0.1", "127.0.0.1"
     try:
         address = socket.gethostbyname(here)
@@ -116,6 +116,8 @@ class RankListener:
         self.selector.register(self.server, selectors.EVENT_READ)
         self._closed = False
         self.greeted: set[str] = set()  # short names of the nodes that said hello
+        self.waiting: set[str] = set()  # short names of the spares whose ranks wait (``rejoin``)
+        self.byes: dict[str, int | None] = {}  # short names of the nodes whose first shim said bye: its rank's exit
         self.reads: set[str] = set()  # what the ranks' Python processes read (``observe.recorder``), merged
         self.read_ranks: set[int] = set()  # the ranks that sent theirs
         self.stopped: dict[int, tuple[str, float]] = {}  # rank -> (host, since when): stopped by a signal
@@ -146,6 +148,24 @@ class RankListener:
                         nodes.pop(sock)  # (named for the timeout it passed: the look comes up to SCAN_S later)
                         self.events.put(_silent("lost", node, self.node_timeout))
                         self._drop(sock, buffers)
+
+    def send(self, host: str, line: bytes) -> bool:
+        """``line`` to node ``host``'s first shim (a rejoin); False where it is not connected."""
+        for sock, node in list(self._nodes.items()):
+            if short(node["host"]) == short(host):
+                try:  # (a few hundred bytes: an idle connection's buffer takes them at once)
+                    return sock.send(line) == len(line)
+                except OSError:
+                    return False
+        return False
+
+    def adopt(self, spare: str, ranks: Sequence[int]) -> None:
+        """A waiting spare now holds a lost node's ``ranks``: named with them if it is lost in its turn."""
+        for node in list(self._nodes.values()):
+            if short(node["host"]) == short(spare):
+                node["ranks"] = list(ranks)
+        self.waiting.discard(short(spare))
+        self.greeted.add(short(spare))
 
     def connected(self) -> int:
         """How many nodes' shims are connected now (a node's connection ends with its last rank there)."""
@@ -205,10 +225,12 @@ class RankListener:
             return
         if message.get("hello"):
             nodes[sock] = {"host": message.get("host", "?"), "ranks": message.get("ranks", []), "seen": now}
-            self.greeted.add(str(nodes[sock]["host"]).split(".")[0])
+            (self.waiting if message.get("standby") else self.greeted).add(short(nodes[sock]["host"]))
         elif message.get("bye"):
             if sock in nodes:
                 nodes[sock]["bye"] = True
+                code = message.get("code")
+                self.byes[short(nodes[sock]["host"])] = code if isinstance(code, int) else None
         elif isinstance(message.get("stopped"), (int, float)):  # (no event: its peers' failure follows)
             self.stopped[int(message.get("rank", -1))] = (str(message.get("host", "?")), float(message["stopped"]))
             self._drop(sock, buffers)

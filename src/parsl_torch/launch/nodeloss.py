@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from ..common import settings
 from ..common.outcome import Cause, Outcome, write_outcome
 from . import quarantine
-from .events import NODE_LOST_EXIT, NodeSilent, ranks_text
+from .events import NODE_LOST_EXIT, NodeSilent, ranks_text, short
 from .listener import LOCAL_NAMES, RankListener
 from .plan import LaunchPlan
 from .preflight import answering
@@ -43,9 +43,9 @@ def blame(event: NodeSilent, nodes: tuple[str, ...], greeted: set[str]) -> NodeS
     """The node to name for a node-loss event. A node whose ranks never said hello is the one lost when
     another node's processes vanish: a launcher that loses one node's daemon (its link is down) ends
     the ranks on the others, which vanish without a word."""
-    short = [n.split(".")[0] for n in nodes]
-    silent = [n for n in short if n not in greeted]
-    if event.kind == "vanished" and silent and event.host.split(".")[0] in short:
+    names = [short(n) for n in nodes]
+    silent = [n for n in names if n not in greeted]
+    if event.kind == "vanished" and silent and short(event.host) in names:
         return event.blamed_on(silent[0])
     return event
 
@@ -54,14 +54,14 @@ def greeted(listener: RankListener, nodes: tuple[str, ...], event: NodeSilent) -
     """The nodes whose ranks said hello; for a vanished node, after up to GREET_WAIT_S more for the
     others (a node whose launcher was merely slow greets by then; one whose link is down never does)."""
     deadline = time.monotonic() + (GREET_WAIT_S if event.kind == "vanished" else 0)
-    while time.monotonic() < deadline and not {n.split(".")[0] for n in nodes} <= listener.greeted:
+    while time.monotonic() < deadline and not {short(n) for n in nodes} <= listener.greeted:
         time.sleep(0.1)
     return set(listener.greeted)
 
 
 def _is_here(host: str) -> bool:
     here = socket.gethostname()
-    return host in (*LOCAL_NAMES, here) or host.split(".")[0] == here.split(".")[0]
+    return host in (*LOCAL_NAMES, here) or short(host) == short(here)
 
 
 def checked(plan: LaunchPlan, outcome: Outcome, seconds: float) -> Outcome:
@@ -76,7 +76,7 @@ def checked(plan: LaunchPlan, outcome: Outcome, seconds: float) -> Outcome:
             answered, _ = answering(dataclasses.replace(plan, argv=overlapping(plan.argv)), seconds)
         except ValueError:  # not a parsl-torch launch (no shim to swap for the check): take it as lost
             return outcome
-        if host.split(".")[0] not in answered:
+        if short(host) not in answered:
             say(f"node {host} did not answer a check within {seconds:g} s: it is lost")
             return outcome
         answers = "it answered a check"

@@ -9,15 +9,16 @@ the start of each block unpacked into DIR on every node of the block (Slurm: ``s
 copies the archive first; elsewhere each node reads the one archive). The stages' ranks then
 start from that copy (``settings.NODE_PYTHON``, set in the block's environment).
 
-``python -m parsl_torch.launch.nodepython stage DIR`` (the block's worker_init) prints the
-Python the ranks start; when anything fails it says why on stderr and prints nothing: the
-ranks then start from the shared environment, as without the setting.
+``eval "$(python -m parsl_torch.launch.nodepython stage DIR)"`` (the block's worker_init) exports
+the Python the ranks start; when anything fails it exports why instead (each stage's supervisor says
+it in the stage's stderr.txt) and the ranks start from the shared environment, as without the setting.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import site
 import subprocess
@@ -148,10 +149,7 @@ def stage(dest: Path, cache: Path) -> Path:
     archive = pack(cache)
     found = detect_scheduler()
     nodes = get_scheduler(found.scheduler).job_nodes(os.environ) if found.in_job else ()
-    source = archive
-    if found.scheduler == "slurm" and len(nodes) > 1 and shutil.which("sbcast"):
-        source = dest / archive.name  # one read of the shared file system, fanned out by Slurm
-        subprocess.run(["sbcast", "--force", str(archive), str(source)], check=True, stdout=subprocess.DEVNULL)
+    source = _broadcast(archive, dest) if found.scheduler == "slurm" and len(nodes) > 1 else archive
     if len(nodes) > 1:
         subprocess.run([sys.executable, "-m", "parsl_torch.cli", "launch", "--ppn", "1", "-n", str(len(nodes)),
                         "--timeout", "1800", "--", sys.executable, "-m", NODE_PYTHON, "unpack", str(source),
@@ -162,26 +160,42 @@ def stage(dest: Path, cache: Path) -> Path:
     return python
 
 
+def _broadcast(archive: Path, dest: Path) -> Path:
+    """The archive copied to every node's ``dest`` by ``sbcast`` (one read of the shared file system, fanned
+    out by Slurm); where that fails, the shared archive itself, which each node then reads (said on stderr)."""
+    if not shutil.which("sbcast"):
+        return archive
+    copy = dest / archive.name
+    done = subprocess.run(["sbcast", "--force", str(archive), str(copy)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, check=False)
+    if done.returncode == 0:
+        return copy
+    print(f"parsl-torch: node_local_python: sbcast failed ({done.stderr.strip() or f'exit {done.returncode}'}); "
+          f"each node reads the archive from {archive.parent} instead", file=sys.stderr)
+    return archive
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 3 and argv[0] == "unpack":
         archive, dest = Path(argv[1]), Path(argv[2])
         unpack(archive, dest)
-        if archive.parent == dest:  # sbcast's copy on this node's storage: unpacked, it goes
-            archive.unlink(missing_ok=True)
+        # sbcast's copy on this node's storage, unpacked (or the part of one that a failed sbcast left): it goes
+        (dest / archive.name).unlink(missing_ok=True)
         return 0
     if len(argv) != 2 or argv[0] != "stage":
-        print(f"usage: python -m {NODE_PYTHON} stage DIR   (a block's worker_init, set by the site's "
+        print(f'usage: eval "$(python -m {NODE_PYTHON} stage DIR)"   (a block\'s worker_init, set by the site\'s '
               f"node_local_python)", file=sys.stderr)
         return 2
     cache = Path(settings.CACHE_DIR.get()).expanduser()
     try:
         python = stage(Path(argv[1]), cache)
     except (OSError, subprocess.CalledProcessError, tarfile.TarError) as exc:
-        print(f"parsl-torch: node_local_python: could not stage the Python environment to {argv[1]} ({exc}); "
-              f"the ranks start from the shared one", file=sys.stderr)
+        why = f"could not stage the Python environment to {argv[1]} ({exc}): the ranks start from the shared one"
+        print(f"parsl-torch: node_local_python: {why}", file=sys.stderr)
+        print(f"export {settings.NODE_PYTHON_UNSTAGED.name}={shlex.quote(why)}")
         return 0
-    print(python)
+    print(f"export {settings.NODE_PYTHON.name}={shlex.quote(str(python))}")
     return 0
 
 

@@ -19,6 +19,7 @@ from parsl.executors.high_throughput.mpi_resource_management import (
 
 from . import quarantine
 from .cpushare import CpuShare
+from .events import short
 from .packing import ACCELERATORS_KEY, CPU_SHARE_KEY, MIN_NODES_KEY, SHORT_KEY, SPARES_KEY, Grant, Slots
 
 log = logging.getLogger("parsl.executors.high_throughput.process_worker_pool")
@@ -39,7 +40,7 @@ class _Lost:
             seen = None
         if seen != self.seen or seen is None:
             self.seen = seen
-            self.nodes = frozenset(n.split(".")[0] for n in quarantine.lost_nodes(self.path, quarantine.job_of()))
+            self.nodes = frozenset(short(n) for n in quarantine.lost_nodes(self.path, quarantine.job_of()))
         return self.nodes
 
 
@@ -72,7 +73,7 @@ class PoolScheduler(MPITaskScheduler):
         """The entries neither lost nor held back (computed again only when either changes)."""
         if self._usable_for != (lost, len(self.spare_nodes)):
             spares = set(self.spare_nodes)
-            self._usable = {e for e in self.slots.entries if Slots.name(e).split(".")[0] not in lost and e not in spares}
+            self._usable = {e for e in self.slots.entries if short(Slots.name(e)) not in lost and e not in spares}
             self._usable_for = (lost, len(self.spare_nodes))
         return self._usable
 
@@ -147,7 +148,7 @@ class PoolScheduler(MPITaskScheduler):
         claimed to go on in place, which is free now; else one held back), so the retry of the stage that
         lost it starts at once."""
         lost = self.lost()
-        gone = [e for e in grant.nodes if Slots.name(e).split(".")[0] in lost]
+        gone = [e for e in grant.nodes if short(Slots.name(e)) in lost]
         self.slots.give_back(grant)
         if not self.spare_nodes or not lost:  # (a spare is claimed only after a loss: no file read per task end)
             return

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from ..common import settings
 from ..common.entrypoints import PREFLIGHT, SHIM, shim_at
 from ..common.procs import reap, stop
-from .events import RankReport
+from .events import RankReport, short
 from .listener import RankListener
 from .plan import LaunchPlan
 
@@ -46,7 +46,7 @@ def answering(plan: LaunchPlan, seconds: float) -> tuple[set[str], str]:
     launcher printed."""
     events: queue.Queue = queue.Queue()
     listener = RankListener(events, seconds, plan.nodes)
-    expected = {n.split(".")[0] for n in plan.nodes}
+    expected = {short(n) for n in plan.nodes}
     answered: set[str] = set()
     env = {**os.environ, **plan.env, settings.LAUNCH_NOTIFY.name: listener.address}
     deadline = time.monotonic() + seconds
@@ -65,7 +65,7 @@ def answering(plan: LaunchPlan, seconds: float) -> tuple[set[str], str]:
                 except queue.Empty:
                     continue
                 if isinstance(event, RankReport) and event.preflight:
-                    answered.add(event.host.split(".")[0])
+                    answered.add(short(event.host))
         finally:
             stop(proc, 2.0)  # SIGTERM first: the launcher then stops its processes on the other nodes
             reap(listener.token)
@@ -73,7 +73,7 @@ def answering(plan: LaunchPlan, seconds: float) -> tuple[set[str], str]:
         while not events.empty():  # answers that came with the launcher's exit
             event = events.get()
             if isinstance(event, RankReport) and event.preflight:
-                answered.add(event.host.split(".")[0])
+                answered.add(short(event.host))
         said.seek(0)
         last = said.read().strip().splitlines()[-1:]
     return answered, last[0][:200] if last else ""
@@ -87,7 +87,7 @@ def silent_nodes(plan: LaunchPlan, seconds: float) -> dict[str, str]:
         return {}
     why = (f"did not answer the pre-flight check within {seconds:g} s (the launcher could not start Python "
            f"there, its Python environment did not load, or it cannot reach {socket.gethostname()})")
-    expected = {n.split(".")[0] for n in plan.nodes}
+    expected = {short(n) for n in plan.nodes}
     return {host: why + (f"; the launcher said: {last}" if last else "") for host in sorted(expected - answered)}
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..common.files import write_atomic
+from .events import short
 from .schedulers import SCHEDULERS
 
 #: the quarantine file in a workflow's Parsl directory
@@ -74,9 +75,9 @@ THE_BLOCK = "the block"
 def claim_spare(path: str | os.PathLike, job: str, offered: Sequence[str], holder: str) -> str | None:
     """One of the spares ``offered`` to a stage (those its block held back when it started) that is neither
     lost nor taken, now ``holder``'s (a stage's nodes, as its pool granted them); None when none is left."""
-    lost = {n.split(".")[0] for n in lost_nodes(path, job)}
+    lost = {short(n) for n in lost_nodes(path, job)}
     with _locked(path, job, SPARES_FILE) as held:
-        spare = next((s for s in offered if s and s not in held and s.split(".")[0] not in lost), None)
+        spare = next((s for s in offered if s and s not in held and short(s) not in lost), None)
         if spare is not None:
             held[spare] = holder
     return spare
@@ -86,10 +87,10 @@ def release_spares(path: str | os.PathLike, job: str, spares: Sequence[str], hol
     """Of the block's ``spares``, those to give back to its free nodes when the stage ``holder`` ends having lost
     ``losses`` of its nodes: those it claimed (it has ended), then untaken ones for the losses its claims did not
     replace (a claimed spare that was lost too is one more loss). Each is marked the block's."""
-    lost = {n.split(".")[0] for n in lost_nodes(path, job)}
+    lost = {short(n) for n in lost_nodes(path, job)}
     with _locked(path, job, SPARES_FILE) as held:
         claimed = [s for s in spares if held.get(s) == holder]
-        replaced = len([s for s in claimed if s.split(".")[0] not in lost])
+        replaced = len([s for s in claimed if short(s) not in lost])
         free = [s for s in reversed(spares) if s not in held]
         released = claimed + free[:max(losses - replaced, 0)]
         held.update({s: f"{THE_BLOCK}'s, after the stage on {held[s]}" if s in claimed else f"{THE_BLOCK}'s"

@@ -18,6 +18,7 @@ command ended well (``common.pmi``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ from ..common.pmi import finish_pmi
 from ..observe.recorder import boot_folder, observed_any, reads_of, skipped_places, temp_folders
 from ..common.raised import read_raised
 from ..core.topology import Topology, resolve_master, topology_from_env
+from . import rejoin
 from .cpushare import pin
 from .events import RankReport
 
@@ -136,32 +138,53 @@ def notify(address: str, report: dict, timeout: float = 5, answered: bool = Fals
         return False
 
 
-def hello_line(token: str, host: str, first: int, ranks: int) -> bytes:
-    """A node's hello: its host and its ranks (first, last); a heartbeat is then a bare newline."""
-    return (json.dumps({"token": token, "hello": True, "host": host, "ranks": [first, first + ranks - 1]})
-            + "\n").encode()
+def hello_line(token: str, host: str, first: int, ranks: int, standby: bool = False) -> bytes:
+    """A node's hello: its host and its ranks (first, last), or that its ranks wait as a spare's; a heartbeat
+    is then a bare newline."""
+    said = {"token": token, "hello": True, "host": host, "ranks": [first, first + ranks - 1]}
+    return (json.dumps({**said, "standby": True} if standby else said) + "\n").encode()
 
 
-def bye_line(token: str) -> bytes:
-    return (json.dumps({"token": token, "bye": True}) + "\n").encode()
+def bye_line(token: str, code: int | None = None) -> bytes:
+    """A node's goodbye, with its first rank's exit code (after a rejoin the launch ends on the byes)."""
+    return (json.dumps({"token": token, "bye": True, "code": code}) + "\n").encode()
 
 
 class Heartbeat:
     """Local rank 0's line to the launch: hello (host, this node's ranks), a
     newline every HEARTBEAT_S, bye at the end. A node that cannot reach the
-    launch is simply not watched."""
+    launch is simply not watched. What the launch says back (a rejoin: ``rejoin``)
+    is left for the node's ranks."""
 
     def __init__(self, address: str, topo: Topology) -> None:
         host, port, token = address.rsplit(":", 2)
         self._stop = threading.Event()
         try:
             self._sock = socket.create_connection((host, int(port)), timeout=CONNECT_S)
-            self._sock.sendall(hello_line(token, topo.hostname, topo.rank - topo.local_rank, topo.local_world_size))
+            self._sock.sendall(hello_line(token, topo.hostname, topo.rank - topo.local_rank, topo.local_world_size,
+                                          standby=settings.STANDBY.get()))
         except OSError:
             self._sock = None
             return
         self._token = token
         threading.Thread(target=self._beat, daemon=True).start()
+        threading.Thread(target=self._hear, daemon=True).start()
+
+    def _hear(self) -> None:
+        said = b""
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            said += data
+            while b"\n" in said:
+                line, _, said = said.partition(b"\n")
+                rejoin.take(line, self._token)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -170,25 +193,41 @@ class Heartbeat:
             except OSError:
                 return
 
-    def close(self) -> None:
+    def close(self, code: int | None = None) -> None:
         self._stop.set()
         if self._sock is not None:
             try:
-                self._sock.sendall(bye_line(self._token))
+                self._sock.sendall(bye_line(self._token, code))
             except OSError:
                 pass
             self._sock.close()
+            rejoin.forget(self._token)
 
 
 def watch_stopped(child: subprocess.Popen, address: str, topo: Topology) -> None:
     """Tell the launch once if the rank is stopped (its state ``T`` in /proc) for STOPPED_S."""
 
+    def state(pid: int) -> str:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    def a_fork_stopped() -> bool:  # (the training a kept rank's parent forked: ``apps.stage.kept``)
+        try:
+            with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
+                forks = [int(pid) for pid in f.read().split()]
+        except (OSError, ValueError):
+            return False
+        for pid in forks:
+            with contextlib.suppress(OSError, IndexError):
+                if state(pid) == "T":
+                    return True
+        return False
+
     def watch() -> None:
         since = None
         while child.poll() is None:
             try:
-                with open(f"/proc/{child.pid}/stat") as f:
-                    stopped = f.read().rsplit(")", 1)[1].split()[0] == "T"
+                stopped = state(child.pid) == "T" or a_fork_stopped()
             except (OSError, IndexError):
                 return
             since = (since or time.time()) if stopped else None
@@ -229,6 +268,13 @@ def _command(argv: list[str]) -> list[str]:
             cmd = json.load(f)
         return [str(word) for word in cmd] if isinstance(cmd, list) else []
     return argv[1:] if argv[:1] == ["--"] else argv
+
+
+def _rank_now(topo: Topology, address: str | None) -> int:
+    """The rank's number now: a spare's waiting rank took a lost node's (``rejoin``)."""
+    word = rejoin.read(token) if settings.STANDBY.get() and (token := rejoin.token_of(address)) else None
+    env = word.rank_env(topo.hostname, topo.local_rank, topo.local_world_size) if word else None
+    return int(env["RANK"]) if env else topo.rank
 
 
 def _raised_file() -> str | None:
@@ -286,15 +332,15 @@ def main(argv: list[str] | None = None) -> int:
         finish_pmi()  # else the node's hydra proxy spins a core from this rank's end to the last rank's
     said = read_raised(raised) if raised else ""  # (and removed, whatever the exit)
     if code != 0 and not stopping:  # (first: the failure is named before anything else is told)
-        report = RankReport(topo.rank, topo.hostname, code, raised=said)
+        report = RankReport(_rank_now(topo, address), topo.hostname, code, raised=said)
         if not (address and notify(address, asdict(report))):
             print(f"parsl-torch: {report}", file=sys.stderr, flush=True)
     if reads and address:  # (whatever the exit: a block's end, a retry or a rerun reads on from it)
-        _report_reads(address, topo.rank, reads)
+        _report_reads(address, _rank_now(topo, address), reads)
     elif reads:
         shutil.rmtree(reads, ignore_errors=True)
     if heartbeat is not None:
-        heartbeat.close()  # after the report: a failed rank is named as such, not as a lost node
+        heartbeat.close(code)  # after the report: a failed rank is named as such, not as a lost node
     return code if code >= 0 else 128 - code
 
 

@@ -56,6 +56,7 @@ from . import quarantine
 from .cpushare import CpuShare, bound
 from .events import (NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, blame_stopped, cause_within,
                      describe_exit)
+from .events import short
 from .listener import RankListener, short_queue
 from .machines import get_machine
 from .nodeloss import (LOSS_CHECK_S, blame, checked, ended, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes,
@@ -63,6 +64,7 @@ from .nodeloss import (LOSS_CHECK_S, blame, checked, ended, greeted, on_nodes_le
 from .nodeloss import say as _say
 from .plan import LaunchPlan
 from .preflight import silent_nodes
+from .standby import Standby, kept
 
 GRACE_S = 10.0
 LOST_NODE_GRACE_S = 3.0
@@ -73,6 +75,9 @@ ORPHANED_EXIT = 143
 OWNER_CHECK_S = 3.0
 #: seconds the other ranks have to end after one stopped for the block's end
 CONTINUE_WAIT_S = 30.0
+#: seconds a launch whose nodes' first shims all said bye after a rejoin leaves their other shims to end (their
+#: reads said) before it stops the first launcher, which waits for the lost node's daemon
+BYE_WAIT_S = 1.0
 #: every rank exited 0 but a function stage's rank 0 left no return value
 NO_RESULT_EXIT = 1
 
@@ -83,19 +88,21 @@ def _exit_code(code: int) -> int:
 
 def supervise(plan: LaunchPlan, timeout: float | None = None, grace: float = GRACE_S,
               owner: LockWatch | None = None, stage_dir: str | None = None, result: str | None = None,
-              check_s: float = LOSS_CHECK_S) -> int:
+              check_s: float = LOSS_CHECK_S, standby: Standby | None = None) -> int:
     """Run ``plan``; its exit code, or the failed rank's, 124 on timeout, 75 if a node was lost.
     ``owner``: a stage's workflow; if it goes away (killed, even with SIGKILL), everything is stopped.
     ``stage_dir``: where the launch's ``Outcome`` is recorded for the workflow. ``result``: the file
     rank 0 writes when the stage's function returns: ranks that all exit 0 without it failed.
-    ``check_s``: seconds a node named lost has to answer a check (then it was not lost)."""
+    ``check_s``: seconds a node named lost has to answer a check (then it was not lost). ``standby``: a spare's
+    ranks waiting beside the stage's, brought in for a lost node with the other nodes' ranks kept up."""
     if stage_dir:
         forget_outcome(stage_dir)
     started = time.time()
     if warning := short_queue(len(plan.nodes)):
         _say(warning)
     try:
-        watch = _Watch(plan, timeout, grace, owner, lambda: asked_to_continue({**os.environ, **plan.env}, stage_dir, started))
+        watch = _Watch(plan, timeout, grace, owner, lambda: asked_to_continue({**os.environ, **plan.env}, stage_dir, started),
+                       standby)
     except TopologyError as exc:  # (too few open files for one connection per node: nothing started)
         return ended(stage_dir, Outcome(Cause.LAUNCHER_FAILED, 1, str(exc)))
     outcome = watch.run()
@@ -122,8 +129,8 @@ class _Watch:
     rank's failure)."""
 
     def __init__(self, plan: LaunchPlan, timeout: float | None, grace: float, owner: LockWatch | None,
-                 continues: Callable[[], bool] = lambda: True) -> None:
-        self.plan, self.grace, self.owner, self.continues = plan, grace, owner, continues
+                 continues: Callable[[], bool] = lambda: True, standby: Standby | None = None) -> None:
+        self.plan, self.grace, self.owner, self.continues, self.standby = plan, grace, owner, continues, standby
         self.events: queue.Queue[Event] = queue.Queue()
         self.listener = RankListener(self.events, settings.NODE_TIMEOUT.get({**os.environ, **plan.env}), plan.nodes)
         self.env = {**os.environ, **plan.env, settings.LAUNCH_NOTIFY.name: self.listener.address}
@@ -142,6 +149,8 @@ class _Watch:
                     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.proc = subprocess.Popen(self.plan.argv, env=self.env, start_new_session=True)
         threading.Thread(target=lambda: self.events.put(LauncherExited(self.proc.wait())), daemon=True).start()
+        if self.standby is not None:
+            self.standby.start(self.env, self.events)
         try:
             while True:
                 try:  # wakes at once for a report or the launcher's exit; signals within 0.2 s
@@ -152,6 +161,8 @@ class _Watch:
                 if outcome is not None:
                     return outcome
         finally:
+            if self.standby is not None:
+                self.standby.stop(self.grace)
             if self.proc.poll() is None:
                 stop(self.proc, self.grace)
             reap(self.listener.token)
@@ -161,10 +172,60 @@ class _Watch:
 
     def _on(self, event: Event) -> Outcome | None:
         if isinstance(event, NodeSilent):
+            if self.standby is not None and self.standby.waiting(event.host, self.listener):
+                self._spare_gone(event.host, "went silent" if event.kind == "lost" else "ended")
+                return None
+            if self.standby is not None and event.kind == "lost" and self._bring_in(event):
+                return None
             return self._node_lost(event)
         if isinstance(event, RankReport):
             return None if event.preflight else self._rank_ended(event)
+        if event.spare:  # (one brought in ends with its ranks, which say so themselves)
+            if self.standby is not None and self.standby.waiting(event.spare, self.listener):
+                self._spare_gone(event.spare, f"ended (their launcher {describe_exit(event.code)})")
+            return None
+        if self.standby is not None and self.standby.generation:
+            return None  # (after a rejoin the launcher may wait for the lost node's daemon: the nodes' byes tell)
         return self._launcher_exited(event.code)
+
+    def _bring_in(self, event: NodeSilent) -> bool:
+        """A lost node's ranks taken by a spare's waiting ones, the others kept up (``standby``), said."""
+        assert self.standby is not None
+        spare = self.standby.bring_in(event.host, event.ranks, event.describe(), self.listener)
+        if spare is None:
+            return False
+        self.plan = dataclasses.replace(self.plan, nodes=tuple(self.standby.hosts))
+        _say(event.describe(lost=False))
+        _say(f"node {event.host} lost: the stage goes on in place on the spare {spare} (the block's mpi.spare_nodes), "
+             f"the same {self.plan.num_ranks} rank(s), from the state its ranks kept; the other nodes' ranks stay up "
+             f"and the spare's have waited since the stage began (a fresh rendezvous; nothing launched)")
+        return True
+
+    def _ended_after_rejoin(self) -> Outcome:
+        """Every node's first rank ended after a rejoin (their shims' byes say how): the launch's outcome. The
+        first launcher may wait for the lost node's daemon for ever: stopped once the others have ended."""
+        assert self.standby is not None
+        self.standby.close(CONTINUE_WAIT_S)  # (the spare brought in: its launcher ends with its ranks)
+        time.sleep(BYE_WAIT_S)
+        stop(self.proc, min(self.grace, LOST_NODE_GRACE_S), done=lambda: not self.listener.connected())
+        byes = {host: self.listener.byes.get(short(host)) for host in self.standby.hosts}
+        failed = next(((host, code) for host, code in byes.items() if code != 0), None)
+        if failed is None:
+            return Outcome(Cause.OK, 0, "every rank finished")
+        host, code = failed
+        how = describe_exit(code) if code is not None else "ended without saying how"
+        summary = (f"after the rejoin, the first rank on {host} {how} without a report (stopped by the launcher, "
+                   f"which ends every node's ranks with a lost node's?)")
+        _say(summary)
+        return Outcome(Cause.LAUNCHER_FAILED, _exit_code(code) if code else 1, summary, host=host)
+
+    def _spare_gone(self, host: str, what: str) -> None:
+        """A spare whose waiting ranks ended or went silent: not brought in; a silent one is quarantined."""
+        assert self.standby is not None
+        _say(f"the spare {host}'s waiting ranks {what}: a lost node's ranks will start anew instead")
+        if what == "went silent" and (path := settings.QUARANTINE.get()) and (job := quarantine.job_of()):
+            quarantine.add(path, job, host, f"the waiting ranks of a stage on {','.join(self.plan.nodes)} went silent")
+        self.standby.drop(host)
 
     def _node_lost(self, event: NodeSilent, stopping: bool = True) -> Outcome:
         event = blame(event, self.plan.nodes, greeted(self.listener, self.plan.nodes, event))
@@ -174,6 +235,8 @@ class _Watch:
             return event.outcome()
         then = "" if self.silent else ", then checking the node"
         _say(f"{event.describe(lost=False)}; stopping {self.others}{then}")
+        if self.standby is not None:
+            self.standby.stop(min(self.grace, LOST_NODE_GRACE_S))
         # the lost node's processes cannot answer, and the launcher may wait for its daemon there: ended
         # once every other node's shims have (their ranks are gone; a new launch may take their devices)
         stop(self.proc, min(self.grace, LOST_NODE_GRACE_S), done=lambda: not self.listener.connected())
@@ -229,6 +292,8 @@ class _Watch:
     def _on_time(self) -> Outcome | None:
         """A signal, the workflow gone, the walltime over: checked between events."""
         n = self.plan.num_ranks
+        if self.standby is not None and self.standby.finished(self.listener):
+            return self._ended_after_rejoin()
         if self.received:
             name = signal.Signals(self.received[0]).name
             ending = self.block_deadline is not None and time.time() >= self.block_deadline
@@ -304,6 +369,9 @@ def _arguments(argv: list[str]) -> tuple[Any, list[str]]:
     parser.add_argument("--in-place", action="store_true",
                         help="after a lost node, go on in place: on a spare of the block's, else (--min-nodes) on the nodes left")
     parser.add_argument("--min-nodes", type=int, default=0, help="with --in-place: on as few nodes left")
+    parser.add_argument("--keep-ranks", action="store_true",
+                        help="with --in-place: a function stage's ranks, kept up through a lost node with a spare's "
+                             "waiting beside them")
     opts = parser.parse_args(argv[:split])
     if not argv[split + 1:]:
         parser.error("no command after --")
@@ -313,8 +381,7 @@ def _arguments(argv: list[str]) -> tuple[Any, list[str]]:
 def _launch_of(command: list[str], hosts: list[str], env_file: str | None) -> tuple[list[str], dict[str, str]]:
     """The command as this block runs it, and the ranks' environment: a fresh rendezvous, the stage's
     variables, and on a shared node its accelerators and cores."""
-    if node_python := settings.NODE_PYTHON.get():  # the block put this Python on its nodes' own storage
-        command = [node_python if arg == sys.executable else arg for arg in command]
+    command = _on_this_node(command)
     if (path := settings.QUARANTINE.get()) and quarantine.lost_nodes(path, quarantine.job_of()):
         command = list(overlapping(command))  # the lost node's step may still hold the nodes left
     # the rendezvous belongs to this task: values inherited from the workflow's
@@ -331,6 +398,13 @@ def _launch_of(command: list[str], hosts: list[str], env_file: str | None) -> tu
             command, rank_env = bound(command, share, get_machine(settings.MACHINE.get()), _cpus_on_node())
             env.update(rank_env)
     return command, env
+
+
+def _on_this_node(command: list[str]) -> list[str]:
+    """``command`` with the Python the block put on its nodes' own storage, where it did."""
+    if node_python := settings.NODE_PYTHON.get():
+        return [node_python if arg == sys.executable else arg for arg in command]
+    return command
 
 
 def _cpus_on_node() -> int:
@@ -363,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     opts, given = _arguments(sys.argv[1:] if argv is None else argv)
     hosts = os.environ.get("PARSL_MPI_NODELIST", "").split(",")
     command, env = _launch_of(given, hosts, opts.env_file)
+    if unstaged := settings.NODE_PYTHON_UNSTAGED.get():
+        _say(f"node_local_python: {unstaged}")
     ranks = _ranks_given(opts.ranks)
     plan = LaunchPlan(tuple(command), command[0], "parsl", None, 0, 0, ranks,
                       tuple(h for h in hosts if h), env)
@@ -380,9 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     if opts.preflight and len(plan.nodes) > 1 and (silent := silent_nodes(plan, opts.preflight)):
         return refuse_nodes(silent, stage_dir)
     owner, started = LockWatch(run_dir) if run_dir else None, time.time()
-    code = supervise(plan, timeout=opts.timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
-                     check_s=opts.preflight or LOSS_CHECK_S)
     prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))  # (Parsl's launch prefix, which ``given`` starts with)
+    standby = _standby(opts, given, prefix, hosts)
+    if standby is not None:
+        plan = dataclasses.replace(plan, argv=tuple(kept(command)), env={**env, settings.KEEP_RANKS.name: "1"})
+    code = supervise(plan, timeout=opts.timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
+                     check_s=opts.preflight or LOSS_CHECK_S, standby=standby)
+    if standby is not None:  # (a rejoin put a spare in a lost node's place)
+        given, hosts, prefix = standby.given, standby.hosts, standby.given[:len(prefix)]
     while code == NODE_LOST_EXIT and stage_dir and (left := _in_place(opts, given, prefix, hosts, stage_dir)):
         given, hosts = left  # (in place: no new launch through Parsl; the ranks resume from node memory)
         forget_outcome(stage_dir)  # (the stage goes on: the workflow must not end it on the last launch's record)
@@ -397,6 +478,17 @@ def main(argv: list[str] | None = None) -> int:
         code = supervise(plan, timeout=timeout, owner=owner, stage_dir=stage_dir, result=opts.result,
                          check_s=opts.preflight or LOSS_CHECK_S)
     return code
+
+
+def _standby(opts: Any, given: list[str], prefix: list[str], hosts: list[str]) -> Standby | None:
+    """A spare's ranks to wait beside a function stage's: where it goes on in place and its block holds spares."""
+    if not (opts.keep_ranks and opts.in_place and settings.WAITING_SPARES.get() and settings.QUARANTINE.get()
+            and quarantine.job_of()):
+        return None
+    standby = Standby.of(given, prefix, hosts, _ranks_per_node(), (settings.SPARES.get() or "").split(","))
+    if standby is not None:
+        standby.spares = {spare: _on_this_node(argv) for spare, argv in standby.spares.items()}
+    return standby
 
 
 def _ranks_per_node() -> int:

@@ -56,8 +56,8 @@ def worker_init(spec: SiteSpec, python_env: str | None = None, stage_python: boo
         *block_end_lines(spec),
         *([site_init] if site_init else []),
         *(f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()),
-        *([f'export {settings.NODE_PYTHON.name}="$({shlex.quote(os.path.join(python_env or sys.prefix, "bin", "python"))}'
-           f' -m {NODE_PYTHON} stage {shlex.quote(staged)})"'] if staged else []),
+        *([f'eval "$({shlex.quote(os.path.join(python_env or sys.prefix, "bin", "python"))} -m {NODE_PYTHON} '
+           f'stage {shlex.quote(staged)})"'] if staged else []),
     ])
 
 

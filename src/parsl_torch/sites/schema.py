@@ -68,7 +68,8 @@ class MPISpec:
 
     max_workers_per_block: int = 1  # multi-rank stages that may run at once in a block
     launcher: str = "mpiexec"  # Parsl's mpi_launcher: mpiexec | srun | aprun
-    #: nodes of each block held back until a node is lost: the retry of its stage then starts at once
+    #: nodes of each block held back until a node is lost: a stage's ranks wait there from its start and take
+    #: a lost node's in place (``launch.standby``)
     spare_nodes: int = 0
     #: seconds every node of a multi-node stage has to answer before the stage starts (0: no check)
     preflight: float = 0.0

@@ -35,6 +35,15 @@ def install(model: Any, rank: int, first_step: int) -> None:
 
     import torch
 
+    if hasattr(model, "step"):  # a pipeline runs whole steps (core.pipeline): no forward of its own
+        whole_step = model.step
+
+        def step_after_the_faults(*args: Any) -> Any:
+            before_forward(model, args)
+            return whole_step(*args)
+
+        model.step = step_after_the_faults
+        return
     model.register_forward_pre_hook(torch.compiler.disable(before_forward))
 
 

@@ -125,8 +125,8 @@ def check_world(cfg: TrainConfig, world: int, local_world: int, cpus_only: bool 
         raise ConfigError(f"parallel.tp: tp={layout.tp} does not divide the model's {cfg.model.n_heads} attention "
                           f"heads (model.n_heads): use a tp that divides it, or more heads")
     if layout.cp > 1 and cpus_only:
-        raise ConfigError(f"parallel.cp: torch's context-parallel attention runs on CUDA GPUs only, and the site's "
-                          f"nodes have none: use cp: 1 here")
+        raise ConfigError("parallel.cp: torch's context-parallel attention runs on CUDA GPUs only, and the site's "
+                          "nodes have none: use cp: 1 here")
     shards = layout.coords(0, world).dp_size
     per = shards * (layout.microbatches if layout.pp > 1 else 1)
     if cfg.data.batch_size % per:
@@ -161,7 +161,6 @@ def run_train(cfg: TrainConfig, history_path: Any, checkpoint_path: Any, stage: 
     torch.manual_seed(cfg.seed)
     run = _Training.build(cfg, history_path, stage)
     state, start = _resume(run, checkpoint_path)
-    faults.install(run.model, get_rank(), start)  # (the resilience tests' PARSL_TORCH_FAULT)
     # a checkpoint saved where a sweep cut or paused this call: it ends there again, unless promoted since
     ended = state.get("stopped") and not promoted()
     loss, compile_s, stopped = (None, None, start) if ended else _steps(run, start, checkpoint_path)
@@ -278,8 +277,7 @@ def _snapshots(run: _Training) -> Any:
 
     cfg = run.cfg
     return Snapshots(state, load, replicated=cfg.parallel is None and cfg.strategy in ("none", "ddp"),
-                     every=cfg.snapshot_every, enabled=cfg.snapshot_every != 0 and not hasattr(run.model, "step"))
-    # (a pipeline schedule: its file checkpoints only)
+                     every=cfg.snapshot_every, enabled=cfg.snapshot_every != 0)
 
 
 def _optimizer_state(opt: Any, kept: dict[str, Any]) -> dict[str, Any]:
@@ -313,6 +311,11 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
     if layout.pp > 1 and cfg.data.batch_size % (coords.dp_size * layout.microbatches):  # (the CLI's; with fewer nodes)
         check_world(cfg, world, env_topology().local_world_size)
     loss, compile_s = torch.tensor(float("nan")), None
+    if start and start < cfg.steps:  # resumed: DDP sums the first step's gradients as the run it continues did
+        settling = time.perf_counter()
+        if _settle(run, batch(cfg.data, cfg.model, start, coords.dp, coords.dp_size).to(run.device)) and cfg.compile:
+            compile_s = time.perf_counter() - settling  # (its pass compiled: the first step's time is a step's)
+    faults.install(run.model, get_rank(), start)  # (the resilience tests' PARSL_TORCH_FAULT: from the loop's steps)
     reads = _Reads(time.perf_counter(), start)
     for step in range(start, cfg.steps):
         tokens = batch(cfg.data, cfg.model, step, coords.dp, coords.dp_size).to(run.device)
@@ -329,6 +332,13 @@ def _steps(run: _Training, start: int, checkpoint_path: Any) -> tuple[Any, float
             return loss, compile_s, step + 1
         reads.since += time.perf_counter() - saving  # (a checkpoint's time is not a step's)
     return loss, compile_s, None
+
+
+def _settle(run: _Training, tokens: Any) -> bool:
+    """A resumed DDP's buckets laid out as the run it continues had them (``core.wrap.settle_buckets``)."""
+    from ..core.wrap import settle_buckets
+
+    return settle_buckets(run.model, lambda: _loss_fn(run.cfg.model)(run.forward(tokens[:, :-1]), tokens[:, 1:]).backward())
 
 
 @dataclass

@@ -5,12 +5,13 @@ by name), and its hit is the verdict's (``verdict``). Other apps keep Parsl's ru
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import pickle
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Iterator
 
 from parsl.dataflow.memoization import BasicMemoizer
 
@@ -107,15 +108,34 @@ class StageMemoizer(BasicMemoizer):
         """Parsl's contract: a finished task's result is kept under its key (and checkpointed). A stage's
         directory also gets its call's record (``.call.json``: its identity, its outputs' digests and what
         it read), which the next verdict compares."""
-        super().update_memo_result(task, r)
         call, found = StageCall.of_task(task), self._running.pop(task["id"], None)
         self._writing.pop(task["id"], None)
-        if call is not None and found is not None:
-            identity.write_call(call.opts.stage_dir, found.key, found.parts, task["kwargs"].get("outputs", ()),
-                                self.cache, call.opts.environment)
+        with _said_not_raised(task, "finished, but its record"):
+            super().update_memo_result(task, r)
+            if call is not None and found is not None:
+                identity.write_call(call.opts.stage_dir, found.key, found.parts, task["kwargs"].get("outputs", ()),
+                                    self.cache, call.opts.environment)
 
     def update_memo_exception(self, task: Any, e: BaseException) -> None:
         """Parsl's contract: a failed task's result is not kept (nor its verdict)."""
         self._running.pop(task["id"], None)
         self._writing.pop(task["id"], None)
-        super().update_memo_exception(task, e)
+        with _said_not_raised(task, "failed, and Parsl's checkpoint of it"):
+            super().update_memo_exception(task, e)
+
+
+@contextlib.contextmanager
+def _said_not_raised(task: Any, what: str) -> Iterator[None]:
+    """A record of a task that ended, which could not be written (a full disk), said and not raised: raised in
+    Parsl's done callback, it would leave the task's future unresolved, and the workflow waiting on it for
+    ever. A stage without its record runs again next time, as it should (a record half made is removed)."""
+    try:
+        yield
+    except Exception as exc:  # (any: a hang is worse than a stage run again)
+        call = StageCall.of_task(task)
+        get_logger("parsl_torch.workflow").warning(
+            "[%s] %s could not be written%s (%s): a rerun runs it again", call.stage if call else f"task {task['id']}",
+            what, f" in {call.opts.stage_dir}" if call else "", exc)
+        if call is not None:
+            with contextlib.suppress(OSError):
+                identity.forget_call(call.opts.stage_dir)

@@ -151,6 +151,8 @@ def _command(call: StageCall, rank_cmd: str) -> str:
     # runs the call elsewhere
     if call.id is None:
         flags += "--in-place "
+        if call.fn is not None:  # a function stage's ranks can be kept up through the loss (``stage.kept``)
+            flags += "--keep-ranks "
         if (fewest := call.resource_specification.get(MIN_NODES_KEY)) is not None:
             flags += f"--min-nodes {fewest} "
     if call.returns:  # rank 0 must leave its return value, or the stage failed

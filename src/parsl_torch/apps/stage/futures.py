@@ -41,6 +41,17 @@ class StageFuture(Future):
         return self._skipped or bool(self.app_future.task_record.get("from_memo"))
 
     def _finish(self, fut: Any) -> None:
+        """This future settled from the app's; whatever goes wrong doing that fails it, naming the stage: a
+        future left unresolved would hold the workflow waiting on it for ever (raised in a done callback,
+        an error is only logged)."""
+        try:
+            self._settle(fut)
+        except Exception as err:  # noqa: BLE001 - any: never a hang
+            if not self.done():
+                self.set_exception(StageError(f"stage {self.stage!r} ended, but its outcome could not be read: "
+                                              f"{type(err).__name__}: {err}"))
+
+    def _settle(self, fut: Any) -> None:
         exc = fut.exception()
         if exc is not None:
             self.set_exception(exc if isinstance(exc, StageError) else stage_error(self.stage, exc, self._stderr, self._secrets))

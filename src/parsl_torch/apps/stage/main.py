@@ -27,6 +27,7 @@ from ...observe.recorder import unobserved
 from ...common.raised import write_raised
 from ...core.dist import cleanup, exit_process, setup_torch
 from .options import load_call
+from .kept import keep
 from .rankmain import as_main
 
 
@@ -34,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     if (argv := internal_arguments(STAGE_MAIN, argv, "PAYLOAD RESULT", "written by a distributed_app")) is None:
         return 2
     payload, result = argv
+    if settings.KEEP_RANKS.get():  # kept up through a lost node: the run in a fork of a prepared rank
+        return keep(lambda: run(payload, result))
+    return run(payload, result)
+
+
+def run(payload: str, result: str) -> int:
+    """The rank's run of the call in PAYLOAD; rank 0 writes its value to RESULT."""
     rank_gc()
     with paused_gc(freeze=True):  # torch's, the payload's and its modules' imports (common.gcpause)
         rank = setup_torch()

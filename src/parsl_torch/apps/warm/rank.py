@@ -1,7 +1,7 @@
 """``python -m parsl_torch.apps.warm.rank GROUP_DIR``: one rank of a warm group (``pt.workflow(warm=True)``).
 
 Started once, as a cold stage's ranks are (supervisor, shim), it is a *prepared parent*: Python started,
-torch and what every call's ranks load imported (``PRELOAD``), and nothing else: no process group, no
+torch and what every call's ranks load imported (``stage.kept.PRELOAD``), and nothing else: no process group, no
 accelerator context, no thread, none of the user's modules. Each call runs in a fresh fork of it, which
 starts as a cold rank does (``stage.main``: device, process group, the payload, rank 0's result) in the
 stage's directory, with the stage's environment and output files. Whatever a call changes (torch's flags,
@@ -21,39 +21,30 @@ on. Script stages run cold: a script owns its process.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
 import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ...common import settings, stagedir
 from ...common.blocks import CONTINUE_EXIT
-from ...common.entrypoints import WARM_RANK, internal_arguments, stage_module
+from ...common.entrypoints import WARM_RANK, internal_arguments
 from ...common.files import write_atomic
-from ...common.gcpause import paused_gc
-from ...observe.recorder import begin_call, begin_reads, observed_any, reads_of, unobserved
+from ...observe.recorder import begin_call, begin_reads, observed_any, reads_of
 from ...common.outcome import Outcome, continued, timed_out
 from ...common.raised import claim_first, first_claimed, read_raised
-from ...core.dist import exit_process
 from ...core.topology import env_topology, free_port
 from ...launch.events import RankReport
 from ...launch.shim import catches
 from ...launch.supervise import asked_to_continue, no_result, rank_outcome
+from ..stage.kept import FORWARDED, STOPS, child_start, fork_safe, prepare, run_fork
 from ..stage.main import main as stage_main
 
-#: what the parent imports before its first fork (with this module's own imports: the rank's start,
-#: ``stage.main``): what every call's ranks load (torch, its process groups, DDP, whose construction
-#: imports torch._dynamo: 2.5 s of CPU a process), the payload's loader, the built-in stages and their
-#: history files; a user's module is never among them (a child imports it as it is at the call)
-PRELOAD = ("numpy", "dill", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "h5py",
-           stage_module("train"), stage_module("evaluate"))
 #: the first and the longest pause between a waiting rank's looks at the group's directory (an idle group
 #: stops after a few seconds: ``groups.IDLE_S``)
 POLL_S, POLL_MAX_S = 0.001, 0.05
@@ -63,34 +54,13 @@ CHECK_S = 0.05
 STOP_GRACE_S = 5.0
 #: signals the parent passes to its child: those that stop the group after the call, and those a child
 #: gets only if it catches them (SIGUSR1: the block's end, for ``pt.should_checkpoint``)
-STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-FORWARDED = (*STOPS, signal.SIGUSR1, signal.SIGUSR2)
 #: the job files in a group's directory: jobs/<n>.json, written by the workflow; the ranks' markers beside it
 JOBS = "jobs"
 STOP = "stop"
-_PR_SET_PDEATHSIG = 1
 
 
 def job_path(group_dir: str | os.PathLike, n: int, kind: str = "json") -> Path:
     return Path(group_dir, JOBS, f"{n}.{kind}")
-
-
-def fork_safe() -> None:
-    """Raise unless this process may fork a call: a thread may hold a lock that stays held forever in
-    the child, and CUDA, XPU and ROCm cannot be used in the fork of a process that initialised them, nor
-    a process group's connections shared by two processes."""
-    import torch
-
-    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    if threads:
-        raise RuntimeError(f"a warm rank's parent must not fork with threads running: {', '.join(threads)}")
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        raise RuntimeError("a warm rank's parent must not fork with a process group: its children make their own")
-    for kind in ("cuda", "xpu"):
-        backend = getattr(torch, kind, None)
-        if backend is not None and backend.is_initialized():
-            raise RuntimeError(f"a warm rank's parent must not fork with {kind} initialised: its children set up "
-                               f"their device")
 
 
 class _Parent:
@@ -213,31 +183,14 @@ class _Parent:
 
 def _child(job: stagedir.WarmJob, port: int, handlers: dict) -> NoReturn:
     """The call, in a fresh fork: a cold rank's start, then ``stage.main``'s run; never returns."""
-    code = 1
-    try:
-        _start_as_a_cold_rank(job, port, handlers)
-        code = stage_main([job.file(stagedir.PAYLOAD), job.file(stagedir.RESULT)])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - anything before the call's own code: reported, then the child ends
-        import traceback
-
-        with unobserved():
-            traceback.print_exc()
-    finally:
-        exit_process(code)
+    run_fork(lambda: _start_as_a_cold_rank(job, port, handlers),
+             lambda: stage_main([job.file(stagedir.PAYLOAD), job.file(stagedir.RESULT)]))
 
 
 def _start_as_a_cold_rank(job: stagedir.WarmJob, port: int, handlers: dict) -> None:
     """What differs between the parent and a cold rank of the call: signal handlers, its death with the
     parent, its RNGs' seeds, the stage's environment, directory and output files, the call's rendezvous."""
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-    parent = os.getppid()
-    with contextlib.suppress(Exception):  # (Linux: a child whose parent is killed ends with it)
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # (killed before the line above)
-        os._exit(1)
+    child_start(handlers)
     import torch
 
     torch.seed()  # fresh entropy, as a new process's RNGs have (a fork inherits its parent's state)
@@ -304,22 +257,8 @@ def call_outcome(reports: list[stagedir.WarmReport], walltime: float | None, fir
 def main(argv: list[str] | None = None) -> int:
     if (argv := internal_arguments(WARM_RANK, argv, "GROUP_DIR", "started by a warm workflow")) is None:
         return 2
-    import importlib
-
-    before = dict(os.environ)
-    with paused_gc(freeze=True):  # (common.gcpause; frozen, they are not copied into a child by a collection)
-        for name in PRELOAD:
-            importlib.import_module(name)
-    _as_before(before)
+    prepare()
     return _Parent(argv[0]).serve()
-
-
-def _as_before(environ: dict[str, str]) -> None:
-    """The environment as it was before the preloaded imports, which set some of it (torch's inductor its
-    ``TORCHINDUCTOR_CACHE_DIR``): a call's fork starts with what a cold rank starts with."""
-    for name in set(os.environ) - set(environ):
-        del os.environ[name]
-    os.environ.update((k, v) for k, v in environ.items() if os.environ.get(k) != v)
 
 
 if __name__ == "__main__":
