@@ -687,7 +687,7 @@ def node_python_copies(cluster):
         shutil.rmtree(cluster.module.STATE / "nodes" / node / "local" / "parsl-torch-python", ignore_errors=True)
 
 
-@pytest.mark.alone  # (its 10 GB at once: before .ci/run installs the lowest versions' 7 GB, not beside other tests)
+@pytest.mark.alone  # (its 8 GB at once: before .ci/run installs the lowest versions' 7 GB, not beside other tests)
 def test_ranks_start_from_a_node_local_copy_of_the_python_environment(cluster, sites_here, tmp_path, monkeypatch,
                                                                       node_python_copies):
     """A Slurm site with node_local_python: each block packs the environment once (the cache), sbcasts
