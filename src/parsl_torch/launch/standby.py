@@ -26,8 +26,7 @@ from ..common import settings
 from ..common.procs import stop
 from ..core.topology import free_port
 from . import quarantine
-from .events import LauncherExited
-from .events import short
+from .events import LauncherExited, short
 from .listener import RankListener
 from .nodeloss import on_spare, relaunched
 from .rejoin import Rejoin

@@ -55,8 +55,7 @@ from ..errors import TopologyError
 from . import quarantine
 from .cpushare import CpuShare, bound
 from .events import (NODE_LOST_EXIT, Event, LauncherExited, NodeSilent, RankReport, blame_stopped, cause_within,
-                     describe_exit)
-from .events import short
+                     describe_exit, short)
 from .listener import RankListener, short_queue
 from .machines import get_machine
 from .nodeloss import (LOSS_CHECK_S, blame, checked, ended, greeted, on_nodes_left, on_spare, overlapping, refuse_nodes,
